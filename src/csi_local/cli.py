@@ -1,0 +1,165 @@
+"""Command line: `csi-local serve|probe`, flags with environment fallbacks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from csi_local import __version__
+from csi_local.config import (
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_ENDPOINT,
+    DEFAULT_STATE_DIR,
+    Config,
+    ConfigError,
+    parse_size,
+)
+
+
+class _EnvDefault(argparse.Action):
+    """An option whose default comes from an environment variable."""
+
+    def __init__(self, env: str, required: bool = False, default: object = None,
+                 **kwargs: object) -> None:
+        if env in os.environ:
+            default = os.environ[env]
+            required = False
+        help_text = str(kwargs.pop("help", ""))
+        kwargs["help"] = f"{help_text} [env {env}]"
+        super().__init__(default=default, required=required, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="csi-local",
+        description="CSI plugin for node-local block storage on LVM thin pools.",
+    )
+    parser.add_argument("--version", action="version", version=f"csi-local {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve Identity, Controller and Node on a unix socket")
+    e = serve.add_argument
+    e("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT", default=DEFAULT_ENDPOINT,
+      help="unix:///path/to/csi.sock")
+    e("--node-id", action=_EnvDefault, env="NODE_ID", required=True,
+      help="this node's name, as the CO knows it")
+    e("--volume-group", action=_EnvDefault, env="CSI_LOCAL_VOLUME_GROUP", required=True,
+      help="LVM volume group holding the thin pool")
+    e("--thin-pool", action=_EnvDefault, env="CSI_LOCAL_THIN_POOL", required=True,
+      help="thin pool LV in that group")
+    e("--state-dir", action=_EnvDefault, env="CSI_LOCAL_STATE_DIR", default=DEFAULT_STATE_DIR,
+      help="directory of the node state file")
+    e("--driver-name", action=_EnvDefault, env="CSI_LOCAL_DRIVER_NAME",
+      default=DEFAULT_DRIVER_NAME, help="CSI driver name (domain-name notation)")
+    e("--log-level", action=_EnvDefault, env="CSI_LOCAL_LOG_LEVEL", default="info",
+      choices=["debug", "info", "warning", "error"], help="log level")
+    e("--log-format", action=_EnvDefault, env="CSI_LOCAL_LOG_FORMAT", default="text",
+      choices=["text", "json"], help="log format")
+    e("--overprovision-ratio", action=_EnvDefault, env="CSI_LOCAL_OVERPROVISION_RATIO",
+      default="1.0", help="thin over-provisioning ratio: provisioned sizes may add up to "
+      "this times the pool size")
+    e("--max-volumes-per-node", action=_EnvDefault, env="CSI_LOCAL_MAX_VOLUMES_PER_NODE",
+      default="0", help="reported to the CO by NodeGetInfo; 0 means no limit")
+    e("--default-fs-type", action=_EnvDefault, env="CSI_LOCAL_DEFAULT_FS_TYPE", default="ext4",
+      choices=["ext4", "xfs", "btrfs"], help="file system when the request names none")
+    e("--node-expansion-only", action=_EnvDefault, env="CSI_LOCAL_NODE_EXPANSION_ONLY",
+      nargs="?", const="true", default="false",
+      help="do not advertise controller expansion; NodeExpandVolume grows LV and file system")
+    e("--command-timeout", action=_EnvDefault, env="CSI_LOCAL_COMMAND_TIMEOUT", default="120",
+      help="seconds before an external command is killed")
+    e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default="/run/lock/csi-local",
+      help="directory of per-volume lock files, shared with csi-local-dhv")
+    e("--backing-file", action=_EnvDefault, env="CSI_LOCAL_BACKING_FILE",
+      help="demo mode: create the VG and thin pool on this loop-backed file if missing")
+    e("--backing-size", action=_EnvDefault, env="CSI_LOCAL_BACKING_SIZE",
+      help="size of the backing file, e.g. 2G")
+
+    probe = sub.add_parser("probe", help="call Identity Probe on a running plugin")
+    probe.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
+                       default=DEFAULT_ENDPOINT, help="unix:///path/to/csi.sock")
+    probe.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    try:
+        return Config(
+            endpoint=args.endpoint,
+            node_id=args.node_id,
+            volume_group=args.volume_group,
+            thin_pool=args.thin_pool,
+            state_dir=args.state_dir,
+            driver_name=args.driver_name,
+            overprovision_ratio=float(args.overprovision_ratio),
+            max_volumes_per_node=int(args.max_volumes_per_node),
+            default_fs_type=args.default_fs_type,
+            node_expansion_only=_bool(args.node_expansion_only),
+            command_timeout=float(args.command_timeout),
+            lock_dir=args.lock_dir,
+            backing_file=args.backing_file,
+            backing_size=parse_size(args.backing_size) if args.backing_size else None,
+        )
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def _probe(endpoint: str, timeout: float) -> int:
+    import grpc
+
+    from csi_local._gen import csi_pb2, csi_pb2_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = csi_pb2_grpc.IdentityStub(channel)
+        try:
+            reply = stub.Probe(csi_pb2.ProbeRequest(), timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            print(json.dumps({"error": f"{err.code().name}: {err.details()}"}))
+            return 1
+    ready = reply.ready.value if reply.HasField("ready") else True
+    print(json.dumps({"ready": ready}))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "probe":
+        return _probe(args.endpoint, args.timeout)
+    try:
+        config = config_from_args(args)
+    except ConfigError as err:
+        parser.error(str(err))
+    from csi_local.logs import setup_logging
+    from csi_local.server import ServerError, serve
+
+    setup_logging(args.log_level, args.log_format)
+    try:
+        serve(config)
+    except ServerError as err:
+        logging.getLogger("csi_local").error("%s", err)
+        print(f"csi-local: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

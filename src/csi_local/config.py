@@ -1,0 +1,93 @@
+"""Validated, immutable configuration of a plugin process."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from csi_local.lvm import check_name
+
+DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
+DEFAULT_ENDPOINT = "unix:///run/csi-local/csi.sock"
+DEFAULT_STATE_DIR = "/var/lib/csi-local"
+_DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
+_SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "512M", "1G", "1GiB", "4096"; binary units."""
+    m = _SIZE_RE.match(text.strip())
+    if not m:
+        raise ConfigError(f"invalid size {text!r}")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def socket_path(endpoint: str) -> str:
+    if not endpoint.startswith("unix://"):
+        raise ConfigError(f"endpoint must be unix:///absolute/path, not {endpoint!r}")
+    path = endpoint[len("unix://"):]
+    if not path.startswith("/"):
+        raise ConfigError(f"endpoint must be unix:///absolute/path, not {endpoint!r}")
+    return path
+
+
+@dataclass(frozen=True)
+class Config:
+    endpoint: str
+    node_id: str
+    volume_group: str
+    thin_pool: str
+    state_dir: str = DEFAULT_STATE_DIR
+    driver_name: str = DEFAULT_DRIVER_NAME
+    overprovision_ratio: float = 1.0
+    max_volumes_per_node: int = 0
+    default_fs_type: str = "ext4"
+    node_expansion_only: bool = False
+    command_timeout: float = 120.0
+    lock_dir: str = "/run/lock/csi-local"
+    backing_file: str | None = None
+    backing_size: int | None = None
+
+    def __post_init__(self) -> None:
+        socket_path(self.endpoint)
+        if not self.node_id or len(self.node_id) > 128:
+            raise ConfigError("node id must be 1 to 128 characters")
+        try:
+            check_name(self.volume_group)
+            check_name(self.thin_pool)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if not _DRIVER_RE.match(self.driver_name) or len(self.driver_name) > 63:
+            raise ConfigError(
+                f"driver name {self.driver_name!r} must be a domain name of at most 63 characters"
+            )
+        if not self.overprovision_ratio >= 1.0:
+            raise ConfigError("overprovision ratio must be >= 1.0")
+        if self.max_volumes_per_node < 0:
+            raise ConfigError("max volumes per node must be >= 0")
+        if self.default_fs_type not in ("ext4", "xfs", "btrfs"):
+            raise ConfigError(f"unsupported default fs type {self.default_fs_type!r}")
+        if self.command_timeout <= 0:
+            raise ConfigError("command timeout must be positive")
+        for path in (self.state_dir, self.lock_dir):
+            if not os.path.isabs(path):
+                raise ConfigError(f"{path!r} must be an absolute path")
+        if (self.backing_file is None) != (self.backing_size is None):
+            raise ConfigError("--backing-file and --backing-size go together")
+        if self.backing_file is not None and not os.path.isabs(self.backing_file):
+            raise ConfigError("--backing-file must be an absolute path")
+
+    @property
+    def socket(self) -> str:
+        return socket_path(self.endpoint)
+
+    @property
+    def topology_key(self) -> str:
+        return f"topology.{self.driver_name}/node"

@@ -1,0 +1,422 @@
+"""CSI Controller service: volumes and snapshots as thin LVs in one pool."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from csi_local import validation as v
+from csi_local import volumes as vols
+from csi_local._gen import csi_pb2 as pb
+from csi_local._gen import csi_pb2_grpc
+from csi_local.context import Context
+from csi_local.errors import (
+    AlreadyExists,
+    CommandError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    ResourceExhausted,
+    Unimplemented,
+)
+from csi_local.lvm import LogicalVolume
+
+log = logging.getLogger(__name__)
+RPC = pb.ControllerServiceCapability.RPC
+POOL_LOCK = "pool"
+
+
+def _vol_lock(volume_id: str) -> str:
+    return f"volume:{volume_id}"
+
+
+def volume_condition(ctx: Context, lv: LogicalVolume | None,
+                     pool: LogicalVolume | None) -> pb.VolumeCondition:
+    """Abnormal, with a reason, when the LV or its pool cannot serve I/O."""
+    problems = []
+    if lv is None:
+        problems.append("logical volume is missing")
+    elif not lv.active:
+        problems.append("logical volume is not active")
+    if pool is None:
+        problems.append(f"thin pool {ctx.lvm.vg}/{ctx.lvm.pool} is missing")
+    else:
+        if pool.health:
+            problems.append(f"thin pool health is {pool.health}")
+        if pool.data_percent is not None and pool.data_percent >= 100.0:
+            problems.append("thin pool is out of data space")
+        if pool.metadata_percent is not None and pool.metadata_percent >= 100.0:
+            problems.append("thin pool is out of metadata space")
+    if problems:
+        return pb.VolumeCondition(abnormal=True, message="; ".join(problems))
+    return pb.VolumeCondition(abnormal=False, message="volume is healthy")
+
+
+class ControllerServicer(csi_pb2_grpc.ControllerServicer):
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+
+    # helpers -------------------------------------------------------------
+
+    def _topology(self) -> pb.Topology:
+        return pb.Topology(segments={self.config.topology_key: self.config.node_id})
+
+    def _volume_message(self, lv: LogicalVolume) -> pb.Volume:
+        msg = pb.Volume(
+            volume_id=lv.name,
+            capacity_bytes=lv.size,
+            accessible_topology=[self._topology()],
+        )
+        src = vols.source_of(lv)
+        if src is not None and src.kind == "snapshot":
+            msg.content_source.snapshot.snapshot_id = src.id
+        elif src is not None and src.kind == "volume":
+            msg.content_source.volume.volume_id = src.id
+        return msg
+
+    def _snapshot_message(self, lv: LogicalVolume) -> pb.Snapshot:
+        src = vols.source_of(lv)
+        return pb.Snapshot(
+            snapshot_id=lv.name,
+            source_volume_id=src.id if src else "",
+            size_bytes=lv.size,
+            creation_time=Timestamp(seconds=lv.created),
+            ready_to_use=True,
+        )
+
+    def _get_volume(self, volume_id: str) -> LogicalVolume:
+        lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
+        if lv is None or not vols.is_csi_volume(lv):
+            raise NotFound(f"volume {volume_id!r} not found")
+        return lv
+
+    def _get_snapshot(self, snapshot_id: str) -> LogicalVolume:
+        lv = self.ctx.lvm.find(snapshot_id) if vols.is_snapshot_id(snapshot_id) else None
+        if lv is None or not vols.is_csi_snapshot(lv):
+            raise NotFound(f"snapshot {snapshot_id!r} not found")
+        return lv
+
+    def _requested_source(self, req: pb.CreateVolumeRequest) -> vols.Source | None:
+        if not req.HasField("volume_content_source"):
+            return None
+        src = req.volume_content_source
+        which = src.WhichOneof("type")
+        if which == "snapshot":
+            return vols.Source("snapshot", v.required(src.snapshot.snapshot_id,
+                                                      "volume_content_source.snapshot_id"))
+        if which == "volume":
+            return vols.Source("volume", v.required(src.volume.volume_id,
+                                                    "volume_content_source.volume_id"))
+        raise InvalidArgument("volume_content_source needs a snapshot or a volume")
+
+    # volumes -------------------------------------------------------------
+
+    def CreateVolume(self, request: pb.CreateVolumeRequest,
+                     context: grpc.ServicerContext) -> pb.CreateVolumeResponse:
+        name = v.required(request.name, "name")
+        caps = v.capabilities(request.volume_capabilities, self.config.default_fs_type)
+        v.parameters(request.parameters)
+        rng = request.capacity_range if request.HasField("capacity_range") else None
+        v.topology_allows(
+            request.accessibility_requirements
+            if request.HasField("accessibility_requirements") else None,
+            self.config.topology_key, self.config.node_id,
+        )
+        source = self._requested_source(request)
+        volume_id = vols.volume_id_for(name)
+        with self.ctx.locks.hold(_vol_lock(volume_id)):
+            existing = self.ctx.lvm.find(volume_id)
+            if existing is not None:
+                return pb.CreateVolumeResponse(
+                    volume=self._volume_message(self._reuse(existing, name, rng, source))
+                )
+            return pb.CreateVolumeResponse(
+                volume=self._volume_message(self._create(volume_id, caps, rng, source))
+            )
+
+    def _reuse(self, lv: LogicalVolume, name: str, rng: pb.CapacityRange | None,
+               source: vols.Source | None) -> LogicalVolume:
+        """The same name again: the same volume if compatible, converging an
+        interrupted create; ALREADY_EXISTS otherwise."""
+        if not vols.is_csi_volume(lv):
+            raise AlreadyExists(f"name {name!r} maps to LV {lv.name}, which is not a volume")
+        if vols.source_of(lv) != source:
+            raise AlreadyExists(f"volume {name!r} exists with another content source")
+        want = vols.requested_size(lv)
+        if not v.in_range(want, rng):
+            raise AlreadyExists(
+                f"volume {name!r} exists with {want} bytes, outside the requested range"
+            )
+        if lv.size < want:  # killed between snapshot and extend: finish the job
+            lv = self.ctx.lvm.extend(lv.name, want)
+        return lv
+
+    def _create(self, volume_id: str, caps: list[v.Capability], rng: pb.CapacityRange | None,
+                source: vols.Source | None) -> LogicalVolume:
+        extent = self.ctx.lvm.volume_group().extent_size
+        minimum = v.XFS_MIN_SIZE if any(c.fs_type == "xfs" for c in caps) else 0
+        source_lv: LogicalVolume | None = None
+        if source is not None:
+            source_lv = (self._get_snapshot(source.id) if source.kind == "snapshot"
+                         else self._get_volume(source.id))
+            if rng is not None and rng.limit_bytes and rng.limit_bytes < source_lv.size:
+                raise OutOfRange(
+                    f"limit_bytes {rng.limit_bytes} is smaller than the source's "
+                    f"{source_lv.size} bytes"
+                )
+            minimum = max(minimum, source_lv.size)
+        size = v.size_for(rng, extent, minimum=minimum)
+        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
+        with self.ctx.locks.hold(POOL_LOCK):
+            cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
+            if size > cap.available:
+                raise ResourceExhausted(
+                    f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "
+                    f"{cap.available} bytes, {size} requested "
+                    f"(over-provisioning ratio {self.config.overprovision_ratio})"
+                )
+            if source is None or source_lv is None:
+                return self.ctx.lvm.create_thin(volume_id, size, [*tags, vols.TAG_FRESH])
+            tags.append(source.tag())
+            if size > source_lv.size:
+                tags.append(vols.TAG_GROW_FS)
+            lv = self.ctx.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
+            try:
+                if size > lv.size:
+                    lv = self.ctx.lvm.extend(volume_id, size)
+            except BaseException:
+                self.ctx.lvm.remove(volume_id)  # leave nothing half-made
+                raise
+            return lv
+
+    def DeleteVolume(self, request: pb.DeleteVolumeRequest,
+                     context: grpc.ServicerContext) -> pb.DeleteVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        if not vols.is_volume_id(volume_id):
+            return pb.DeleteVolumeResponse()  # never ours, so already gone
+        with self.ctx.locks.hold(_vol_lock(volume_id)):
+            rec = self.ctx.state.get(volume_id)
+            if not rec.empty:
+                where = rec.staging.path if rec.staging else ", ".join(rec.publishes)
+                raise FailedPrecondition(
+                    f"volume {volume_id} is still staged or published on this node ({where})"
+                )
+            lv = self.ctx.lvm.find(volume_id)
+            if lv is None or not vols.is_csi_volume(lv):
+                return pb.DeleteVolumeResponse()
+            try:
+                self.ctx.lvm.remove(volume_id)
+            except CommandError as err:
+                if "in use" in err.stderr or "open" in err.stderr:
+                    raise FailedPrecondition(f"volume {volume_id} is in use: {err.message}") from err
+                raise
+        return pb.DeleteVolumeResponse()
+
+    def ValidateVolumeCapabilities(
+        self, request: pb.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> pb.ValidateVolumeCapabilitiesResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        if not request.volume_capabilities:
+            raise InvalidArgument("volume_capabilities is required")
+        self._get_volume(volume_id)
+        for cap in request.volume_capabilities:
+            problem = v.capability_problem(cap, self.config.default_fs_type)
+            if problem:
+                return pb.ValidateVolumeCapabilitiesResponse(message=problem)
+        try:
+            v.parameters(request.parameters)
+        except InvalidArgument as err:
+            return pb.ValidateVolumeCapabilitiesResponse(message=err.message)
+        confirmed = pb.ValidateVolumeCapabilitiesResponse.Confirmed(
+            volume_context=request.volume_context,
+            volume_capabilities=request.volume_capabilities,
+            parameters=request.parameters,
+        )
+        return pb.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
+
+    def _listed_volumes(self) -> tuple[list[LogicalVolume], LogicalVolume | None]:
+        lvs = self.ctx.lvm.list()
+        pool = next((lv for lv in lvs if lv.name == self.ctx.lvm.pool), None)
+        return [lv for lv in lvs if vols.is_csi_volume(lv)], pool
+
+    def ListVolumes(self, request: pb.ListVolumesRequest,
+                    context: grpc.ServicerContext) -> pb.ListVolumesResponse:
+        volumes, pool = self._listed_volumes()
+        page, token = self.ctx.paginator.page(
+            volumes, lambda lv: lv.name, request.max_entries, request.starting_token
+        )
+        entries = [
+            pb.ListVolumesResponse.Entry(
+                volume=self._volume_message(lv),
+                status=pb.ListVolumesResponse.VolumeStatus(
+                    volume_condition=volume_condition(self.ctx, lv, pool)
+                ),
+            )
+            for lv in page
+        ]
+        return pb.ListVolumesResponse(entries=entries, next_token=token)
+
+    def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,
+                            context: grpc.ServicerContext) -> pb.ControllerGetVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        volumes, pool = self._listed_volumes()
+        lv = next((x for x in volumes if x.name == volume_id), None)
+        if lv is None:
+            raise NotFound(f"volume {volume_id!r} not found")
+        return pb.ControllerGetVolumeResponse(
+            volume=self._volume_message(lv),
+            status=pb.ControllerGetVolumeResponse.VolumeStatus(
+                volume_condition=volume_condition(self.ctx, lv, pool)
+            ),
+        )
+
+    def GetCapacity(self, request: pb.GetCapacityRequest,
+                    context: grpc.ServicerContext) -> pb.GetCapacityResponse:
+        v.parameters(request.parameters)
+        if request.HasField("accessible_topology"):
+            segs = request.accessible_topology.segments
+            if segs.get(self.config.topology_key) != self.config.node_id:
+                return pb.GetCapacityResponse(available_capacity=0)
+        for cap in request.volume_capabilities:
+            if v.capability_problem(cap, self.config.default_fs_type):
+                return pb.GetCapacityResponse(available_capacity=0)
+        cap_info = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
+        resp = pb.GetCapacityResponse(available_capacity=cap_info.available)
+        resp.maximum_volume_size.value = cap_info.available
+        resp.minimum_volume_size.value = cap_info.extent_size
+        return resp
+
+    def ControllerGetCapabilities(
+        self, request: pb.ControllerGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> pb.ControllerGetCapabilitiesResponse:
+        rpcs = [
+            RPC.CREATE_DELETE_VOLUME, RPC.GET_CAPACITY, RPC.LIST_VOLUMES, RPC.GET_VOLUME,
+            RPC.VOLUME_CONDITION, RPC.CREATE_DELETE_SNAPSHOT, RPC.LIST_SNAPSHOTS,
+            RPC.GET_SNAPSHOT, RPC.CLONE_VOLUME, RPC.SINGLE_NODE_MULTI_WRITER,
+        ]
+        if not self.config.node_expansion_only:
+            rpcs.append(RPC.EXPAND_VOLUME)
+        return pb.ControllerGetCapabilitiesResponse(capabilities=[
+            pb.ControllerServiceCapability(rpc=RPC(type=t)) for t in rpcs
+        ])
+
+    def ControllerExpandVolume(
+        self, request: pb.ControllerExpandVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.ControllerExpandVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        if not request.HasField("capacity_range"):
+            raise InvalidArgument("capacity_range is required")
+        if self.config.node_expansion_only:
+            raise FailedPrecondition("controller expansion is disabled (--node-expansion-only)")
+        with self.ctx.locks.hold(_vol_lock(volume_id)):
+            lv = self._get_volume(volume_id)
+            lv = grow_volume(self.ctx, lv, request.capacity_range)
+        block = (request.HasField("volume_capability")
+                 and request.volume_capability.HasField("block"))
+        return pb.ControllerExpandVolumeResponse(
+            capacity_bytes=lv.size, node_expansion_required=not block
+        )
+
+    # Local volumes need no attach, and there is nothing to modify.
+
+    def ControllerPublishVolume(
+        self, request: pb.ControllerPublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.ControllerPublishVolumeResponse:
+        raise Unimplemented("local volumes need no ControllerPublishVolume")
+
+    def ControllerUnpublishVolume(
+        self, request: pb.ControllerUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.ControllerUnpublishVolumeResponse:
+        raise Unimplemented("local volumes need no ControllerUnpublishVolume")
+
+    def ControllerModifyVolume(
+        self, request: pb.ControllerModifyVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.ControllerModifyVolumeResponse:
+        raise Unimplemented("ControllerModifyVolume is not supported")
+
+    # snapshots -----------------------------------------------------------
+
+    def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
+                       context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
+        source_id = v.required(request.source_volume_id, "source_volume_id")
+        name = v.required(request.name, "name")
+        v.parameters(request.parameters)
+        snapshot_id = vols.snapshot_id_for(name)
+        with self.ctx.locks.hold(_vol_lock(snapshot_id)):
+            existing = self.ctx.lvm.find(snapshot_id)
+            if existing is not None:
+                src = vols.source_of(existing)
+                if not vols.is_csi_snapshot(existing) or src != vols.Source("volume", source_id):
+                    raise AlreadyExists(
+                        f"snapshot {name!r} exists for another source volume"
+                    )
+                return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(existing))
+            with self.ctx.locks.hold(_vol_lock(source_id)):
+                self._get_volume(source_id)
+                tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
+                        vols.Source("volume", source_id).tag()]
+                staging = self.ctx.state.get(source_id).staging
+                if staging is not None and staging.access_type == "mount":
+                    with self.ctx.freezer.frozen(staging.path):
+                        lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
+                                                   writable_volume=False)
+                else:
+                    lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
+                                               writable_volume=False)
+        return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
+
+    def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
+                       context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:
+        snapshot_id = v.required(request.snapshot_id, "snapshot_id")
+        if not vols.is_snapshot_id(snapshot_id):
+            return pb.DeleteSnapshotResponse()
+        with self.ctx.locks.hold(_vol_lock(snapshot_id)):
+            lv = self.ctx.lvm.find(snapshot_id)
+            if lv is not None and vols.is_csi_snapshot(lv):
+                self.ctx.lvm.remove(snapshot_id)
+        return pb.DeleteSnapshotResponse()
+
+    def ListSnapshots(self, request: pb.ListSnapshotsRequest,
+                      context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
+        snaps = [lv for lv in self.ctx.lvm.list() if vols.is_csi_snapshot(lv)]
+        if request.snapshot_id:
+            snaps = [lv for lv in snaps if lv.name == request.snapshot_id]
+        if request.source_volume_id:
+            want = vols.Source("volume", request.source_volume_id)
+            snaps = [lv for lv in snaps if vols.source_of(lv) == want]
+        page, token = self.ctx.paginator.page(
+            snaps, lambda lv: lv.name, request.max_entries, request.starting_token
+        )
+        return pb.ListSnapshotsResponse(
+            entries=[pb.ListSnapshotsResponse.Entry(snapshot=self._snapshot_message(lv))
+                     for lv in page],
+            next_token=token,
+        )
+
+    def GetSnapshot(self, request: pb.GetSnapshotRequest,
+                    context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
+        snapshot_id = v.required(request.snapshot_id, "snapshot_id")
+        return pb.GetSnapshotResponse(snapshot=self._snapshot_message(
+            self._get_snapshot(snapshot_id)))
+
+
+def grow_volume(ctx: Context, lv: LogicalVolume, rng: pb.CapacityRange) -> LogicalVolume:
+    """Grow the LV to the range's required size; never shrink (OUT_OF_RANGE)."""
+    if rng.limit_bytes and rng.limit_bytes < lv.size:
+        raise OutOfRange(f"volume is {lv.size} bytes; shrinking to {rng.limit_bytes} is refused")
+    if rng.required_bytes <= lv.size:
+        return lv
+    extent = ctx.lvm.volume_group().extent_size
+    size = v.size_for(rng, extent)
+    with ctx.locks.hold(POOL_LOCK):
+        cap = vols.pool_capacity(ctx.lvm, ctx.config.overprovision_ratio)
+        if size - lv.size > cap.available:
+            raise OutOfRange(
+                f"thin pool has room for {cap.available} more bytes; growing by "
+                f"{size - lv.size} is not possible"
+            )
+        return ctx.lvm.extend(lv.name, size)

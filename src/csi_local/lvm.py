@@ -1,0 +1,292 @@
+"""The only module that runs lvm.
+
+Reads use JSON reports in bytes; results are frozen dataclasses. LVM's "not
+found" is mapped once, here, to VolumeNotFound / VolumeGroupNotFound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from csi_local.errors import CommandError, FailedPrecondition, NotFound, VolumeNotFound
+
+if TYPE_CHECKING:
+    from csi_local.runner import Runner
+
+LV_FIELDS = (
+    "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,lv_path,"
+    "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor"
+)
+VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
+# LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
+_NAME_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
+_TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-/=!:#&]{1,1024}$")
+_NOT_FOUND_RE = re.compile(r"not found|Failed to find|does not exist", re.IGNORECASE)
+_REPORT = ("--reportformat", "json", "--units", "b", "--nosuffix", "--config",
+           "report/time_format=\"%s\"")
+
+
+class VolumeGroupNotFound(NotFound):
+    """The configured VG is absent."""
+
+
+@dataclass(frozen=True)
+class LogicalVolume:
+    name: str
+    vg: str
+    size: int
+    tags: frozenset[str]
+    attr: str
+    pool: str
+    origin: str
+    path: str
+    data_percent: float | None
+    metadata_percent: float | None
+    created: int
+    health: str
+    kernel_major: int
+    kernel_minor: int
+
+    @property
+    def active(self) -> bool:
+        return len(self.attr) > 4 and self.attr[4] == "a"
+
+    @property
+    def is_thin_pool(self) -> bool:
+        return self.attr.startswith("t")
+
+    @property
+    def is_thin_volume(self) -> bool:
+        return self.attr.startswith("V")
+
+    @property
+    def activation_skip(self) -> bool:
+        return len(self.attr) > 9 and self.attr[9] == "k"
+
+    def tag_value(self, key: str) -> str | None:
+        """The value of a "key=value" tag, or None."""
+        prefix = key + "="
+        for tag in self.tags:
+            if tag.startswith(prefix):
+                return tag[len(prefix):]
+        return None
+
+
+@dataclass(frozen=True)
+class VolumeGroup:
+    name: str
+    size: int
+    free: int
+    extent_size: int
+
+
+def _float(text: str) -> float | None:
+    return float(text) if text.strip() else None
+
+
+def _int(text: str, default: int = 0) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def parse_lvs(output: str) -> list[LogicalVolume]:
+    """Parse `lvs --reportformat json --units b --nosuffix -o LV_FIELDS`."""
+    data = json.loads(output) if output.strip() else {"report": []}
+    result = []
+    for report in data.get("report", []):
+        for row in report.get("lv", []):
+            tags = frozenset(t for t in row.get("lv_tags", "").split(",") if t)
+            result.append(
+                LogicalVolume(
+                    name=row["lv_name"],
+                    vg=row["vg_name"],
+                    size=_int(row["lv_size"]),
+                    tags=tags,
+                    attr=row.get("lv_attr", ""),
+                    pool=row.get("pool_lv", ""),
+                    origin=row.get("origin", ""),
+                    path=row.get("lv_path", ""),
+                    data_percent=_float(row.get("data_percent", "")),
+                    metadata_percent=_float(row.get("metadata_percent", "")),
+                    created=_int(row.get("lv_time", "")),
+                    health=row.get("lv_health_status", ""),
+                    kernel_major=_int(row.get("lv_kernel_major", ""), -1),
+                    kernel_minor=_int(row.get("lv_kernel_minor", ""), -1),
+                )
+            )
+    return result
+
+
+def parse_vgs(output: str) -> list[VolumeGroup]:
+    data = json.loads(output) if output.strip() else {"report": []}
+    return [
+        VolumeGroup(
+            name=row["vg_name"],
+            size=_int(row["vg_size"]),
+            free=_int(row["vg_free"]),
+            extent_size=_int(row["vg_extent_size"]),
+        )
+        for report in data.get("report", [])
+        for row in report.get("vg", [])
+    ]
+
+
+def round_up(size: int, unit: int) -> int:
+    return max(1, math.ceil(size / unit)) * unit
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise ValueError(f"invalid LVM name {name!r}")
+    return name
+
+
+def check_tag(tag: str) -> str:
+    if not _TAG_RE.match(tag):
+        raise ValueError(f"invalid LVM tag {tag!r}")
+    return tag
+
+
+def _is_not_found(err: CommandError) -> bool:
+    return err.returncode == 5 and bool(_NOT_FOUND_RE.search(err.stderr))
+
+
+class Lvm:
+    """LVM operations on one VG and thin pool."""
+
+    def __init__(self, runner: Runner, vg: str, pool: str) -> None:
+        self.runner = runner
+        self.vg = check_name(vg)
+        self.pool = check_name(pool)
+
+    # reads -----------------------------------------------------------------
+
+    def volume_group(self) -> VolumeGroup:
+        try:
+            out = self.runner.run(["vgs", *_REPORT, "-o", VG_FIELDS, self.vg]).stdout
+        except CommandError as err:
+            if _is_not_found(err):
+                raise VolumeGroupNotFound(f"volume group {self.vg} not found") from err
+            raise
+        vgs = parse_vgs(out)
+        if not vgs:
+            raise VolumeGroupNotFound(f"volume group {self.vg} not found")
+        return vgs[0]
+
+    def list(self) -> list[LogicalVolume]:
+        """Every LV of the VG (one lvs call)."""
+        try:
+            out = self.runner.run(["lvs", *_REPORT, "-o", LV_FIELDS, self.vg]).stdout
+        except CommandError as err:
+            if _is_not_found(err):
+                raise VolumeGroupNotFound(f"volume group {self.vg} not found") from err
+            raise
+        return parse_lvs(out)
+
+    def get(self, name: str) -> LogicalVolume:
+        check_name(name)
+        try:
+            out = self.runner.run(
+                ["lvs", *_REPORT, "-o", LV_FIELDS, f"{self.vg}/{name}"]
+            ).stdout
+        except CommandError as err:
+            if _is_not_found(err):
+                raise VolumeNotFound(f"logical volume {self.vg}/{name} not found") from err
+            raise
+        lvs = parse_lvs(out)
+        if not lvs:
+            raise VolumeNotFound(f"logical volume {self.vg}/{name} not found")
+        return lvs[0]
+
+    def find(self, name: str) -> LogicalVolume | None:
+        try:
+            return self.get(name)
+        except VolumeNotFound:
+            return None
+
+    def thin_pool(self) -> LogicalVolume:
+        try:
+            lv = self.get(self.pool)
+        except VolumeNotFound as err:
+            raise NotFound(f"thin pool {self.vg}/{self.pool} not found") from err
+        if not lv.is_thin_pool:
+            raise FailedPrecondition(f"{self.vg}/{self.pool} is not a thin pool")
+        return lv
+
+    # writes ----------------------------------------------------------------
+
+    def create_thin(self, name: str, size: int, tags: Iterable[str]) -> LogicalVolume:
+        """A new, active thin LV of `size` bytes (a multiple of the extent size)."""
+        argv = [
+            "lvcreate", "--yes", "--thin", f"{self.vg}/{self.pool}",
+            "--virtualsize", f"{size}b", "--name", check_name(name),
+            "--setactivationskip", "n", "--activate", "y",
+        ]
+        argv += _tag_args(tags)
+        self.runner.run(argv)
+        return self.get(name)
+
+    def snapshot(
+        self, source: str, name: str, tags: Iterable[str], *, writable_volume: bool
+    ) -> LogicalVolume:
+        """A thin snapshot of `source`.
+
+        Snapshot objects keep LVM's activation skip (they are never read
+        directly); volumes restored or cloned from a source are activated.
+        """
+        argv = ["lvcreate", "--yes", "--snapshot", "--name", check_name(name)]
+        if writable_volume:
+            argv += ["--setactivationskip", "n", "--activate", "y"]
+        else:
+            argv += ["--setactivationskip", "y", "--activate", "n"]
+        argv += _tag_args(tags)
+        argv.append(f"{self.vg}/{check_name(source)}")
+        self.runner.run(argv)
+        return self.get(name)
+
+    def activate(self, name: str) -> LogicalVolume:
+        lv = self.get(name)
+        if not lv.active:
+            self.runner.run(
+                ["lvchange", "--activate", "y", "--ignoreactivationskip", f"{self.vg}/{name}"]
+            )
+            lv = self.get(name)
+        return lv
+
+    def extend(self, name: str, size: int) -> LogicalVolume:
+        """Grow to at least `size` bytes; returns the LV as LVM reports it afterwards."""
+        lv = self.get(name)
+        if lv.size >= size:
+            return lv
+        self.runner.run(["lvextend", "--size", f"{size}b", f"{self.vg}/{check_name(name)}"])
+        return self.get(name)
+
+    def remove(self, name: str) -> bool:
+        """Remove an LV; False when it was already gone."""
+        try:
+            self.runner.run(["lvremove", "--yes", f"{self.vg}/{check_name(name)}"])
+        except CommandError as err:
+            if _is_not_found(err):
+                return False
+            raise
+        return True
+
+    def delete_tags(self, name: str, tags: Sequence[str]) -> None:
+        argv = ["lvchange"]
+        for tag in tags:
+            argv += ["--deltag", check_tag(tag)]
+        self.runner.run([*argv, f"{self.vg}/{check_name(name)}"])
+
+
+def _tag_args(tags: Iterable[str]) -> list[str]:
+    args: list[str] = []
+    for tag in tags:
+        args += ["--addtag", check_tag(tag)]
+    return args

@@ -1,0 +1,115 @@
+"""The mount table, read from /proc/self/mountinfo.
+
+stat()-based mount-point checks lie on overlays and with bind mounts of files;
+mountinfo is the kernel's own answer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    out = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Mount:
+    mount_id: int
+    parent_id: int
+    major: int
+    minor: int
+    root: str
+    mount_point: str
+    options: frozenset[str]
+    fs_type: str
+    source: str
+    super_options: frozenset[str]
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options
+
+    @property
+    def fs_read_only(self) -> bool:
+        return "ro" in self.super_options
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        rfields = right.split()
+        major, _, minor = fields[2].partition(":")
+        mounts.append(
+            Mount(
+                mount_id=int(fields[0]),
+                parent_id=int(fields[1]),
+                major=int(major),
+                minor=int(minor),
+                root=_unescape(fields[3]),
+                mount_point=_unescape(fields[4]),
+                options=frozenset(fields[5].split(",")),
+                fs_type=rfields[0] if rfields else "",
+                source=_unescape(rfields[1]) if len(rfields) > 1 else "",
+                super_options=frozenset(rfields[2].split(",")) if len(rfields) > 2 else frozenset(),
+            )
+        )
+    return mounts
+
+
+def read_mounts(path: str = MOUNTINFO) -> list[Mount]:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        return parse_mountinfo(f.read())
+
+
+def mounts_at(path: str, mounts: list[Mount] | None = None) -> list[Mount]:
+    """Mounts whose mount point is `path` (normalised), oldest first."""
+    target = os.path.normpath(path)
+    table = read_mounts() if mounts is None else mounts
+    return [m for m in table if m.mount_point == target]
+
+
+def is_mount_point(path: str) -> bool:
+    return bool(mounts_at(path))
+
+
+def top_mount(path: str) -> Mount | None:
+    """The mount visible at `path` (the last one stacked there)."""
+    found = mounts_at(path)
+    return found[-1] if found else None
+
+
+def device_numbers(device: str) -> tuple[int, int]:
+    st = os.stat(device)
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+def mount_is_device(mount: Mount, major: int, minor: int) -> bool:
+    """True when `mount` shows the block device major:minor, as a file system
+    mounted from it, or as the device node itself bind-mounted onto a file."""
+    if (mount.major, mount.minor) == (major, minor):
+        return True
+    if mount.fs_type == "devtmpfs" and mount.root.startswith("/"):
+        node = "/dev" + mount.root
+        try:
+            return device_numbers(node) == (major, minor)
+        except OSError:
+            return False
+    return False

@@ -1,0 +1,319 @@
+"""CSI Node service: stage (activate, mkfs once, mount), publish (bind), stats, expand."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import grpc
+
+from csi_local import mounts
+from csi_local import validation as v
+from csi_local import volumes as vols
+from csi_local._gen import csi_pb2 as pb
+from csi_local._gen import csi_pb2_grpc
+from csi_local.context import Context
+from csi_local.controller import grow_volume, volume_condition
+from csi_local.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
+from csi_local.fs import block_device_size, wait_for_device
+from csi_local.lvm import LogicalVolume
+from csi_local.state import Publish, Staging
+
+log = logging.getLogger(__name__)
+NodeCap = pb.NodeServiceCapability.RPC
+SINGLE_WRITER = pb.VolumeCapability.AccessMode.SINGLE_NODE_SINGLE_WRITER
+
+
+def block_stage_file(staging_path: str, volume_id: str) -> str:
+    """Block volumes are staged as the device node bind-mounted onto a file in
+    the staging directory, so the kernel's mount table shows them too."""
+    return os.path.join(staging_path, volume_id)
+
+
+class NodeServicer(csi_pb2_grpc.NodeServicer):
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+
+    def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
+        return self.ctx.locks.hold(f"volume:{volume_id}")
+
+    def _volume(self, volume_id: str) -> LogicalVolume:
+        lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
+        if lv is None or not vols.is_csi_volume(lv):
+            raise NotFound(f"volume {volume_id!r} not found")
+        return lv
+
+    def _device_mounted_at(self, lv: LogicalVolume, path: str) -> bool:
+        """True when the LV is what is mounted at `path` (file system or node bind)."""
+        top = mounts.top_mount(path)
+        if top is None:
+            return False
+        if lv.kernel_major < 0:
+            return False
+        return mounts.mount_is_device(top, lv.kernel_major, lv.kernel_minor)
+
+    # stage ---------------------------------------------------------------
+
+    def NodeStageVolume(self, request: pb.NodeStageVolumeRequest,
+                        context: grpc.ServicerContext) -> pb.NodeStageVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        if not request.HasField("volume_capability"):
+            raise InvalidArgument("volume_capability is required")
+        cap = v.capability(request.volume_capability, self.config.default_fs_type)
+        with self._lock(volume_id):
+            lv = self._volume(volume_id)
+            rec = self.ctx.state.get(volume_id)
+            if rec.staging is not None:
+                s = rec.staging
+                if s.path != staging_path:
+                    raise AlreadyExists(f"volume {volume_id} is already staged at {s.path}")
+                wanted_fs = cap.fs_type if cap.access_type == "mount" else ""
+                if (s.access_type, s.mount_flags) != (cap.access_type, cap.mount_flags) or (
+                    request.volume_capability.mount.fs_type and s.fs_type != wanted_fs
+                ):
+                    raise AlreadyExists(
+                        f"volume {volume_id} is staged at {s.path} with another capability"
+                    )
+            lv = self.ctx.lvm.activate(lv.name)
+            wait_for_device(lv.path)
+            if cap.access_type == "block":
+                staging = self._stage_block(lv, staging_path, cap)
+            else:
+                staging = self._stage_mount(lv, staging_path, cap)
+            if rec.staging != staging:
+                self.ctx.state.set_staging(volume_id, staging)
+            done = [t for t in (vols.TAG_FRESH, vols.TAG_GROW_FS) if t in lv.tags]
+            if done:
+                self.ctx.lvm.delete_tags(lv.name, done)
+        return pb.NodeStageVolumeResponse()
+
+    def _stage_block(self, lv: LogicalVolume, staging_path: str,
+                     cap: v.Capability) -> Staging:
+        os.makedirs(staging_path, exist_ok=True)
+        target = block_stage_file(staging_path, lv.name)
+        if not self._device_mounted_at(lv, target):
+            if not os.path.exists(target):
+                with open(target, "a"):
+                    pass
+            self.ctx.fs.bind(lv.path, target, readonly=False)
+        return Staging(path=staging_path, access_type="block", access_mode=cap.mode)
+
+    def _stage_mount(self, lv: LogicalVolume, staging_path: str,
+                     cap: v.Capability) -> Staging:
+        os.makedirs(staging_path, exist_ok=True)
+        fs_type = cap.fs_type
+        if self._device_mounted_at(lv, staging_path):
+            top = mounts.top_mount(staging_path)
+            assert top is not None
+            fs_type = top.fs_type
+        else:
+            found, ambivalent = self.ctx.fs.probe(lv.path)
+            if ambivalent:
+                if vols.TAG_FRESH not in lv.tags:
+                    raise FailedPrecondition(
+                        f"{lv.path} carries conflicting signatures; refusing to format a "
+                        "volume that has been used"
+                    )
+                log.warning("wiping stray signatures on fresh volume %s", lv.name)
+                self.ctx.fs.wipe(lv.path)
+                found = None
+            if found is None:
+                self.ctx.fs.mkfs(lv.path, cap.fs_type)
+            elif found != cap.fs_type:
+                raise FailedPrecondition(
+                    f"volume {lv.name} holds a {found} file system, but {cap.fs_type} was "
+                    f"requested; it is left untouched"
+                )
+            self.ctx.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
+        if vols.TAG_GROW_FS in lv.tags:
+            self.ctx.fs.grow(lv.path, staging_path, fs_type)
+        return Staging(path=staging_path, access_type="mount", fs_type=fs_type,
+                       mount_flags=cap.mount_flags, access_mode=cap.mode)
+
+    def NodeUnstageVolume(self, request: pb.NodeUnstageVolumeRequest,
+                          context: grpc.ServicerContext) -> pb.NodeUnstageVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        with self._lock(volume_id):
+            rec = self.ctx.state.get(volume_id)
+            if rec.publishes:
+                raise FailedPrecondition(
+                    f"volume {volume_id} is still published at {', '.join(sorted(rec.publishes))}"
+                )
+            if rec.staging is not None and rec.staging.path != staging_path:
+                raise NotFound(f"volume {volume_id} is staged at {rec.staging.path}, not "
+                               f"{staging_path}")
+            lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
+            block_file = block_stage_file(staging_path, volume_id)
+            if mounts.is_mount_point(block_file):
+                self.ctx.fs.umount(block_file)
+            if os.path.isfile(block_file):
+                os.unlink(block_file)
+            top = mounts.top_mount(staging_path)
+            if top is not None and (
+                rec.staging is not None or (lv is not None and self._device_mounted_at(lv, staging_path))
+            ):
+                self.ctx.fs.umount(staging_path)
+            if rec.staging is not None:
+                self.ctx.state.set_staging(volume_id, None)
+        return pb.NodeUnstageVolumeResponse()
+
+    # publish -------------------------------------------------------------
+
+    def NodePublishVolume(self, request: pb.NodePublishVolumeRequest,
+                          context: grpc.ServicerContext) -> pb.NodePublishVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        target = v.path(request.target_path, "target_path")
+        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        if not request.HasField("volume_capability"):
+            raise InvalidArgument("volume_capability is required")
+        cap = v.capability(request.volume_capability, self.config.default_fs_type)
+        readonly = request.readonly or cap.read_only_mode
+        with self._lock(volume_id):
+            lv = self._volume(volume_id)
+            rec = self.ctx.state.get(volume_id)
+            if rec.staging is None or rec.staging.path != staging_path:
+                raise FailedPrecondition(f"volume {volume_id} is not staged at {staging_path}")
+            if rec.staging.access_type != cap.access_type:
+                raise InvalidArgument(
+                    f"volume {volume_id} is staged as {rec.staging.access_type}, "
+                    f"not {cap.access_type}"
+                )
+            want = Publish(readonly=readonly, access_mode=cap.mode)
+            have = rec.publishes.get(target)
+            if have is not None and have != want:
+                raise AlreadyExists(f"volume {volume_id} is published at {target} differently")
+            others = {t: p for t, p in rec.publishes.items() if t != target}
+            if not readonly and others and (
+                cap.mode == SINGLE_WRITER
+                or any(p.access_mode == SINGLE_WRITER and not p.readonly for p in others.values())
+            ):
+                writers = [t for t, p in others.items() if not p.readonly]
+                if writers:
+                    raise FailedPrecondition(
+                        f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
+                        f"writer at {writers[0]}"
+                    )
+            if not self._device_mounted_at(lv, target):
+                if cap.access_type == "block":
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    if not os.path.exists(target):
+                        with open(target, "a"):
+                            pass
+                    self.ctx.fs.bind(lv.path, target, readonly=readonly)
+                else:
+                    os.makedirs(target, exist_ok=True)
+                    self.ctx.fs.bind(staging_path, target, readonly=readonly,
+                                     flags=cap.mount_flags)
+            if have is None:
+                try:
+                    self.ctx.state.add_publish(volume_id, target, want)
+                except BaseException:
+                    self.ctx.fs.umount(target)
+                    raise
+        return pb.NodePublishVolumeResponse()
+
+    def NodeUnpublishVolume(self, request: pb.NodeUnpublishVolumeRequest,
+                            context: grpc.ServicerContext) -> pb.NodeUnpublishVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        target = v.path(request.target_path, "target_path")
+        with self._lock(volume_id):
+            rec = self.ctx.state.get(volume_id)
+            lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
+            ours = target in rec.publishes or (lv is not None and self._device_mounted_at(lv, target))
+            if ours:
+                self.ctx.fs.umount(target)
+                if os.path.isdir(target):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(target)
+                elif os.path.isfile(target):
+                    os.unlink(target)
+            if target in rec.publishes:
+                self.ctx.state.remove_publish(volume_id, target)
+        return pb.NodeUnpublishVolumeResponse()
+
+    # stats and expansion ---------------------------------------------------
+
+    def NodeGetVolumeStats(self, request: pb.NodeGetVolumeStatsRequest,
+                           context: grpc.ServicerContext) -> pb.NodeGetVolumeStatsResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        path = v.path(request.volume_path, "volume_path")
+        rec = self.ctx.state.get(volume_id)
+        if rec.staging is None or (path != rec.staging.path and path not in rec.publishes):
+            raise NotFound(f"volume {volume_id} is not staged or published at {path}")
+        lvs = self.ctx.lvm.list()
+        lv = next((x for x in lvs if x.name == volume_id and vols.is_csi_volume(x)), None)
+        pool = next((x for x in lvs if x.name == self.ctx.lvm.pool), None)
+        condition = volume_condition(self.ctx, lv, pool)
+        problems = [condition.message] if condition.abnormal else []
+        resp = pb.NodeGetVolumeStatsResponse()
+        block = rec.staging.access_type == "block"
+        check = block_stage_file(path, volume_id) if block and path == rec.staging.path else path
+        top = mounts.top_mount(check)
+        mounted = top is not None and lv is not None and mounts.mount_is_device(
+            top, lv.kernel_major, lv.kernel_minor)
+        if not mounted:
+            problems.append(f"{path} is not mounted")
+        if block:
+            if lv is not None and lv.active:
+                resp.usage.append(pb.VolumeUsage(unit=pb.VolumeUsage.BYTES,
+                                                 total=block_device_size(lv.path)))
+        elif mounted and top is not None:
+            if top.fs_read_only and "ro" not in rec.staging.mount_flags:
+                problems.append("file system is read-only (I/O errors?)")
+            u = self.ctx.fs.usage(path)
+            resp.usage.extend([
+                pb.VolumeUsage(unit=pb.VolumeUsage.BYTES, total=u.total_bytes,
+                               used=u.used_bytes, available=u.available_bytes),
+                pb.VolumeUsage(unit=pb.VolumeUsage.INODES, total=u.total_inodes,
+                               used=u.used_inodes, available=u.available_inodes),
+            ])
+        if problems:
+            resp.volume_condition.abnormal = True
+            resp.volume_condition.message = "; ".join(problems)
+        else:
+            resp.volume_condition.message = "volume is healthy"
+        return resp
+
+    def NodeExpandVolume(self, request: pb.NodeExpandVolumeRequest,
+                         context: grpc.ServicerContext) -> pb.NodeExpandVolumeResponse:
+        volume_id = v.required(request.volume_id, "volume_id")
+        path = v.path(request.volume_path, "volume_path")
+        with self._lock(volume_id):
+            lv = self._volume(volume_id)
+            rec = self.ctx.state.get(volume_id)
+            if rec.staging is None or (path != rec.staging.path and path not in rec.publishes):
+                raise NotFound(f"volume {volume_id} is not staged or published at {path}")
+            if request.HasField("capacity_range"):
+                lv = grow_volume(self.ctx, lv, request.capacity_range)
+            if rec.staging.access_type == "mount":
+                self.ctx.fs.grow(lv.path, rec.staging.path, rec.staging.fs_type)
+        return pb.NodeExpandVolumeResponse(capacity_bytes=lv.size)
+
+    # info ------------------------------------------------------------------
+
+    def NodeGetCapabilities(self, request: pb.NodeGetCapabilitiesRequest,
+                            context: grpc.ServicerContext) -> pb.NodeGetCapabilitiesResponse:
+        rpcs = [NodeCap.STAGE_UNSTAGE_VOLUME, NodeCap.GET_VOLUME_STATS, NodeCap.VOLUME_CONDITION,
+                NodeCap.SINGLE_NODE_MULTI_WRITER, NodeCap.EXPAND_VOLUME]
+        return pb.NodeGetCapabilitiesResponse(capabilities=[
+            pb.NodeServiceCapability(rpc=NodeCap(type=t)) for t in rpcs
+        ])
+
+    def NodeGetInfo(self, request: pb.NodeGetInfoRequest,
+                    context: grpc.ServicerContext) -> pb.NodeGetInfoResponse:
+        return pb.NodeGetInfoResponse(
+            node_id=self.config.node_id,
+            max_volumes_per_node=self.config.max_volumes_per_node,
+            accessible_topology=pb.Topology(
+                segments={self.config.topology_key: self.config.node_id}
+            ),
+        )

@@ -1,0 +1,109 @@
+"""The one place that starts processes.
+
+Every command runs with LC_ALL=C (so output parses the same everywhere), no
+shell, and a timeout that kills the child. Failures raise CommandError with
+argv, exit code, stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import sh
+
+from csi_local.errors import CommandError
+
+log = logging.getLogger(__name__)
+
+# Where tools live on Debian; used when PATH is empty (Nomad runs host volume
+# plugins with no environment at all).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        ok_codes: Sequence[int] = (0,),
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> Result: ...
+
+
+def resolve(tool: str) -> str:
+    """Absolute path of a tool, searching PATH and then the system directories."""
+    if os.path.isabs(tool):
+        return tool
+    path = os.environ.get("PATH") or ""
+    found = shutil.which(tool, path=f"{path}:{SYSTEM_PATH}" if path else SYSTEM_PATH)
+    if found is None:
+        raise CommandError([tool], 127, "", f"{tool}: command not found")
+    return found
+
+
+class ShRunner:
+    """Runs commands through `sh` with a fixed environment and a timeout."""
+
+    def __init__(self, timeout: float = 120.0, extra_env: Mapping[str, str] | None = None) -> None:
+        self.timeout = timeout
+        env = {"LC_ALL": "C", "LANG": "C", "PATH": SYSTEM_PATH}
+        # LVM warns about leaked descriptors (gRPC keeps some); that is noise.
+        env["LVM_SUPPRESS_FD_WARNINGS"] = "1"
+        if extra_env:
+            env.update(extra_env)
+        self.env = env
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        ok_codes: Sequence[int] = (0,),
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        if not argv:
+            raise ValueError("empty argv")
+        exe = resolve(argv[0])
+        args = [str(a) for a in argv[1:]]
+        limit = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        cmd = sh.Command(exe).bake(
+            _env=self.env,
+            _timeout=limit,
+            _ok_code=list(range(256)),
+            _return_cmd=True,
+            _encoding="utf-8",
+            _decode_errors="replace",
+            _in=input,
+            _tty_out=False,
+            _timeout_signal=9,
+        )
+        full = (exe, *args)
+        try:
+            proc = cmd(*args)
+        except sh.TimeoutException as exc:
+            raise CommandError(full, -9, "", f"timed out after {limit:.0f}s", timed_out=True) from exc
+        stdout = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode()
+        stderr = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode()
+        result = Result(full, proc.exit_code, stdout, stderr)
+        log.debug(
+            "ran %s -> %d in %.2fs", " ".join(full), proc.exit_code, time.monotonic() - started
+        )
+        if proc.exit_code not in ok_codes:
+            raise CommandError(full, proc.exit_code, stdout, stderr)
+        return result

@@ -1,0 +1,141 @@
+"""The gRPC server: unix socket, the error interceptor, signals, shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf import text_format
+from google.protobuf.message import Message
+
+from csi_local._gen import csi_pb2_grpc
+from csi_local.backing import ensure_backing
+from csi_local.config import Config
+from csi_local.errors import CsiError
+from csi_local.plugin import Plugin
+from csi_local.state import StateLocked
+
+log = logging.getLogger(__name__)
+GRACE_SECONDS = 30.0
+
+
+class ServerError(Exception):
+    """The server cannot start."""
+
+
+def redact(request: Message) -> str:
+    """The request as text, with every `secrets` field emptied."""
+    if any(f.name == "secrets" for f in request.DESCRIPTOR.fields):
+        request = type(request).FromString(request.SerializeToString())
+        request.ClearField("secrets")
+    return text_format.MessageToString(request, as_one_line=True)
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps CsiError to its status code (the one place that does) and logs calls."""
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = details.method.rsplit("/", 1)[-1]
+
+        def wrapped(request: Message, context: grpc.ServicerContext) -> Any:
+            started = time.monotonic()
+            log.debug("%s request: %s", method, redact(request))
+            try:
+                reply = inner(request, context)
+            except CsiError as err:
+                log.info("%s -> %s: %s (%.3fs)", method, err.code, err.message,
+                         time.monotonic() - started)
+                context.abort(grpc.StatusCode[err.code], err.message)
+            except Exception as err:
+                log.exception("%s failed unexpectedly", method)
+                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err}")
+            log.info("%s -> OK (%.3fs)", method, time.monotonic() - started)
+            return reply
+
+        return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _claim_socket(path: str) -> None:
+    """Remove a stale socket file; refuse when a live server answers on it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.lexists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2.0)
+        probe.connect(path)
+    except OSError:
+        log.info("removing stale socket %s", path)
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise ServerError(f"another server is already listening on {path}; refusing to start")
+
+
+def build_server(plugin: Plugin, socket_file: str, workers: int = 16) -> grpc.Server:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+        interceptors=[ErrorInterceptor()],
+    )
+    csi_pb2_grpc.add_IdentityServicer_to_server(plugin.identity, server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(plugin.controller, server)
+    csi_pb2_grpc.add_NodeServicer_to_server(plugin.node, server)
+    if server.add_insecure_port(f"unix://{socket_file}") == 0:
+        raise ServerError(f"cannot listen on {socket_file}")
+    return server
+
+
+def serve(config: Config) -> None:
+    path = config.socket
+    _claim_socket(path)
+    if config.backing_file is not None and config.backing_size is not None:
+        ensure_backing(config)
+    try:
+        plugin = Plugin(config)
+    except StateLocked as err:
+        raise ServerError(str(err)) from None
+    server = build_server(plugin, path)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    log.info(
+        "csi-local serving %s on %s (node %s, pool %s/%s)",
+        config.driver_name, config.endpoint, config.node_id,
+        config.volume_group, config.thin_pool,
+    )
+    stop.wait()
+    # New RPCs are refused at once; in-flight ones get the grace period.
+    server.stop(GRACE_SECONDS).wait()
+    plugin.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    log.info("stopped")

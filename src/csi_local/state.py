@@ -1,0 +1,235 @@
+"""Node state: where each volume is staged and published, with counts.
+
+LVM says what exists; this file says only what LVM cannot: staging paths and
+publish targets. Writes are atomic (temp file, fsync, rename, fsync of the
+directory); a lock file keeps a second process out. A missing entry means
+"not staged, not published". No gRPC types here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"
+
+
+class StateLocked(Exception):
+    """Another process holds the state directory."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    readonly: bool = False
+    access_mode: int = 0
+
+
+@dataclass(frozen=True)
+class Staging:
+    path: str
+    access_type: str  # "mount" or "block"
+    fs_type: str = ""
+    mount_flags: tuple[str, ...] = ()
+    access_mode: int = 0
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    volume_id: str
+    staging: Staging | None = None
+    publishes: dict[str, Publish] = field(default_factory=dict)
+
+    @property
+    def publish_count(self) -> int:
+        return len(self.publishes)
+
+    @property
+    def empty(self) -> bool:
+        return self.staging is None and not self.publishes
+
+
+def _to_json(rec: VolumeRecord) -> dict[str, object]:
+    out: dict[str, object] = {
+        "publishes": {
+            t: {"readonly": p.readonly, "access_mode": p.access_mode}
+            for t, p in sorted(rec.publishes.items())
+        },
+        "publish_count": rec.publish_count,
+    }
+    if rec.staging is not None:
+        s = rec.staging
+        out["staging"] = {
+            "path": s.path,
+            "access_type": s.access_type,
+            "fs_type": s.fs_type,
+            "mount_flags": list(s.mount_flags),
+            "access_mode": s.access_mode,
+        }
+    return out
+
+
+def _from_json(volume_id: str, data: dict[str, object]) -> VolumeRecord:
+    staging = None
+    raw = data.get("staging")
+    if isinstance(raw, dict):
+        staging = Staging(
+            path=str(raw["path"]),
+            access_type=str(raw["access_type"]),
+            fs_type=str(raw.get("fs_type", "")),
+            mount_flags=tuple(str(f) for f in raw.get("mount_flags", [])),
+            access_mode=int(raw.get("access_mode", 0)),
+        )
+    pubs_raw = data.get("publishes", {})
+    if not isinstance(pubs_raw, dict):
+        raise ValueError("publishes is not a map")
+    pubs = {
+        str(t): Publish(readonly=bool(p["readonly"]), access_mode=int(p.get("access_mode", 0)))
+        for t, p in pubs_raw.items()
+    }
+    return VolumeRecord(volume_id, staging, pubs)
+
+
+def parse(text: str) -> dict[str, VolumeRecord]:
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"unsupported state version {data.get('version')!r}")
+    vols = data.get("volumes", {})
+    if not isinstance(vols, dict):
+        raise ValueError("volumes is not a map")
+    return {vid: _from_json(vid, rec) for vid, rec in vols.items()}
+
+
+def render(records: dict[str, VolumeRecord]) -> str:
+    vols = {vid: _to_json(r) for vid, r in sorted(records.items()) if not r.empty}
+    return json.dumps({"version": VERSION, "volumes": vols}, indent=1, sort_keys=True) + "\n"
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class StateStore:
+    """The state file of one node, held exclusively by one process."""
+
+    def __init__(
+        self,
+        directory: str,
+        rebuild: Callable[[], dict[str, VolumeRecord]] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, STATE_FILE)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._lock_fd = os.open(
+            os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StateLocked(f"state directory {directory} is in use by another process") from None
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        self._mutex = threading.RLock()
+        self._records = self._load(rebuild)
+        self._remove_stale_temps()
+
+    def _load(
+        self, rebuild: Callable[[], dict[str, VolumeRecord]] | None
+    ) -> dict[str, VolumeRecord]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return parse(f.read())
+        except FileNotFoundError:
+            reason = "missing"
+        except (ValueError, KeyError, TypeError) as err:
+            reason = f"corrupt ({err})"
+            os.replace(self.path, self.path + ".corrupt")
+        if rebuild is None:
+            return {}
+        records = rebuild()
+        log.warning(
+            "state file %s was %s; rebuilt %d volume record(s) from mountinfo and LVM",
+            self.path, reason, len(records),
+        )
+        write_atomic(self.path, render(records))
+        return records
+
+    def _remove_stale_temps(self) -> None:
+        prefix = STATE_FILE + ".tmp."
+        for name in os.listdir(self.directory):
+            if name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, name))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+
+    def get(self, volume_id: str) -> VolumeRecord:
+        """The record, or an empty one: missing means not staged, not published."""
+        with self._mutex:
+            return self._records.get(volume_id) or VolumeRecord(volume_id)
+
+    def all(self) -> dict[str, VolumeRecord]:
+        with self._mutex:
+            return dict(self._records)
+
+    def put(self, record: VolumeRecord) -> None:
+        with self._mutex:
+            records = dict(self._records)
+            if record.empty:
+                records.pop(record.volume_id, None)
+            else:
+                records[record.volume_id] = record
+            write_atomic(self.path, render(records))
+            self._records = records
+
+    def set_staging(self, volume_id: str, staging: Staging | None) -> None:
+        with self._mutex:
+            self.put(replace(self.get(volume_id), staging=staging))
+
+    def add_publish(self, volume_id: str, target: str, publish: Publish) -> None:
+        with self._mutex:
+            rec = self.get(volume_id)
+            self.put(replace(rec, publishes={**rec.publishes, target: publish}))
+
+    def remove_publish(self, volume_id: str, target: str) -> None:
+        with self._mutex:
+            rec = self.get(volume_id)
+            pubs = {t: p for t, p in rec.publishes.items() if t != target}
+            self.put(replace(rec, publishes=pubs))
+
+    def find_target(self, target: str) -> str | None:
+        """The volume published at `target`, if any."""
+        with self._mutex:
+            for vid, rec in self._records.items():
+                if target in rec.publishes:
+                    return vid
+        return None

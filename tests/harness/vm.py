@@ -1,0 +1,237 @@
+"""Run the integration tests in a VM with a real kernel, and report them as
+ordinary pytest results on the host.
+
+Where the host has no device-mapper (or no root), every test marked
+`integration` is replaced on the host by a stand-in item with the same node
+id. The first stand-in to run boots one VM (Debian's kernel under qemu via
+virtme-ng), which runs all selected integration tests with pytest and writes
+one JSON line per test phase to a shared directory. Each stand-in then
+reports its own test's outcome, traceback and captured output.
+
+Integration tests run directly on the host instead when it has
+device-mapper, runs as root and CSI_LOCAL_TEST_ON_HOST=1 is set.
+A missing harness (no qemu, no vng, no kernel) fails the tests; it never skips.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IN_VM_ENV = "CSI_LOCAL_IN_VM"
+RESULTS_ENV = "CSI_LOCAL_VM_RESULTS"
+SELECT_ENV = "CSI_LOCAL_VM_SELECT"
+
+
+def host_can_run_integration() -> tuple[bool, str]:
+    if os.environ.get(IN_VM_ENV) == "1":
+        return True, "inside the test VM"
+    if os.environ.get("CSI_LOCAL_TEST_ON_HOST") != "1":
+        return False, "CSI_LOCAL_TEST_ON_HOST is not set"
+    if os.geteuid() != 0:
+        return False, "not root"
+    if not os.path.exists("/dev/mapper/control"):
+        return False, "host kernel has no device-mapper"
+    return True, "host has device-mapper and root, and CSI_LOCAL_TEST_ON_HOST=1"
+
+
+def find_kernel() -> str:
+    wanted = os.environ.get("CSI_LOCAL_VM_KERNEL")
+    candidates = [wanted] if wanted else sorted(glob.glob("/boot/vmlinuz-*"), reverse=True)
+    for path in candidates:
+        if not path:
+            continue
+        ver = os.path.basename(path).removeprefix("vmlinuz-")
+        if os.path.exists(path) and os.path.exists(f"/lib/modules/{ver}/modules.dep"):
+            return path
+    raise HarnessMissing(
+        "no kernel for the test VM: need /boot/vmlinuz-VER with /lib/modules/VER "
+        "(scripts/install-vm-kernel installs Debian's), or set CSI_LOCAL_VM_KERNEL"
+    )
+
+
+class HarnessMissing(Exception):
+    pass
+
+
+def find_vng() -> str:
+    local = Path(sys.executable).parent / "vng"
+    found = str(local) if local.exists() else shutil.which("vng")
+    if not found:
+        raise HarnessMissing("vng (virtme-ng) is not installed: pip install virtme-ng")
+    if not shutil.which("qemu-system-x86_64"):
+        raise HarnessMissing("qemu-system-x86_64 is missing: apt-get install qemu-system-x86")
+    return found
+
+
+@dataclass
+class VmRun:
+    nodeids: list[str]
+    done: bool = False
+    error: str | None = None
+    reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    console: str = ""
+    boot_seconds: float | None = None
+    total_seconds: float = 0.0
+
+    def run(self, config: pytest.Config) -> None:
+        self.done = True
+        try:
+            kernel = find_kernel()
+            vng = find_vng()
+        except HarnessMissing as err:
+            self.error = f"integration harness missing: {err}"
+            return
+        workdir = Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp"))
+        results = workdir / "results.jsonl"
+        select = workdir / "select.txt"
+        select.write_text("\n".join(self.nodeids) + "\n")
+        inner = [
+            sys.executable, "-m", "pytest", "-p", "tests.harness.vm_reporter",
+            "-p", "no:cacheprovider", "-q", "-rA",
+            "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
+        ]
+        if config.getoption("verbose") > 0:
+            inner.append("-v")
+        env = {
+            IN_VM_ENV: "1",
+            RESULTS_ENV: str(results),
+            SELECT_ENV: str(select),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
+        }
+        script = workdir / "guest.sh"
+        script.write_text(
+            "set -e\n"
+            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot btrfs xfs 2>/dev/null || "
+            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot\n"
+            f"echo BOOTED $(cut -d' ' -f1 /proc/uptime) > {shlex.quote(str(workdir))}/booted\n"
+            f"cd {shlex.quote(str(REPO))}\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+            # The guest's pytest output goes to a file the host can follow live.
+            + shlex.join(inner) + f" > {shlex.quote(str(workdir / 'pytest.log'))} 2>&1\n"
+        )
+        memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "3G")
+        argv = [
+            vng, "-r", kernel, "--disable-kvm", "--user", "root", "--memory", memory,
+            "--cpus", os.environ.get("CSI_LOCAL_VM_CPUS", "2"),
+            "--rwdir", str(workdir), "--", f"bash {shlex.quote(str(script))}",
+        ]
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3000"))
+        started = time.monotonic()
+        console_path = workdir / "console.log"
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(
+                f"\n[vm] booting {os.path.basename(kernel)} for {len(self.nodeids)} "
+                f"integration test(s); follow {workdir / 'pytest.log'}"
+            )
+        with open(console_path, "wb") as console:
+            try:
+                proc = subprocess.run(
+                    argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    timeout=timeout, check=False,
+                )
+                rc: int | None = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        self.total_seconds = time.monotonic() - started
+        self.console = console_path.read_text(errors="replace")
+        guest_log = workdir / "pytest.log"
+        if guest_log.exists():
+            self.console += "\n--- guest pytest ---\n" + guest_log.read_text(errors="replace")
+        booted = workdir / "booted"
+        if booted.exists():
+            self.boot_seconds = float(booted.read_text().split()[1])
+        if results.exists():
+            for line in results.read_text().splitlines():
+                rep = json.loads(line)
+                self.reports.setdefault(rep["nodeid"], []).append(rep)
+        if rc is None:
+            self.error = f"the VM did not finish within {timeout:.0f}s"
+        elif not self.reports:
+            self.error = f"the VM exited {rc} without running any test"
+        if terminal is not None:
+            boot = f"{self.boot_seconds:.1f}s" if self.boot_seconds else "?"
+            terminal.write_line(
+                f"[vm] done in {self.total_seconds:.1f}s (guest boot to test start: {boot}), "
+                f"exit {rc}, {len(self.reports)} test(s) reported"
+            )
+        if self.error is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def console_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.console.splitlines()[-lines:])
+
+
+class VmTestFailed(Exception):
+    pass
+
+
+class VmItem(pytest.Item):
+    """Stands on the host for an integration test that runs in the VM."""
+
+    def __init__(self, *, vmrun: VmRun, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vmrun = vmrun
+
+    def runtest(self) -> None:
+        if not self.vmrun.done:
+            self.vmrun.run(self.config)
+        reports = self.vmrun.reports.get(self.nodeid)
+        if not reports:
+            why = self.vmrun.error or "the test did not report from the VM"
+            raise VmTestFailed(f"{why}\n--- VM console (tail) ---\n{self.vmrun.console_tail()}")
+        for rep in reports:
+            for title, content in rep.get("sections", []):
+                self.add_report_section(rep["when"], title.rsplit(" ", 1)[-1], content)
+        for rep in reports:
+            if rep["outcome"] == "failed":
+                raise VmTestFailed(f"[in VM, {rep['when']}]\n{rep['longrepr']}")
+        for rep in reports:
+            if rep["outcome"] == "skipped":
+                pytest.skip(f"[in VM] {rep['longrepr']}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, VmTestFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return self.path, None, f"[vm] {self.name}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: needs real LVM, mkfs and mount")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    local, _why = host_can_run_integration()
+    if local:
+        return
+    integration = [i for i in items if i.get_closest_marker("integration")]
+    if not integration:
+        return
+    vmrun = VmRun([i.nodeid for i in integration])
+    for index, item in enumerate(items):
+        if item.get_closest_marker("integration"):
+            stand_in = VmItem.from_parent(item.parent, name=item.name, vmrun=vmrun)
+            stand_in._nodeid = item.nodeid  # keep the exact id, parametrisation included
+            for marker in {m.name: m for m in item.iter_markers()}.values():
+                stand_in.add_marker(marker.name)
+            items[index] = stand_in

@@ -1,0 +1,44 @@
+"""Loaded into the pytest run inside the VM: selects the host's chosen tests
+and writes one JSON line per test phase for the host to report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.harness.vm import RESULTS_ENV, SELECT_ENV
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = os.environ.get(SELECT_ENV)
+    if not path:
+        return
+    with open(path) as f:
+        wanted = {line.strip() for line in f if line.strip()}
+    keep = [i for i in items if i.nodeid in wanted]
+    config.hook.pytest_deselected(items=[i for i in items if i.nodeid not in wanted])
+    items[:] = keep
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        longrepr = ""
+        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            longrepr = str(report.longrepr[2])
+        elif report.longrepr is not None:
+            longrepr = report.longreprtext
+        line = {
+            "nodeid": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "longrepr": longrepr,
+            "duration": report.duration,
+            "sections": [list(s) for s in report.sections],
+        }
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")

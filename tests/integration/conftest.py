@@ -1,0 +1,270 @@
+"""Fixtures for integration tests: loop-backed VGs and thin pools, and a
+running csi-local server. These need root, device-mapper, mkfs and mount:
+inside the test VM (or a qualifying host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from csi_local import mounts
+from csi_local._gen import csi_pb2 as pb
+from csi_local._gen import csi_pb2_grpc
+
+pytestmark = pytest.mark.integration
+SCRATCH = Path("/run/csi-local-tests")
+
+
+def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=env,
+                          input=input)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{argv} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+@dataclass
+class LoopVG:
+    """A VG on a sparse file in tmpfs, with one thin pool."""
+
+    name: str
+    pool: str
+    image: Path
+    loop: str
+    size: int
+
+    def lv_names(self) -> list[str]:
+        out = run("lvs", "--noheadings", "-o", "lv_name", self.name).stdout
+        return sorted(x.strip() for x in out.split() if x.strip() and x.strip() != self.pool)
+
+    def clean(self) -> None:
+        """Remove every LV but the pool (mounts must be gone first)."""
+        if self.lv_names():
+            run("lvremove", "--yes", "--select", f"lv_name!={self.pool}", self.name)
+
+    def destroy(self) -> None:
+        run("vgremove", "--yes", "--force", self.name, check=False)
+        run("losetup", "--detach", self.loop, check=False)
+        self.image.unlink(missing_ok=True)
+
+
+def make_vg(size: int = 4 << 30, pool_percent: int = 80, *, errorwhenfull: bool = True) -> LoopVG:
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    name = f"csitest{uuid.uuid4().hex[:8]}"
+    image = SCRATCH / f"{name}.img"
+    with open(image, "wb") as f:
+        f.truncate(size)
+    loop = run("losetup", "--find", "--show", str(image)).stdout.strip()
+    run("vgcreate", "--yes", name, loop)
+    run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
+        "--name", "pool", name)
+    # A full pool fails writes at once instead of queueing them for a minute.
+    run("lvchange", "--errorwhenfull", "y" if errorwhenfull else "n", f"{name}/pool")
+    return LoopVG(name=name, pool="pool", image=image, loop=loop, size=size)
+
+
+def unmount_under(root: Path) -> None:
+    prefix = str(root) + "/"
+    for _ in range(5):
+        stale = [m.mount_point for m in mounts.read_mounts()
+                 if m.mount_point.startswith(prefix)]
+        if not stale:
+            return
+        for point in sorted(stale, key=len, reverse=True):
+            run("umount", "-l", point, check=False)
+
+
+@pytest.fixture(scope="session")
+def session_vg() -> Iterator[LoopVG]:
+    vg = make_vg()
+    yield vg
+    vg.destroy()
+
+
+@pytest.fixture
+def vg(session_vg: LoopVG) -> Iterator[LoopVG]:
+    """The session's VG and pool, emptied after each test."""
+    yield session_vg
+    session_vg.clean()
+
+
+@dataclass
+class Plugin:
+    """A csi-local server process and clients for its three services."""
+
+    vg: LoopVG
+    workdir: Path
+    extra_args: list[str] = field(default_factory=list)
+    node_id: str = "node-1"
+    proc: subprocess.Popen[bytes] | None = None
+    channel: grpc.Channel | None = None
+
+    @property
+    def socket(self) -> str:
+        return str(self.workdir / "csi.sock")
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "plugin.log"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "csi_local", "serve",
+            "--endpoint", self.endpoint, "--node-id", self.node_id,
+            "--volume-group", self.vg.name, "--thin-pool", self.vg.pool,
+            "--state-dir", str(self.state_dir), "--lock-dir", str(self.workdir / "locks"),
+            "--log-level", "debug", *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        self.channel = grpc.insecure_channel(self.endpoint)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"plugin exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                self.identity.Probe(pb.ProbeRequest(), timeout=5)
+                return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._close_channel()
+
+    def stop(self) -> int | None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_channel()
+        return None if self.proc is None else self.proc.returncode
+
+    def restart(self, kill: bool = True) -> None:
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def _close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def identity(self) -> csi_pb2_grpc.IdentityStub:
+        assert self.channel is not None
+        return csi_pb2_grpc.IdentityStub(self.channel)
+
+    @property
+    def controller(self) -> csi_pb2_grpc.ControllerStub:
+        assert self.channel is not None
+        return csi_pb2_grpc.ControllerStub(self.channel)
+
+    @property
+    def node(self) -> csi_pb2_grpc.NodeStub:
+        assert self.channel is not None
+        return csi_pb2_grpc.NodeStub(self.channel)
+
+    def path(self, *parts: str) -> str:
+        """A fresh path under the scratch directory (parent made, path itself not)."""
+        p = self.workdir.joinpath("paths", *parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return str(p)
+
+
+@pytest.fixture
+def plugin_factory(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Any]:
+    made: list[Plugin] = []
+
+    def factory(*extra_args: str, target_vg: LoopVG | None = None, start: bool = True) -> Plugin:
+        workdir = SCRATCH / f"p-{uuid.uuid4().hex[:8]}"
+        workdir.mkdir(parents=True)
+        plugin = Plugin(vg=target_vg or vg, workdir=workdir, extra_args=list(extra_args))
+        made.append(plugin)
+        if start:
+            plugin.start()
+        return plugin
+
+    yield factory
+    for plugin in made:
+        plugin.stop()
+        if request.node.rep_call_failed if hasattr(request.node, "rep_call_failed") else False:
+            print(f"--- plugin log {plugin.log_path} ---\n{plugin.log()[-20000:]}")
+        unmount_under(plugin.workdir)
+        shutil.rmtree(plugin.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def plugin(plugin_factory: Any) -> Plugin:
+    """A running csi-local on the session VG's pool."""
+    p: Plugin = plugin_factory()
+    return p
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.rep_call_failed = report.failed  # type: ignore[attr-defined]
+    return report
+
+
+def mount_cap(fs_type: str = "ext4", flags: tuple[str, ...] = (),
+              mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+    return pb.VolumeCapability(
+        mount=pb.VolumeCapability.MountVolume(fs_type=fs_type, mount_flags=list(flags)),
+        access_mode=pb.VolumeCapability.AccessMode(mode=mode),
+    )
+
+
+def block_cap(mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+    return pb.VolumeCapability(
+        block=pb.VolumeCapability.BlockVolume(),
+        access_mode=pb.VolumeCapability.AccessMode(mode=mode),
+    )
+
+
+def expect_code(code: grpc.StatusCode, fn: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code() == code, f"expected {code.name}, got {info.value.code().name}: {info.value.details()}"
+    return info.value
+
+

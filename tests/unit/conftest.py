@@ -1,0 +1,66 @@
+"""Unit tests: pure logic only. Any real subprocess is an error here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from csi_local.errors import CommandError
+from csi_local.runner import Result
+
+
+class RealProcessForbidden(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RealProcessForbidden(f"unit tests must not start processes: {args!r}")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "execve", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    yield
+
+
+@dataclass
+class FakeRunner:
+    """Records argv and replays canned results keyed by the argv's first words."""
+
+    replies: dict[tuple[str, ...], list[Result | CommandError]] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def on(self, prefix: Sequence[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
+        key = tuple(prefix)
+        reply: Result | CommandError
+        if rc == 0:
+            reply = Result(key, 0, stdout, stderr)
+        else:
+            reply = CommandError(key, rc, stdout, stderr)
+        self.replies.setdefault(key, []).append(reply)
+
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | None = None, timeout: float | None = None) -> Result:
+        call = tuple(str(a) for a in argv)
+        self.calls.append(call)
+        for n in range(len(call), 0, -1):
+            queue = self.replies.get(call[:n])
+            if queue:
+                reply = queue.pop(0) if len(queue) > 1 else queue[0]
+                if isinstance(reply, CommandError):
+                    if reply.returncode in ok_codes:
+                        return Result(call, reply.returncode, reply.stdout, reply.stderr)
+                    raise reply
+                return reply
+        raise AssertionError(f"unexpected command {call}")
+
+
+@pytest.fixture
+def runner() -> FakeRunner:
+    return FakeRunner()
