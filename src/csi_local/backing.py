@@ -40,5 +40,6 @@ def ensure_backing(config: Config) -> None:
             "--name", config.thin_pool, config.volume_group,
         ])
         # Fail writes at once when the pool fills, instead of queueing them.
-        runner.run(["lvchange", "--errorwhenfull", "y", f"{config.volume_group}/{config.thin_pool}"])
+        pool = f"{config.volume_group}/{config.thin_pool}"
+        runner.run(["lvchange", "--errorwhenfull", "y", pool])
         log.info("created thin pool %s/%s", config.volume_group, config.thin_pool)

@@ -212,7 +212,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 self.ctx.lvm.remove(volume_id)
             except CommandError as err:
                 if "in use" in err.stderr or "open" in err.stderr:
-                    raise FailedPrecondition(f"volume {volume_id} is in use: {err.message}") from err
+                    raise FailedPrecondition(
+                        f"volume {volume_id} is in use: {err.message}"
+                    ) from err
                 raise
         return pb.DeleteVolumeResponse()
 

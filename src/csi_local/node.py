@@ -159,7 +159,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 os.unlink(block_file)
             top = mounts.top_mount(staging_path)
             if top is not None and (
-                rec.staging is not None or (lv is not None and self._device_mounted_at(lv, staging_path))
+                rec.staging is not None
+                or (lv is not None and self._device_mounted_at(lv, staging_path))
             ):
                 self.ctx.fs.umount(staging_path)
             if rec.staging is not None:
@@ -228,7 +229,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         with self._lock(volume_id):
             rec = self.ctx.state.get(volume_id)
             lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
-            ours = target in rec.publishes or (lv is not None and self._device_mounted_at(lv, target))
+            ours = target in rec.publishes or (
+                lv is not None and self._device_mounted_at(lv, target)
+            )
             if ours:
                 self.ctx.fs.umount(target)
                 if os.path.isdir(target):

@@ -97,7 +97,9 @@ class ShRunner:
         try:
             proc = cmd(*args)
         except sh.TimeoutException as exc:
-            raise CommandError(full, -9, "", f"timed out after {limit:.0f}s", timed_out=True) from exc
+            raise CommandError(
+                full, -9, "", f"timed out after {limit:.0f}s", timed_out=True
+            ) from exc
         stdout = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode()
         stderr = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode()
         result = Result(full, proc.exit_code, stdout, stderr)

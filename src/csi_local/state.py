@@ -28,6 +28,19 @@ class StateLocked(Exception):
     """Another process holds the state directory."""
 
 
+def _holder(lock_path: str) -> str:
+    """" (pid N: command line)" of the process named in the lock file, if alive."""
+    import psutil
+
+    try:
+        with open(lock_path, encoding="ascii") as f:
+            pid = int(f.read().strip())
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except (OSError, ValueError, psutil.Error):
+        return ""
+    return f" (pid {pid}: {cmd[:200]})"
+
+
 @dataclass(frozen=True)
 class Publish:
     readonly: bool = False
@@ -153,7 +166,10 @@ class StateStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
-            raise StateLocked(f"state directory {directory} is in use by another process") from None
+            raise StateLocked(
+                f"state directory {directory} is in use by another process"
+                f"{_holder(os.path.join(directory, LOCK_FILE))}"
+            ) from None
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         self._mutex = threading.RLock()

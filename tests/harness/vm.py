@@ -111,6 +111,7 @@ class VmRun:
             RESULTS_ENV: str(results),
             SELECT_ENV: str(select),
             "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
             "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
         }
         script = workdir / "guest.sh"
@@ -198,6 +199,10 @@ class VmItem(pytest.Item):
         for rep in reports:
             for title, content in rep.get("sections", []):
                 self.add_report_section(rep["when"], title.rsplit(" ", 1)[-1], content)
+                if self.get_closest_marker("report") and "stdout" in title:
+                    terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+                    if terminal is not None:
+                        terminal.write_line(f"\n[{self.nodeid}]{content}")
         for rep in reports:
             if rep["outcome"] == "failed":
                 raise VmTestFailed(f"[in VM, {rep['when']}]\n{rep['longrepr']}")

@@ -4,6 +4,7 @@ inside the test VM (or a qualifying host)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.integration
 SCRATCH = Path("/run/csi-local-tests")
 
 
-def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(*argv: str, check: bool = True,
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
     proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=env,
                           input=input)
@@ -91,6 +93,9 @@ def unmount_under(root: Path) -> None:
 def session_vg() -> Iterator[LoopVG]:
     vg = make_vg()
     yield vg
+    shared = _shared.pop(vg.name, None)
+    if shared is not None:
+        _discard(shared, False)
     vg.destroy()
 
 
@@ -209,14 +214,31 @@ class Plugin:
         return str(p)
 
 
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return bool(getattr(request.node, "rep_call_failed", False))
+
+
+def _discard(plugin: Plugin, show_log: bool) -> None:
+    plugin.stop()
+    if show_log:
+        print(f"--- plugin log {plugin.log_path} ---\n{plugin.log()[-20000:]}")
+    unmount_under(plugin.workdir)
+    shutil.rmtree(plugin.workdir, ignore_errors=True)
+
+
+def _new_plugin(vg: LoopVG, extra_args: list[str]) -> Plugin:
+    workdir = SCRATCH / f"p-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True)
+    return Plugin(vg=vg, workdir=workdir, extra_args=extra_args)
+
+
 @pytest.fixture
 def plugin_factory(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Plugins of a test's own (extra flags, another VG); gone after the test."""
     made: list[Plugin] = []
 
     def factory(*extra_args: str, target_vg: LoopVG | None = None, start: bool = True) -> Plugin:
-        workdir = SCRATCH / f"p-{uuid.uuid4().hex[:8]}"
-        workdir.mkdir(parents=True)
-        plugin = Plugin(vg=target_vg or vg, workdir=workdir, extra_args=list(extra_args))
+        plugin = _new_plugin(target_vg or vg, list(extra_args))
         made.append(plugin)
         if start:
             plugin.start()
@@ -224,18 +246,57 @@ def plugin_factory(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Any]:
 
     yield factory
     for plugin in made:
-        plugin.stop()
-        if request.node.rep_call_failed if hasattr(request.node, "rep_call_failed") else False:
-            print(f"--- plugin log {plugin.log_path} ---\n{plugin.log()[-20000:]}")
-        unmount_under(plugin.workdir)
-        shutil.rmtree(plugin.workdir, ignore_errors=True)
+        _discard(plugin, _failed(request))
+
+
+def _reset(plugin: Plugin) -> bool:
+    """Undo a test's node work through the plugin's own RPCs; False if that failed."""
+    try:
+        state_file = plugin.state_dir / "state.json"
+        records = json.loads(state_file.read_text())["volumes"] if state_file.exists() else {}
+        for vid, rec in records.items():
+            for target in rec.get("publishes", {}):
+                plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(
+                    volume_id=vid, target_path=target), timeout=120)
+            if rec.get("staging"):
+                plugin.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+                    volume_id=vid, staging_target_path=rec["staging"]["path"]), timeout=120)
+        left = json.loads(state_file.read_text())["volumes"] if state_file.exists() else {}
+    except (grpc.RpcError, OSError, ValueError, KeyError):
+        return False
+    prefix = str(plugin.workdir) + "/"
+    stray = [m for m in mounts.read_mounts() if m.mount_point.startswith(prefix)]
+    return not left and not stray
+
+
+_shared: dict[str, Plugin] = {}
 
 
 @pytest.fixture
-def plugin(plugin_factory: Any) -> Plugin:
-    """A running csi-local on the session VG's pool."""
-    p: Plugin = plugin_factory()
-    return p
+def plugin(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Plugin]:
+    """A running csi-local on the session VG's pool.
+
+    Starting Python with grpc under software emulation costs seconds, so one
+    server process serves test after test; after each test its stages and
+    publishes are undone through its own RPCs (the VG is emptied by `vg`), and
+    a process that fails that, or that a test killed, is replaced.
+    """
+    p = _shared.get(vg.name)
+    if p is None:
+        p = _shared[vg.name] = _new_plugin(vg, [])
+    if p.proc is None or p.proc.poll() is not None or p.channel is None:
+        p.start()
+    log_mark = len(p.log())
+    yield p
+    if _failed(request):
+        print(f"--- plugin log (this test) ---\n{p.log()[log_mark:][-20000:]}")
+    paths = p.workdir / "paths"
+    if not _reset(p):
+        del _shared[vg.name]
+        _discard(p, False)
+        return
+    unmount_under(paths)
+    shutil.rmtree(paths, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -264,7 +325,8 @@ def block_cap(mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER) -> 
 def expect_code(code: grpc.StatusCode, fn: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         fn(*args, **kwargs)
-    assert info.value.code() == code, f"expected {code.name}, got {info.value.code().name}: {info.value.details()}"
+    got = info.value.code()
+    assert got == code, f"expected {code.name}, got {got.name}: {info.value.details()}"
     return info.value
 
 

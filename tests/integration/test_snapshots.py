@@ -111,7 +111,7 @@ def test_list_get_delete_snapshots(plugin: Plugin) -> None:
 
 def test_origin_deleted_then_restore(plugin: Plugin, vg: LoopVG) -> None:
     vid = create(plugin, "doomed", cap=block_cap())
-    run("dd", "if=/dev/urandom", f"of=/run/csi-local-tests/doomed.bin", "bs=1M", "count=2")
+    run("dd", "if=/dev/urandom", "of=/run/csi-local-tests/doomed.bin", "bs=1M", "count=2")
     blob = open("/run/csi-local-tests/doomed.bin", "rb").read()
     with open(f"/dev/{vg.name}/{vid}", "r+b") as f:
         f.write(blob)

@@ -16,7 +16,9 @@ GEN = REPO / "src" / "csi_local" / "_gen"
 def test_proto_is_upstream_v1_12() -> None:
     # sha256 of csi.proto as released in container-storage-interface/spec v1.12.0
     data = (REPO / "proto" / "csi.proto").read_bytes()
-    assert hashlib.sha256(data).hexdigest() == "5b81236a3809f3ff0b877ff9b82215d0b74a8e291d7f3ec6ee1a44f537c0f86a"
+    assert hashlib.sha256(data).hexdigest() == (
+        "5b81236a3809f3ff0b877ff9b82215d0b74a8e291d7f3ec6ee1a44f537c0f86a"
+    )
 
 
 def test_checked_in_stubs_match_the_proto(tmp_path: Path) -> None:

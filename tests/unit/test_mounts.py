@@ -1,0 +1,34 @@
+from csi_local import mounts
+
+SAMPLE = """\
+22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw,size=1000k
+41 22 253:4 / /var/lib/kubelet/staging/pv1 rw,noatime shared:20 - ext4 /dev/mapper/vg-csi--v--1 rw
+42 22 253:4 / /var/lib/kubelet/pods/x/mount rw,noatime shared:20 - ext4 /dev/mapper/vg-csi--v--1 rw
+43 22 253:4 / /var/lib/kubelet/pods/y/mount ro,noatime shared:20 - ext4 /dev/mapper/vg-csi--v--1 rw
+44 22 0:5 /dm-5 /var/lib/kubelet/block/dev\\040file rw shared:2 - devtmpfs udev rw
+45 22 253:6 / /mnt/broken rw - ext4 /dev/mapper/vg-b ro,errors=remount-ro
+"""
+
+
+def test_parse_fields_and_escapes() -> None:
+    table = mounts.parse_mountinfo(SAMPLE)
+    assert len(table) == 7
+    pub = table[4]
+    assert (pub.major, pub.minor, pub.root) == (253, 4, "/")
+    assert pub.read_only and not pub.fs_read_only
+    assert table[5].mount_point == "/var/lib/kubelet/block/dev file"
+    assert table[5].root == "/dm-5" and table[5].fs_type == "devtmpfs"
+    assert table[6].fs_read_only
+
+
+def test_mounts_at_in_mount_order() -> None:
+    table = mounts.parse_mountinfo(SAMPLE)
+    found = mounts.mounts_at("/var/lib/kubelet/staging/pv1/", table)
+    assert [m.mount_id for m in found] == [41]
+
+
+def test_mount_is_device_for_fs_mounts() -> None:
+    table = mounts.parse_mountinfo(SAMPLE)
+    assert mounts.mount_is_device(table[2], 253, 4)
+    assert not mounts.mount_is_device(table[2], 253, 5)

@@ -1,0 +1,85 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from csi_local import state as st
+from csi_local.state import Publish, Staging, StateLocked, StateStore, VolumeRecord
+
+
+def test_missing_means_empty(tmp_path: Path) -> None:
+    store = StateStore(str(tmp_path))
+    rec = store.get("csi-v-x")
+    assert rec.empty and rec.publish_count == 0
+    store.close()
+
+
+def test_roundtrip_and_counts(tmp_path: Path) -> None:
+    store = StateStore(str(tmp_path))
+    store.set_staging("v1", Staging("/s", "mount", "ext4", ("noatime",), 1))
+    store.add_publish("v1", "/t1", Publish(False, 1))
+    store.add_publish("v1", "/t2", Publish(True, 1))
+    data = json.loads((tmp_path / "state.json").read_text())
+    assert data["version"] == 1
+    assert data["volumes"]["v1"]["publish_count"] == 2
+    store.close()
+    again = StateStore(str(tmp_path))
+    assert again.get("v1").publishes == {"/t1": Publish(False, 1), "/t2": Publish(True, 1)}
+    assert again.find_target("/t2") == "v1"
+    again.remove_publish("v1", "/t1")
+    again.remove_publish("v1", "/t2")
+    again.set_staging("v1", None)
+    assert json.loads((tmp_path / "state.json").read_text())["volumes"] == {}
+    again.close()
+
+
+def test_second_process_is_kept_out(tmp_path: Path) -> None:
+    first = StateStore(str(tmp_path))
+    with pytest.raises(StateLocked, match="in use"):
+        StateStore(str(tmp_path))
+    first.close()
+    StateStore(str(tmp_path)).close()
+
+
+def test_corrupt_file_is_rebuilt_and_kept_aside(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text("{broken")
+    rebuilt = {"v9": VolumeRecord("v9", Staging("/s9", "block"), {})}
+    store = StateStore(str(tmp_path), rebuild=lambda: rebuilt)
+    assert store.get("v9").staging == Staging("/s9", "block")
+    assert (tmp_path / "state.json.corrupt").read_text() == "{broken"
+    assert json.loads((tmp_path / "state.json").read_text())["volumes"]["v9"]
+    store.close()
+
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    store = StateStore(str(tmp_path))
+    store.set_staging("v1", Staging("/s", "mount", "ext4"))
+    before = (tmp_path / "state.json").read_text()
+
+    def boom(src: str, dst: str) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        store.add_publish("v1", "/t", Publish())
+    monkeypatch.undo()
+    assert (tmp_path / "state.json").read_text() == before
+    assert store.get("v1").publishes == {}  # memory matches disk
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
+    store.close()
+
+
+def test_stale_temp_files_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "state.json.tmp.123.456").write_text("half")
+    StateStore(str(tmp_path)).close()
+    assert not (tmp_path / "state.json.tmp.123.456").exists()
+
+
+def test_render_parse_roundtrip() -> None:
+    recs = {"a": VolumeRecord("a", Staging("/x", "mount", "xfs", ("ro",), 5),
+                              {"/p": Publish(True, 5)})}
+    assert st.parse(st.render(recs)) == recs
+    with pytest.raises(ValueError):
+        st.parse(json.dumps({"version": 99, "volumes": {}}))
