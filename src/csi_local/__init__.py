@@ -1,3 +1,12 @@
 """csi-local: a CSI plugin for node-local block storage on LVM thin pools."""
 
+import os
+
+# The plugin runs lvm, mkfs and mount from a multi-threaded gRPC server through
+# `sh`, which forks. gRPC's own at-fork handlers then run in the child while
+# other threads are inside gRPC, and the child crashes (SIGSEGV, seen under
+# load). The children exec at once and never use gRPC, so the handlers are
+# not needed. This must be set before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 __version__ = "0.1.0"

@@ -200,10 +200,10 @@ class Lvm:
             if _is_not_found(err):
                 raise VolumeNotFound(f"logical volume {self.vg}/{name} not found") from err
             raise
-        lvs = parse_lvs(out)
-        if not lvs:
-            raise VolumeNotFound(f"logical volume {self.vg}/{name} not found")
-        return lvs[0]
+        for lv in parse_lvs(out):
+            if lv.name == name:
+                return lv
+        raise VolumeNotFound(f"logical volume {self.vg}/{name} not found")
 
     def find(self, name: str) -> LogicalVolume | None:
         try:
