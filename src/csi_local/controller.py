@@ -129,7 +129,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         source = self._requested_source(request)
         volume_id = vols.volume_id_for(name)
         with self.ctx.locks.hold(_vol_lock(volume_id)):
-            existing = self.ctx.lvm.find(volume_id)
+            existing = self.ctx.lvm.find(volume_id)  # one lvs call in the common retry case
             if existing is not None:
                 return pb.CreateVolumeResponse(
                     volume=self._volume_message(self._reuse(existing, name, rng, source))
@@ -157,7 +157,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def _create(self, volume_id: str, caps: list[v.Capability], rng: pb.CapacityRange | None,
                 source: vols.Source | None) -> LogicalVolume:
-        extent = self.ctx.lvm.volume_group().extent_size
+        vg = self.ctx.lvm.volume_group()
+        extent = vg.extent_size
         minimum = v.XFS_MIN_SIZE if any(c.fs_type == "xfs" for c in caps) else 0
         source_lv: LogicalVolume | None = None
         if source is not None:
@@ -172,7 +173,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         size = v.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
         with self.ctx.locks.hold(POOL_LOCK):
-            cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
+            cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio, vg)
             if size > cap.available:
                 raise ResourceExhausted(
                     f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "

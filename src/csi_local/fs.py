@@ -95,6 +95,9 @@ class Filesystems:
                 self.umount(target)
                 raise
 
+    def remount_bind(self, target: str, *, readonly: bool) -> None:
+        self.runner.run(["mount", "-o", f"remount,bind,{'ro' if readonly else 'rw'}", target])
+
     def umount(self, target: str) -> None:
         """Unmount every mount stacked at `target`; a no-op when none is."""
         for _ in range(16):

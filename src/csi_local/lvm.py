@@ -251,8 +251,9 @@ class Lvm:
         self.runner.run(argv)
         return self.get(name)
 
-    def activate(self, name: str) -> LogicalVolume:
-        lv = self.get(name)
+    def activate(self, lv: LogicalVolume) -> LogicalVolume:
+        """The LV, active; `lv` is what the caller last read, to spare a report."""
+        name = lv.name
         if not lv.active:
             self.runner.run(
                 ["lvchange", "--activate", "y", "--ignoreactivationskip", f"{self.vg}/{name}"]

@@ -82,7 +82,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     raise AlreadyExists(
                         f"volume {volume_id} is staged at {s.path} with another capability"
                     )
-            lv = self.ctx.lvm.activate(lv.name)
+            lv = self.ctx.lvm.activate(lv)
             wait_for_device(lv.path)
             if cap.access_type == "block":
                 staging = self._stage_block(lv, staging_path, cap)
@@ -203,7 +203,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                         f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
                         f"writer at {writers[0]}"
                     )
-            if not self._device_mounted_at(lv, target):
+            if self._device_mounted_at(lv, target):
+                top = mounts.top_mount(target)
+                if top is not None and top.read_only != readonly:
+                    # A publish interrupted between the bind and its remount.
+                    self.ctx.fs.remount_bind(target, readonly=readonly)
+            else:
                 if cap.access_type == "block":
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     if not os.path.exists(target):

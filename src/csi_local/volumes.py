@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from csi_local.lvm import LogicalVolume, Lvm
+from csi_local.lvm import LogicalVolume, Lvm, VolumeGroup
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
@@ -97,11 +97,11 @@ class PoolCapacity:
         return max(0, room // self.extent_size * self.extent_size)
 
 
-def pool_capacity(lvm: Lvm, ratio: float) -> PoolCapacity:
+def pool_capacity(lvm: Lvm, ratio: float, vg: VolumeGroup | None = None) -> PoolCapacity:
     """The arithmetic GetCapacity, CreateVolume and expansion share: the pool's
     size times the over-provisioning ratio, less every thin LV's virtual size
     (volumes, snapshots and other users of the pool alike)."""
-    vg = lvm.volume_group()
+    vg = vg or lvm.volume_group()
     lvs = lvm.list()
     pool = next((lv for lv in lvs if lv.name == lvm.pool), None)
     if pool is None:

@@ -77,34 +77,36 @@ def find_vng() -> str:
     return found
 
 
-@dataclass
-class VmRun:
-    nodeids: list[str]
-    done: bool = False
-    error: str | None = None
-    reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    console: str = ""
-    boot_seconds: float | None = None
-    total_seconds: float = 0.0
+def shard(nodeids: list[str], count: int) -> list[list[str]]:
+    """Split tests into `count` groups by file, balancing the number of tests."""
+    by_file: dict[str, list[str]] = {}
+    for n in nodeids:
+        by_file.setdefault(n.split("::")[0], []).append(n)
+    groups: list[list[str]] = [[] for _ in range(max(1, count))]
+    for tests in sorted(by_file.values(), key=len, reverse=True):
+        min(groups, key=len).extend(tests)
+    return [g for g in groups if g]
 
-    def run(self, config: pytest.Config) -> None:
-        self.done = True
-        try:
-            kernel = find_kernel()
-            vng = find_vng()
-        except HarnessMissing as err:
-            self.error = f"integration harness missing: {err}"
-            return
-        workdir = Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp"))
-        results = workdir / "results.jsonl"
-        select = workdir / "select.txt"
+
+@dataclass
+class Guest:
+    """One VM running one group of tests."""
+
+    index: int
+    nodeids: list[str]
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, kernel: str, vng: str, verbose: bool, cpus: str) -> None:
+        results = self.workdir / "results.jsonl"
+        select = self.workdir / "select.txt"
         select.write_text("\n".join(self.nodeids) + "\n")
         inner = [
             sys.executable, "-m", "pytest", "-p", "tests.harness.vm_reporter",
             "-p", "no:cacheprovider", "-q", "-rA",
             "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
         ]
-        if config.getoption("verbose") > 0:
+        if verbose:
             inner.append("-v")
         env = {
             IN_VM_ENV: "1",
@@ -114,67 +116,114 @@ class VmRun:
             "PYTHONUNBUFFERED": "1",
             "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
         }
-        script = workdir / "guest.sh"
+        work = shlex.quote(str(self.workdir))
+        script = self.workdir / "guest.sh"
         script.write_text(
-            "set -e\n"
             "modprobe -a loop dm-mod dm-thin-pool dm-snapshot btrfs xfs 2>/dev/null || "
             "modprobe -a loop dm-mod dm-thin-pool dm-snapshot\n"
-            f"echo BOOTED $(cut -d' ' -f1 /proc/uptime) > {shlex.quote(str(workdir))}/booted\n"
+            f"echo BOOTED $(cut -d' ' -f1 /proc/uptime) > {work}/booted\n"
             f"cd {shlex.quote(str(REPO))}\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
             # The guest's pytest output goes to a file the host can follow live.
-            + shlex.join(inner) + f" > {shlex.quote(str(workdir / 'pytest.log'))} 2>&1\n"
+            + shlex.join(inner) + f" > {work}/pytest.log 2>&1\n"
         )
-        memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "3G")
+        memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "2G")
         argv = [
             vng, "-r", kernel, "--disable-kvm", "--user", "root", "--memory", memory,
-            "--cpus", os.environ.get("CSI_LOCAL_VM_CPUS", "2"),
-            "--rwdir", str(workdir), "--", f"bash {shlex.quote(str(script))}",
+            "--cpus", cpus, "--rwdir", str(self.workdir), "--", f"bash {work}/guest.sh",
         ]
-        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3000"))
-        started = time.monotonic()
-        console_path = workdir / "console.log"
-        terminal = config.pluginmanager.get_plugin("terminalreporter")
-        if terminal is not None:
-            terminal.write_line(
-                f"\n[vm] booting {os.path.basename(kernel)} for {len(self.nodeids)} "
-                f"integration test(s); follow {workdir / 'pytest.log'}"
-            )
-        with open(console_path, "wb") as console:
-            try:
-                proc = subprocess.run(
-                    argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    timeout=timeout, check=False,
-                )
-                rc: int | None = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = None
-        self.total_seconds = time.monotonic() - started
-        self.console = console_path.read_text(errors="replace")
-        guest_log = workdir / "pytest.log"
-        if guest_log.exists():
-            self.console += "\n--- guest pytest ---\n" + guest_log.read_text(errors="replace")
-        booted = workdir / "booted"
-        if booted.exists():
-            self.boot_seconds = float(booted.read_text().split()[1])
-        if results.exists():
-            for line in results.read_text().splitlines():
-                rep = json.loads(line)
-                self.reports.setdefault(rep["nodeid"], []).append(rep)
-        if rc is None:
-            self.error = f"the VM did not finish within {timeout:.0f}s"
-        elif not self.reports:
-            self.error = f"the VM exited {rc} without running any test"
-        if terminal is not None:
-            boot = f"{self.boot_seconds:.1f}s" if self.boot_seconds else "?"
-            terminal.write_line(
-                f"[vm] done in {self.total_seconds:.1f}s (guest boot to test start: {boot}), "
-                f"exit {rc}, {len(self.reports)} test(s) reported"
-            )
-        if self.error is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        with open(self.workdir / "console.log", "wb") as console:
+            self.proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
 
-    def console_tail(self, lines: int = 60) -> str:
+    def wait(self, deadline: float) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def console(self) -> str:
+        text = ""
+        for name in ("console.log", "pytest.log"):
+            path = self.workdir / name
+            if path.exists():
+                text += f"--- VM {self.index} {name} ---\n" + path.read_text(errors="replace")
+        return text
+
+    def boot_seconds(self) -> float | None:
+        booted = self.workdir / "booted"
+        return float(booted.read_text().split()[1]) if booted.exists() else None
+
+    def reports(self) -> list[dict[str, Any]]:
+        results = self.workdir / "results.jsonl"
+        if not results.exists():
+            return []
+        return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+@dataclass
+class VmRun:
+    nodeids: list[str]
+    done: bool = False
+    error: str | None = None
+    reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    console: str = ""
+    total_seconds: float = 0.0
+
+    def run(self, config: pytest.Config) -> None:
+        """Boot the VMs (one per shard, in parallel) once, for every selected test."""
+        self.done = True
+        try:
+            kernel = find_kernel()
+            vng = find_vng()
+        except HarnessMissing as err:
+            self.error = f"integration harness missing: {err}"
+            return
+        shards = int(os.environ.get("CSI_LOCAL_VM_SHARDS", str(min(2, os.cpu_count() or 1))))
+        cpus = os.environ.get("CSI_LOCAL_VM_CPUS", "1" if shards > 1 else "2")
+        guests = [
+            Guest(i, group, Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp")))
+            for i, group in enumerate(shard(self.nodeids, shards))
+        ]
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
+        started = time.monotonic()
+        for g in guests:
+            g.start(kernel, vng, config.getoption("verbose") > 0, cpus)
+            if terminal is not None:
+                terminal.write_line(
+                    f"\n[vm {g.index}] {os.path.basename(kernel)}: {len(g.nodeids)} "
+                    f"integration test(s); follow {g.workdir / 'pytest.log'}"
+                )
+        codes = [g.wait(started + timeout) for g in guests]
+        self.total_seconds = time.monotonic() - started
+        problems = []
+        for g, rc in zip(guests, codes, strict=True):
+            reps = g.reports()
+            for rep in reps:
+                self.reports.setdefault(rep["nodeid"], []).append(rep)
+            self.console += g.console()
+            if rc is None:
+                problems.append(f"VM {g.index} did not finish within {timeout:.0f}s")
+            elif not reps:
+                problems.append(f"VM {g.index} exited {rc} without running any test")
+            if terminal is not None:
+                boot = g.boot_seconds()
+                terminal.write_line(
+                    f"[vm {g.index}] done in {self.total_seconds:.1f}s (boot to tests: "
+                    f"{boot if boot is not None else '?'}s), exit {rc}, "
+                    f"{len({r['nodeid'] for r in reps})} test(s) reported"
+                )
+        if problems:
+            self.error = "; ".join(problems)
+        else:
+            for g in guests:
+                shutil.rmtree(g.workdir, ignore_errors=True)
+
+    def console_tail(self, lines: int = 80) -> str:
         return "\n".join(self.console.splitlines()[-lines:])
 
 

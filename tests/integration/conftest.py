@@ -147,7 +147,7 @@ class Plugin:
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         self.channel = grpc.insecure_channel(self.endpoint)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # emulated CPUs start Python+grpc slowly
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"plugin exited {self.proc.returncode}:\n{self.log()}")
