@@ -1,0 +1,83 @@
+# csi-local container image: one process serving CSI Identity, Controller and
+# Node for LVM thin pools on the node it runs on.
+#
+# BASE is a build argument so that an environment without access to an image
+# registry can build from a locally imported Debian bookworm root filesystem
+# (scripts/build-image does that with debootstrap + podman import). Both stages
+# use Debian's own python3, so the virtual environment built in the first stage
+# has the same interpreter path (/usr/bin/python3) in the final stage.
+ARG BASE=debian:bookworm-slim
+
+# ---------------------------------------------------------------------------
+# Builder: install the package and its dependencies into /opt/csi-local.
+# ---------------------------------------------------------------------------
+FROM ${BASE} AS builder
+
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+# .dockerignore limits the context to pyproject.toml, README.md, src/,
+# sanity/ and deploy/container/.
+COPY . /src
+# Behind a TLS-intercepting proxy, pass its CA bundle as the build secret
+# "ca-bundle" (scripts/build-image --ca-bundle FILE); it is used by pip for
+# this step only and never stored in a layer.
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+ && python3 -m venv /opt/csi-local \
+ && /opt/csi-local/bin/pip install --no-cache-dir --disable-pip-version-check /src \
+ && /opt/csi-local/bin/pip uninstall --yes --quiet pip setuptools \
+ && /opt/csi-local/bin/csi-local --version
+
+# ---------------------------------------------------------------------------
+# Final image: runtime tools only.
+# ---------------------------------------------------------------------------
+FROM ${BASE}
+
+# lvm2 + thin-provisioning-tools: thin pools and thin volumes/snapshots
+# e2fsprogs, xfsprogs, btrfs-progs: mkfs/fsck/resize for ext4, xfs, btrfs
+# util-linux: mount, umount, blkid, findmnt, losetup (loop-backed demo VG)
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      python3 \
+      lvm2 \
+      thin-provisioning-tools \
+      e2fsprogs \
+      xfsprogs \
+      btrfs-progs \
+      util-linux \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+
+# LVM inside a container.
+#
+# Approach: run LVM in the container with a container-specific lvm.conf and
+# share LVM's host state through hostPath mounts (see deploy/kubernetes and
+# deploy/nomad): /dev, /run/lock/lvm, /run/lvm, /etc/lvm/backup and
+# /etc/lvm/archive.
+#  * udev_sync = 0, udev_rules = 0: no udevd runs in the container, so LVM
+#    must not wait for udev (it would hang); libdevmapper creates the device
+#    nodes and /dev/VG/LV links itself in the (host) /dev.
+#  * obtain_device_list_from_udev = 0: no udev database in the container.
+#  * monitoring = 0, use_lvmpolld = 0, event_activation = 0: no dmeventd,
+#    lvmpolld or autoactivation daemons in the container.
+#  * locking_dir = /run/lock/lvm, mounted from the host: the container's LVM
+#    commands take the same per-VG flock()s as the host's, so concurrent
+#    metadata changes from the host (an administrator, dmeventd autoextend)
+#    and from the plugin are serialised instead of overwriting each other.
+#    The shared /etc/lvm/backup and /etc/lvm/archive keep a single metadata
+#    history. The lvm2 in this image is bookworm's, the same metadata format
+#    as the host's. Never run this image without the /run/lock/lvm mount:
+#    without shared locks, two writers could update the same VG at once.
+COPY deploy/container/lvm.conf /etc/lvm/lvm.conf
+COPY --from=builder /opt/csi-local /opt/csi-local
+
+ENV PATH=/opt/csi-local/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+# Runs as root: LVM, mkfs and mount need it (the pod/task is privileged).
+ENTRYPOINT ["csi-local", "serve"]

@@ -1,0 +1,165 @@
+# csi-local on Nomad: one monolith CSI plugin (Identity + Controller + Node)
+# on each listed client node.
+#
+# Why one plugin id per node: Nomad sends every controller RPC
+# (CreateVolume, DeleteVolume, CreateSnapshot, ControllerExpandVolume, ...)
+# for a plugin id to ONE healthy controller instance of that id, chosen
+# without regard to topology. A volume is a thin LV on one node, so the
+# controller call must reach that node's plugin: each node registers its own
+# plugin id "csi-local-<node name>" and a volume spec names the plugin of
+# the node it lives on (plugin_id = "csi-local-<node name>").
+#
+# Why not id = "csi-local-${node.unique.name}": Nomad does NOT interpolate
+# csi_plugin.id. The client registers task.CSIPluginConfig.ID verbatim
+# (client/allocrunner/taskrunner/plugin_supervisor_hook.go), so every node
+# would register the literal string "csi-local-${node.unique.name}", i.e.
+# one plugin id again (hashicorp/nomad issue #11116, open; #12361 closed as
+# its duplicate). Instead the node names are a job variable and an HCL2
+# dynamic block (expanded when the job is parsed, before submission) makes
+# one task group per node, pinned to that node by a constraint, with the
+# node's plugin id written out literally.
+#
+#   nomad job run -var='nodes=["client-1","client-2"]' csi-local.nomad.hcl
+#
+# Adding a node: run the job again with the longer list.
+#
+# Client requirements (docs/nomad.md): docker driver with
+# allow_privileged = true and volumes { enabled = true }; each node has the
+# volume group and thin pool named below.
+
+variable "nodes" {
+  type        = list(string)
+  description = "node.unique.name of every client that runs the plugin"
+}
+
+variable "image" {
+  type    = string
+  default = "csi-local:0.1.0"
+}
+
+variable "volume_group" {
+  type    = string
+  default = "csilocal"
+}
+
+variable "thin_pool" {
+  type    = string
+  default = "pool"
+}
+
+variable "datacenters" {
+  type    = list(string)
+  default = ["*"]
+}
+
+job "csi-local" {
+  type        = "system"
+  datacenters = var.datacenters
+  # Storage must come up before the jobs that claim volumes.
+  priority = 90
+
+  dynamic "group" {
+    for_each = var.nodes
+    labels   = ["node-${group.value}"]
+
+    content {
+      constraint {
+        attribute = "${node.unique.name}"
+        value     = group.value
+      }
+
+      restart {
+        attempts = 10
+        interval = "5m"
+        delay    = "10s"
+        mode     = "delay"
+      }
+
+      task "plugin" {
+        driver = "docker"
+
+        config {
+          image      = var.image
+          privileged = true
+
+          # ENTRYPOINT is "csi-local serve". Nomad sets CSI_ENDPOINT to
+          # unix:///csi/csi.sock (mount_dir below); passed explicitly anyway.
+          args = [
+            "--endpoint=unix:///csi/csi.sock",
+            "--node-id=${node.unique.name}",
+            "--volume-group=${var.volume_group}",
+            "--thin-pool=${var.thin_pool}",
+            "--state-dir=/var/lib/csi-local",
+            "--log-format=json",
+          ]
+
+          # Shared with host LVM, see deploy/container/lvm.conf: the same
+          # VG locks, hints and metadata backup history as the host.
+          # (Nomad itself mounts /dev and the plugin directory.)
+          mount {
+            type   = "bind"
+            source = "/run/lock/lvm"
+            target = "/run/lock/lvm"
+          }
+          mount {
+            type   = "bind"
+            source = "/run/lvm"
+            target = "/run/lvm"
+          }
+          mount {
+            type   = "bind"
+            source = "/etc/lvm/backup"
+            target = "/etc/lvm/backup"
+          }
+          mount {
+            type   = "bind"
+            source = "/etc/lvm/archive"
+            target = "/etc/lvm/archive"
+          }
+          # Per-volume lock files (--lock-dir default), shared with the
+          # csi-local-dhv host volume plugin on this node.
+          mount {
+            type   = "bind"
+            source = "/run/lock/csi-local"
+            target = "/run/lock/csi-local"
+          }
+          # Volume registry of this node; survives plugin restarts.
+          mount {
+            type   = "bind"
+            source = "/var/lib/csi-local"
+            target = "/var/lib/csi-local"
+          }
+          mount {
+            type     = "bind"
+            source   = "/lib/modules"
+            target   = "/lib/modules"
+            readonly = true
+          }
+        }
+
+        env {
+          CSI_LOCAL_DEFAULT_FS_TYPE     = "ext4"
+          CSI_LOCAL_OVERPROVISION_RATIO = "1.0"
+          CSI_LOCAL_COMMAND_TIMEOUT     = "120"
+        }
+
+        csi_plugin {
+          # Literal per node: see the top of this file.
+          id                     = "csi-local-${group.value}"
+          type                   = "monolith"
+          mount_dir              = "/csi"
+          stage_publish_base_dir = "/local/csi"
+          health_timeout         = "2m"
+        }
+
+        # Let in-flight LVM commands and mounts finish.
+        kill_timeout = "60s"
+
+        resources {
+          cpu    = 100
+          memory = 128
+        }
+      }
+    }
+  }
+}

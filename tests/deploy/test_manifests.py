@@ -1,0 +1,327 @@
+"""Kubernetes manifests: schema validation (offline) and the deployment
+properties csi-local depends on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.deploy._deploy import (
+    DRIVER,
+    SIDECAR_IMAGES,
+    TOPOLOGY_KEY,
+    all_docs,
+    container,
+    find,
+    image_repo,
+    manifest_files,
+    one,
+    pod_spec,
+)
+
+# Oldest Kubernetes release this deployment supports; kubernetes-validate
+# ships its schemas (strict: unknown fields are errors).
+K8S_VERSION = "1.31.0"
+CRD_KINDS = {"VolumeSnapshot", "VolumeSnapshotClass", "VolumeSnapshotContent"}
+
+
+def test_manifests_exist() -> None:
+    kinds = {d["kind"] for _, d in all_docs()}
+    for kind in ("CSIDriver", "DaemonSet", "Deployment", "StorageClass", "VolumeSnapshotClass",
+                 "VolumeSnapshot", "PersistentVolumeClaim", "Pod", "ServiceAccount",
+                 "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace",
+                 "ConfigMap"):
+        assert kind in kinds, f"no {kind} in deploy/kubernetes"
+
+
+@pytest.mark.parametrize(
+    "path_doc",
+    [pd for pd in all_docs() if pd[1]["kind"] not in CRD_KINDS],
+    ids=lambda pd: f"{pd[0].name}:{pd[1]['kind']}/{pd[1]['metadata']['name']}",
+)
+def test_schema_valid(path_doc: tuple[Any, dict[str, Any]]) -> None:
+    _, doc = path_doc
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_rejects_a_broken_manifest() -> None:
+    """The validator really checks (a typo in a field is an error)."""
+    ds = one("DaemonSet", "csi-local-node")
+    broken = {**ds, "spec": {**ds["spec"], "updateStrategyy": {}}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+# --- CRD kinds kubernetes-validate has no schema for -------------------------
+
+
+def _check_meta(doc: dict[str, Any], namespaced: bool) -> None:
+    assert doc["apiVersion"] == "snapshot.storage.k8s.io/v1"
+    meta = doc["metadata"]
+    assert isinstance(meta.get("name"), str) and meta["name"]
+    if namespaced:
+        assert isinstance(meta.get("namespace"), str) and meta["namespace"]
+    else:
+        assert "namespace" not in meta
+
+
+def test_volume_snapshot_class_shape() -> None:
+    classes = find("VolumeSnapshotClass")
+    assert classes
+    for c in classes:
+        _check_meta(c, namespaced=False)
+        assert set(c) <= {"apiVersion", "kind", "metadata", "driver", "deletionPolicy",
+                          "parameters"}, set(c)
+        assert c["driver"] == DRIVER
+        assert c["deletionPolicy"] in ("Delete", "Retain")
+        for key in c.get("parameters", {}):
+            assert key.startswith("csi.storage.k8s.io/"), f"unknown snapshot parameter {key}"
+
+
+def test_volume_snapshot_shape() -> None:
+    snaps = find("VolumeSnapshot")
+    assert snaps
+    class_names = {c["metadata"]["name"] for c in find("VolumeSnapshotClass")}
+    for s in snaps:
+        _check_meta(s, namespaced=True)
+        assert set(s) == {"apiVersion", "kind", "metadata", "spec"}
+        spec = s["spec"]
+        assert set(spec) <= {"source", "volumeSnapshotClassName"}
+        source = spec["source"]
+        # exactly one of the two sources (the CRD's oneOf)
+        assert len(set(source) & {"persistentVolumeClaimName", "volumeSnapshotContentName"}) == 1
+        assert set(source) <= {"persistentVolumeClaimName", "volumeSnapshotContentName"}
+        assert spec["volumeSnapshotClassName"] in class_names
+
+
+# --- CSIDriver, StorageClass, examples ---------------------------------------
+
+
+def test_csidriver() -> None:
+    spec = one("CSIDriver", DRIVER)["spec"]
+    assert spec["attachRequired"] is False
+    assert spec["podInfoOnMount"] is True
+    assert spec["storageCapacity"] is True
+    assert spec["fsGroupPolicy"] == "File"
+    assert spec["volumeLifecycleModes"] == ["Persistent"]
+
+
+def test_storage_classes() -> None:
+    classes = find("StorageClass")
+    assert classes
+    for sc in classes:
+        assert sc["provisioner"] == DRIVER
+        assert sc["volumeBindingMode"] == "WaitForFirstConsumer"
+        assert sc["allowVolumeExpansion"] is True
+        for key in sc.get("parameters", {}):
+            assert key.startswith("csi.storage.k8s.io/"), f"unknown StorageClass parameter {key}"
+        assert sc["parameters"]["csi.storage.k8s.io/fstype"] in ("ext4", "xfs", "btrfs")
+
+
+def test_examples_reference_each_other() -> None:
+    pvcs = {p["metadata"]["name"]: p for p in find("PersistentVolumeClaim")}
+    sc_names = {s["metadata"]["name"] for s in find("StorageClass")}
+    snap_names = {s["metadata"]["name"] for s in find("VolumeSnapshot")}
+    for pvc in pvcs.values():
+        assert pvc["spec"]["storageClassName"] in sc_names
+    restored = [p for p in pvcs.values() if "dataSource" in p["spec"]]
+    assert restored, "no restore-from-snapshot PVC example"
+    for p in restored:
+        ds = p["spec"]["dataSource"]
+        assert ds == {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                      "name": ds["name"]}
+        assert ds["name"] in snap_names
+    for snap in find("VolumeSnapshot"):
+        assert snap["spec"]["source"]["persistentVolumeClaimName"] in pvcs
+    for pod in find("Pod"):
+        for vol in pod["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in vol:
+                assert vol["persistentVolumeClaim"]["claimName"] in pvcs
+
+
+# --- node DaemonSet ----------------------------------------------------------
+
+
+def _env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def _field_ref(c: dict[str, Any], name: str) -> str:
+    return _env(c)[name]["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def _mounts(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+
+
+def _host_path(workload: dict[str, Any], volume_name: str) -> str:
+    for v in pod_spec(workload)["volumes"]:
+        if v["name"] == volume_name:
+            return v["hostPath"]["path"]
+    raise AssertionError(f"no hostPath volume {volume_name}")
+
+
+def test_sidecar_images_pinned_exactly() -> None:
+    seen = set()
+    for _, doc in all_docs():
+        if doc["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        for c in pod_spec(doc)["containers"]:
+            repo = image_repo(c["image"])
+            if repo in SIDECAR_IMAGES:
+                assert c["image"] == SIDECAR_IMAGES[repo]
+                seen.add(repo)
+    assert seen == set(SIDECAR_IMAGES)
+
+
+def test_node_plugin_container() -> None:
+    ds = one("DaemonSet", "csi-local-node")
+    c = container(ds, "csi-local")
+    assert c["securityContext"]["privileged"] is True
+    assert _field_ref(c, "NODE_ID") == "spec.nodeName"
+    assert _env(c)["CSI_ENDPOINT"]["value"] == (
+        f"unix:///var/lib/kubelet/plugins/{DRIVER}/csi.sock")
+    assert _env(c)["CSI_LOCAL_DRIVER_NAME"]["value"] == DRIVER
+    mounts = _mounts(c)
+    assert mounts["/var/lib/kubelet"]["mountPropagation"] == "Bidirectional"
+    assert _host_path(ds, mounts["/var/lib/kubelet"]["name"]) == "/var/lib/kubelet"
+    assert _host_path(ds, mounts["/dev"]["name"]) == "/dev"
+    # LVM state shared with the host (deploy/container/lvm.conf)
+    for path in ("/run/lock/lvm", "/run/lvm", "/etc/lvm/backup", "/etc/lvm/archive"):
+        assert _host_path(ds, mounts[path]["name"]) == path, path
+    state = _env(c)["CSI_LOCAL_STATE_DIR"]["value"]
+    assert _host_path(ds, mounts[state]["name"]) == "/var/lib/csi-local"
+
+
+def test_node_registrar_and_liveness() -> None:
+    ds = one("DaemonSet", "csi-local-node")
+    reg = container(ds, "node-driver-registrar")
+    assert (f"--kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
+            in reg["args"])
+    assert _host_path(ds, _mounts(reg)["/registration"]["name"]) == (
+        "/var/lib/kubelet/plugins_registry")
+    assert _host_path(ds, _mounts(reg)["/csi"]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}"
+    probe = container(ds, "liveness-probe")
+    port = next(a.split("=", 1)[1] for a in probe["args"] if a.startswith("--health-port="))
+    plugin = container(ds, "csi-local")
+    ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
+    assert str(ports[plugin["livenessProbe"]["httpGet"]["port"]]) == port
+
+
+def test_provisioner_distributed_mode() -> None:
+    ds = one("DaemonSet", "csi-local-node")
+    c = container(ds, "csi-provisioner")
+    args = c["args"]
+    for flag in ("--node-deployment", "--enable-capacity", "--strict-topology",
+                 "--immediate-topology=false", "--capacity-ownerref-level=1",
+                 "--csi-address=/csi/csi.sock"):
+        assert flag in args, flag
+    assert _field_ref(c, "NODE_NAME") == "spec.nodeName"
+    assert _field_ref(c, "NAMESPACE") == "metadata.namespace"
+    assert _field_ref(c, "POD_NAME") == "metadata.name"
+    # ownerref level 1 means pod -> DaemonSet: the provisioner must be in one
+    assert ds["kind"] == "DaemonSet"
+
+
+def test_snapshotter_distributed_mode() -> None:
+    c = container(one("DaemonSet", "csi-local-node"), "csi-snapshotter")
+    assert "--node-deployment" in c["args"]
+    assert not any(a.startswith("--leader-election") for a in c["args"])
+    assert _field_ref(c, "NODE_NAME") == "spec.nodeName"
+
+
+def test_resizer_deployment_uses_node_expansion_only() -> None:
+    dep = one("Deployment", "csi-local-resizer")
+    resizer = container(dep, "csi-resizer")
+    plugin = container(dep, "csi-local")
+    addr = next(a.split("=", 1)[1] for a in resizer["args"] if a.startswith("--csi-address="))
+    assert _env(plugin)["CSI_ENDPOINT"]["value"] == f"unix://{addr}"
+    # same socket directory shared by both containers
+    rdir = {m["name"] for m in resizer["volumeMounts"] if addr.startswith(m["mountPath"])}
+    pdir = {m["name"] for m in plugin["volumeMounts"] if addr.startswith(m["mountPath"])}
+    assert rdir & pdir
+    assert _env(plugin)["CSI_LOCAL_NODE_EXPANSION_ONLY"]["value"] == "true"
+    assert _env(plugin)["CSI_LOCAL_DRIVER_NAME"]["value"] == DRIVER
+    # the node plugins must not advertise controller expansion either
+    node_plugin = container(one("DaemonSet", "csi-local-node"), "csi-local")
+    assert _env(node_plugin)["CSI_LOCAL_NODE_EXPANSION_ONLY"]["value"] == "true"
+    assert "--leader-election" in resizer["args"]
+
+
+# --- RBAC ---------------------------------------------------------------------
+
+# (apiGroup, resource, verb) each sidecar needs at the pinned version.
+NEEDS = {
+    "csi-provisioner": {
+        ("", "persistentvolumes", "create"), ("", "persistentvolumes", "delete"),
+        ("", "persistentvolumeclaims", "update"), ("storage.k8s.io", "storageclasses", "get"),
+        ("", "nodes", "get"), ("storage.k8s.io", "csinodes", "get"),
+        ("storage.k8s.io", "csistoragecapacities", "create"),
+        ("storage.k8s.io", "csistoragecapacities", "delete"), ("", "pods", "get"),
+        ("snapshot.storage.k8s.io", "volumesnapshots", "get"),
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"), ("", "events", "create"),
+    },
+    "csi-snapshotter": {
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents", "update"),
+        ("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "update"),
+        ("snapshot.storage.k8s.io", "volumesnapshotclasses", "get"), ("", "events", "create"),
+    },
+    "csi-resizer": {
+        ("", "persistentvolumeclaims/status", "patch"), ("", "persistentvolumes", "patch"),
+        ("", "pods", "list"), ("coordination.k8s.io", "leases", "create"),
+        ("", "events", "create"),
+    },
+}
+
+
+def _granted(sa: str, namespace: str) -> set[tuple[str, str, str]]:
+    granted: set[tuple[str, str, str]] = set()
+    roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r
+             for r in find("ClusterRole") + find("Role")}
+    for b in find("ClusterRoleBinding") + find("RoleBinding"):
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa
+                   and s["namespace"] == namespace for s in b["subjects"]):
+            continue
+        ref = b["roleRef"]
+        ns = None if ref["kind"] == "ClusterRole" else b["metadata"]["namespace"]
+        role = roles[(ref["kind"], ns, ref["name"])]
+        for rule in role["rules"]:
+            for g in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((g, res, verb))
+    return granted
+
+
+@pytest.mark.parametrize("sidecar", sorted(NEEDS))
+def test_rbac_covers_sidecar(sidecar: str) -> None:
+    for _, doc in all_docs():
+        if doc["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        names = [image_repo(c["image"]) for c in pod_spec(doc)["containers"]]
+        if sidecar not in names:
+            continue
+        sa = pod_spec(doc)["serviceAccountName"]
+        ns = doc["metadata"]["namespace"]
+        assert find("ServiceAccount", sa), f"ServiceAccount {sa} missing"
+        missing = NEEDS[sidecar] - _granted(sa, ns)
+        assert not missing, f"{sa} lacks {sorted(missing)}"
+        return
+    raise AssertionError(f"{sidecar} not deployed")
+
+
+def test_namespaced_objects_share_one_namespace() -> None:
+    namespaces = {d["metadata"]["name"] for d in find("Namespace")}
+    for path, d in all_docs():
+        if "examples" in path.parts:
+            continue
+        ns = d["metadata"].get("namespace")
+        if ns is not None:
+            assert ns in namespaces, f"{path.name}: {d['kind']} in unknown namespace {ns}"
+
+
+def test_topology_key_matches_plugin_contract() -> None:
+    text = "\n".join(p.read_text() for p in manifest_files())
+    assert TOPOLOGY_KEY in text  # restore example pins to the origin's node by this key

@@ -1,0 +1,274 @@
+"""Nomad job and volume specifications: they parse, and every key is a real
+field of its block (field names from Nomad's job and volume specification
+docs and the HCL decoders in hashicorp/nomad: jobspec2, api/csi.go,
+api/host_volumes.go, command/volume_register_csi.go)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+
+from tests.deploy._deploy import (
+    NOMAD_DIR,
+    TOPOLOGY_KEY,
+    blocks,
+    labelled,
+    load_hcl,
+    nomad_plugin_tasks,
+    unquote,
+)
+
+# --- field names -------------------------------------------------------------
+
+JOB_FILE_TOP = {"job", "variable", "locals"}
+VARIABLE = {"type", "default", "description", "validation", "sensitive", "nullable"}
+JOB = {
+    "all_at_once", "constraint", "affinity", "datacenters", "group", "meta", "migrate",
+    "multiregion", "namespace", "node_pool", "parameterized", "periodic", "priority",
+    "region", "reschedule", "spread", "type", "update", "vault", "consul", "ui", "name",
+    "vault_token", "consul_token", "dynamic",
+}
+DYNAMIC = {"for_each", "labels", "iterator", "content"}
+GROUP = {
+    "count", "constraint", "affinity", "consul", "disconnect", "ephemeral_disk",
+    "max_client_disconnect", "meta", "migrate", "network", "reschedule", "restart",
+    "service", "shutdown_delay", "stop_after_client_disconnect", "task", "volume",
+    "scaling", "spread", "update", "prevent_reschedule_on_lost", "dynamic",
+}
+CONSTRAINT = {"attribute", "operator", "value", "distinct_hosts", "distinct_property",
+              "regexp", "set_contains", "version", "semver"}
+RESTART = {"attempts", "delay", "interval", "mode", "render_templates"}
+TASK = {
+    "action", "affinity", "artifact", "config", "constraint", "consul", "csi_plugin",
+    "dispatch_payload", "driver", "env", "identity", "kill_signal", "kill_timeout", "kind",
+    "leader", "lifecycle", "logs", "meta", "resources", "restart", "scaling", "schedule",
+    "service", "shutdown_delay", "template", "user", "vault", "volume_mount", "dynamic",
+}
+CSI_PLUGIN = {"id", "type", "mount_dir", "stage_publish_base_dir", "health_timeout"}
+RESOURCES = {"cpu", "cores", "memory", "memory_max", "device", "numa", "secrets"}
+# docker task driver: the keys this repository uses, all documented config options
+DOCKER_CONFIG = {
+    "image", "args", "command", "entrypoint", "privileged", "mount", "volumes",
+    "network_mode", "ipc_mode", "pid_mode", "cap_add", "devices", "force_pull", "labels",
+    "logging", "work_dir", "image_pull_timeout", "readonly_rootfs", "security_opt",
+}
+DOCKER_MOUNT = {"type", "target", "source", "readonly", "bind_options", "volume_options",
+                "tmpfs_options"}
+GROUP_VOLUME = {"type", "source", "read_only", "access_mode", "attachment_mode",
+                "mount_options", "per_alloc", "sticky"}
+VOLUME_MOUNT = {"volume", "destination", "read_only", "propagation_mode", "selinux_label"}
+
+CSI_VOLUME = {
+    "id", "name", "namespace", "type", "plugin_id", "external_id", "snapshot_id", "clone_id",
+    "capacity_min", "capacity_max", "capability", "mount_options", "topology_request",
+    "secrets", "parameters", "context",
+}
+HOST_VOLUME = {
+    "id", "name", "namespace", "type", "plugin_id", "node_pool", "node_id", "constraint",
+    "capacity", "capacity_min", "capacity_max", "capability", "parameters", "host_path",
+}
+CAPABILITY = {"access_mode", "attachment_mode"}
+MOUNT_OPTIONS = {"fs_type", "mount_flags"}
+TOPOLOGY_REQUEST = {"required", "preferred"}
+TOPOLOGY_LIST = {"topology"}
+TOPOLOGY = {"segments"}
+ACCESS_MODES = {"single-node-reader-only", "single-node-writer", "multi-node-reader-only",
+                "multi-node-single-writer", "multi-node-multi-writer"}
+ATTACHMENT_MODES = {"file-system", "block-device"}
+
+
+def keys(body: dict[str, Any]) -> set[str]:
+    # python-hcl2 adds bookkeeping keys such as __is_block__ and __comments__
+    return {k for k in body if not k.startswith("__")}
+
+
+def check(body: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = keys(body) - allowed
+    assert not unknown, f"{where}: not a Nomad field: {sorted(unknown)}"
+
+
+# --- job files ---------------------------------------------------------------
+
+
+def job_files() -> list[Path]:
+    return sorted(NOMAD_DIR.glob("*.nomad.hcl"))
+
+
+def volume_files() -> list[Path]:
+    return sorted(p for p in NOMAD_DIR.glob("*.hcl") if not p.name.endswith(".nomad.hcl"))
+
+
+def test_files_exist() -> None:
+    names = {p.name for p in NOMAD_DIR.glob("*.hcl")}
+    assert {"csi-local.nomad.hcl", "volume.hcl", "volume-from-snapshot.hcl",
+            "volume-clone.hcl", "host-volume.hcl"} <= names, names
+
+
+def _check_task(t: dict[str, Any], where: str) -> None:
+    check(t, TASK, where)
+    for cfg in blocks(t, "config"):
+        if unquote(t.get("driver")) == "docker":
+            check(cfg, DOCKER_CONFIG, f"{where}.config")
+            for m in blocks(cfg, "mount"):
+                check(m, DOCKER_MOUNT, f"{where}.config.mount")
+    for p in blocks(t, "csi_plugin"):
+        check(p, CSI_PLUGIN, f"{where}.csi_plugin")
+    for r in blocks(t, "resources"):
+        check(r, RESOURCES, f"{where}.resources")
+    for vm in blocks(t, "volume_mount"):
+        check(vm, VOLUME_MOUNT, f"{where}.volume_mount")
+    for c in blocks(t, "constraint"):
+        check(c, CONSTRAINT, f"{where}.constraint")
+
+
+def _check_group(g: dict[str, Any], where: str) -> None:
+    check(g, GROUP, where)
+    for c in blocks(g, "constraint"):
+        check(c, CONSTRAINT, f"{where}.constraint")
+    for r in blocks(g, "restart"):
+        check(r, RESTART, f"{where}.restart")
+    for v in blocks(g, "volume"):
+        _, vbody = labelled(v)
+        check(vbody, GROUP_VOLUME, f"{where}.volume")
+    for t in blocks(g, "task"):
+        name, tbody = labelled(t)
+        _check_task(tbody, f"{where}.task[{name}]")
+
+
+@pytest.mark.parametrize("path", job_files(), ids=lambda p: p.name)
+def test_job_fields(path: Path) -> None:
+    doc = load_hcl(path)
+    check(doc, JOB_FILE_TOP, path.name)
+    for v in blocks(doc, "variable"):
+        _, vbody = labelled(v)
+        check(vbody, VARIABLE, f"{path.name}.variable")
+    jobs = blocks(doc, "job")
+    assert len(jobs) == 1
+    name, job = labelled(jobs[0])
+    where = f"{path.name}:job[{name}]"
+    check(job, JOB, where)
+    for g in blocks(job, "group"):
+        gname, gbody = labelled(g)
+        _check_group(gbody, f"{where}.group[{gname}]")
+    for d in blocks(job, "dynamic"):
+        kind, dbody = labelled(d)
+        assert kind == "group", f"{where}: dynamic {kind}"
+        check(dbody, DYNAMIC, f"{where}.dynamic")
+        for content in blocks(dbody, "content"):
+            _check_group(content, f"{where}.dynamic[group].content")
+
+
+def test_field_check_catches_a_typo() -> None:
+    doc = hcl2.loads('csi_plugin {\n  id = "x"\n  typ = "monolith"\n}\n')
+    with pytest.raises(AssertionError, match="typ"):
+        check(blocks(doc, "csi_plugin")[0], CSI_PLUGIN, "csi_plugin")
+
+
+def test_plugin_job_is_per_node_monolith() -> None:
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    doc = load_hcl(path)
+    _, job = labelled(blocks(doc, "job")[0])
+    assert unquote(job["type"]) == "system"
+    # one group per node, generated from the "nodes" variable
+    dyn = [labelled(d) for d in blocks(job, "dynamic")]
+    assert [k for k, _ in dyn] == ["group"]
+    dbody = dyn[0][1]
+    assert dbody["for_each"] == "${var.nodes}"
+    content = blocks(dbody, "content")[0]
+    constraint = blocks(content, "constraint")[0]
+    assert unquote(constraint["attribute"]) == "${node.unique.name}"
+    assert constraint["value"] == "${group.value}"
+
+    tasks = list(nomad_plugin_tasks(path))
+    assert len(tasks) == 1
+    _, task = tasks[0]
+    assert unquote(task["driver"]) == "docker"
+    cfg = blocks(task, "config")[0]
+    assert cfg["privileged"] is True
+    plugin = blocks(task, "csi_plugin")[0]
+    assert unquote(plugin["type"]) == "monolith"
+    for field in ("mount_dir", "stage_publish_base_dir", "health_timeout"):
+        assert unquote(plugin.get(field)), field
+    plugin_id = unquote(plugin["id"])
+    # Nomad registers csi_plugin.id verbatim (no ${node.*}/${attr.*}
+    # interpolation): the per-node part must be resolved at parse time.
+    assert "${node." not in plugin_id and "${attr." not in plugin_id
+    assert plugin_id == "csi-local-${group.value}"
+    # the plugin's node id is the node name used in topology segments
+    args = [unquote(a) for a in cfg["args"]]
+    assert "--node-id=${node.unique.name}" in args
+    assert f"--endpoint=unix://{unquote(plugin['mount_dir'])}/csi.sock" in args
+    targets = {unquote(m["target"]) for m in blocks(cfg, "mount")}
+    assert {"/run/lock/lvm", "/run/lvm", "/etc/lvm/backup", "/etc/lvm/archive",
+            "/var/lib/csi-local"} <= targets
+
+
+# --- volume specifications ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path", volume_files(), ids=lambda p: p.name)
+def test_volume_spec_fields(path: Path) -> None:
+    doc = load_hcl(path)
+    vtype = unquote(doc["type"])
+    check(doc, CSI_VOLUME if vtype == "csi" else HOST_VOLUME, path.name)
+    for cap in blocks(doc, "capability"):
+        check(cap, CAPABILITY, f"{path.name}.capability")
+        assert unquote(cap["access_mode"]) in ACCESS_MODES
+        assert unquote(cap["attachment_mode"]) in ATTACHMENT_MODES
+    for mo in blocks(doc, "mount_options"):
+        check(mo, MOUNT_OPTIONS, f"{path.name}.mount_options")
+    for tr in blocks(doc, "topology_request"):
+        check(tr, TOPOLOGY_REQUEST, f"{path.name}.topology_request")
+        for kind in ("required", "preferred"):
+            for lst in blocks(tr, kind):
+                check(lst, TOPOLOGY_LIST, f"{path.name}.{kind}")
+                for topo in blocks(lst, "topology"):
+                    check(topo, TOPOLOGY, f"{path.name}.{kind}.topology")
+
+
+def _segments(doc: dict[str, Any]) -> list[dict[str, str]]:
+    out = []
+    for tr in blocks(doc, "topology_request"):
+        for lst in blocks(tr, "required"):
+            for topo in blocks(lst, "topology"):
+                for seg in blocks(topo, "segments"):
+                    out.append({unquote(k): unquote(v) for k, v in keys_items(seg)})
+    return out
+
+
+def keys_items(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in d.items() if not k.startswith("__")]
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in volume_files() if p.name != "host-volume.hcl"], ids=lambda p: p.name)
+def test_csi_volume_targets_one_node(path: Path) -> None:
+    doc = load_hcl(path)
+    assert unquote(doc["type"]) == "csi"
+    for field in ("id", "name", "plugin_id", "capacity_min", "capacity_max"):
+        assert unquote(doc.get(field)), f"{path.name}: {field}"
+    assert blocks(doc, "capability")
+    plugin_id = unquote(doc["plugin_id"])
+    assert plugin_id.startswith("csi-local-")
+    node = plugin_id.removeprefix("csi-local-")
+    # the volume's node plugin and its requested topology name the same node
+    assert _segments(doc) == [{TOPOLOGY_KEY: node}]
+
+
+def test_snapshot_and_clone_examples() -> None:
+    snap = load_hcl(NOMAD_DIR / "volume-from-snapshot.hcl")
+    clone = load_hcl(NOMAD_DIR / "volume-clone.hcl")
+    assert unquote(snap.get("snapshot_id")) and "clone_id" not in snap
+    assert unquote(clone.get("clone_id")) and "snapshot_id" not in clone
+
+
+def test_host_volume_uses_dhv_plugin() -> None:
+    doc = load_hcl(NOMAD_DIR / "host-volume.hcl")
+    assert unquote(doc["type"]) == "host"
+    assert unquote(doc["plugin_id"]) == "csi-local-dhv"
+    params = blocks(doc, "parameters")[0]
+    assert set(keys(params)) <= {"fs_type", "mount_options"}
+    assert unquote(params["fs_type"]) in ("ext4", "xfs", "btrfs")

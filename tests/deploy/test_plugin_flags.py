@@ -1,0 +1,127 @@
+"""Every flag and environment variable that a manifest or Nomad job passes to
+the plugin must be one `csi-local serve --help` documents."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from functools import cache
+
+import pytest
+
+from tests.deploy._deploy import (
+    REPO,
+    PluginInvocation,
+    k8s_plugin_invocations,
+    nomad_plugin_invocations,
+    one,
+)
+
+# The command-line contract of `csi-local serve` (flag -> environment fallback).
+CONTRACT = {
+    "--endpoint": "CSI_ENDPOINT",
+    "--node-id": "NODE_ID",
+    "--volume-group": "CSI_LOCAL_VOLUME_GROUP",
+    "--thin-pool": "CSI_LOCAL_THIN_POOL",
+    "--state-dir": "CSI_LOCAL_STATE_DIR",
+    "--driver-name": "CSI_LOCAL_DRIVER_NAME",
+    "--log-level": "CSI_LOCAL_LOG_LEVEL",
+    "--log-format": "CSI_LOCAL_LOG_FORMAT",
+    "--overprovision-ratio": "CSI_LOCAL_OVERPROVISION_RATIO",
+    "--max-volumes-per-node": "CSI_LOCAL_MAX_VOLUMES_PER_NODE",
+    "--default-fs-type": "CSI_LOCAL_DEFAULT_FS_TYPE",
+    "--node-expansion-only": "CSI_LOCAL_NODE_EXPANSION_ONLY",
+    "--command-timeout": "CSI_LOCAL_COMMAND_TIMEOUT",
+}
+
+# Allowed literal values, where the contract restricts them.
+VALUES = {
+    "CSI_LOCAL_LOG_LEVEL": {"debug", "info", "warning", "error"},
+    "CSI_LOCAL_LOG_FORMAT": {"text", "json"},
+    "CSI_LOCAL_DEFAULT_FS_TYPE": {"ext4", "xfs", "btrfs"},
+    "CSI_LOCAL_NODE_EXPANSION_ONLY": {"true", "false"},
+}
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+_METAVAR = re.compile(r"(--[a-z][a-z0-9-]*)[ =]([A-Z][A-Z0-9_]*)")
+_ENV = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
+
+
+@cache
+def serve_help() -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    env["COLUMNS"] = "200"
+    code = ("import sys; from csi_local.cli import main; "
+            "sys.argv = ['csi-local', 'serve', '--help']; sys.exit(main())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=60, check=False)
+    assert r.returncode == 0, f"csi-local serve --help failed:\n{r.stdout}\n{r.stderr}"
+    assert "--node-id" in r.stdout, r.stdout
+    return r.stdout
+
+
+def help_flags(text: str) -> set[str]:
+    return set(_FLAG.findall(text))
+
+
+def help_env(text: str) -> set[str]:
+    # argparse metavars (--node-id NODE_ID) are not environment variables
+    text = _METAVAR.sub(lambda m: m.group(1), text)
+    return set(_ENV.findall(text))
+
+
+def test_help_parsers() -> None:
+    sample = ("  --node-id NODE_ID   node id (env NODE_ID)\n"
+              "  --thin-pool POOL    pool [env: CSI_LOCAL_THIN_POOL]\n"
+              "  --volume-group VOLUME_GROUP  vg\n")
+    assert help_flags(sample) == {"--node-id", "--thin-pool", "--volume-group"}
+    assert help_env(sample) == {"NODE_ID", "CSI_LOCAL_THIN_POOL"}
+
+
+def test_help_lists_the_contract() -> None:
+    text = serve_help()
+    assert set(CONTRACT) <= help_flags(text), set(CONTRACT) - help_flags(text)
+    assert set(CONTRACT.values()) <= help_env(text), set(CONTRACT.values()) - help_env(text)
+
+
+def invocations() -> list[PluginInvocation]:
+    return list(k8s_plugin_invocations()) + list(nomad_plugin_invocations())
+
+
+def test_plugin_is_deployed_everywhere() -> None:
+    where = [i.where for i in invocations()]
+    assert any(w.startswith("node.yaml") for w in where), where
+    assert any(w.startswith("resizer.yaml") for w in where), where
+    assert any(w.startswith("csi-local.nomad.hcl") for w in where), where
+
+
+@pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)
+def test_flags_and_env_exist(inv: PluginInvocation) -> None:
+    text = serve_help()
+    flags, env = help_flags(text), help_env(text)
+    assert inv.flags or inv.env, f"{inv.where}: passes nothing to the plugin"
+    unknown_flags = set(inv.flags) - flags
+    assert not unknown_flags, f"{inv.where}: not in serve --help: {sorted(unknown_flags)}"
+    unknown_env = set(inv.env) - env
+    assert not unknown_env, f"{inv.where}: not in serve --help: {sorted(unknown_env)}"
+
+
+@pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)
+def test_literal_values_allowed(inv: PluginInvocation) -> None:
+    for name, value in inv.env.items():
+        if value is not None and name in VALUES:
+            assert value in VALUES[name], f"{inv.where}: {name}={value}"
+    # every plugin gets its required settings from a flag or the environment
+    for flag in ("--node-id", "--volume-group", "--thin-pool"):
+        assert flag in inv.flags or CONTRACT[flag] in inv.env, f"{inv.where}: no {flag}"
+
+
+def test_configmap_values_allowed() -> None:
+    data = one("ConfigMap", "csi-local-config")["data"]
+    assert data["default-fs-type"] in VALUES["CSI_LOCAL_DEFAULT_FS_TYPE"]
+    assert data["log-level"] in VALUES["CSI_LOCAL_LOG_LEVEL"]
+    assert float(data["overprovision-ratio"]) >= 1.0
+    assert int(data["max-volumes-per-node"]) >= 0
