@@ -364,12 +364,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                         vols.Source("volume", source_id).tag()]
                 staging = self.ctx.state.get(source_id).staging
                 if staging is not None and staging.access_type == "mount":
-                    with self.ctx.freezer.frozen(staging.path):
-                        lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
-                                                   writable_volume=False)
-                else:
-                    lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
-                                               writable_volume=False)
+                    # A clean snapshot, not merely crash-consistent: LVM suspends the
+                    # thin origin with device-mapper's lockfs, which freezes the file
+                    # system (freeze_super, as fsfreeze does) for the instant of the
+                    # snapshot and thaws it on resume. An fsfreeze of our own beforehand
+                    # makes that suspend fail with EBUSY, so only sync first, to keep
+                    # the freeze short.
+                    self.ctx.fs.sync(staging.path)
+                lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
         return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
 
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from csi_local import mounts
@@ -134,14 +133,9 @@ class Filesystems:
         st = os.statvfs(path)
         return st.f_blocks * st.f_frsize
 
-    @contextlib.contextmanager
-    def frozen(self, mount_point: str) -> Iterator[None]:
-        """Freeze the file system for the block; always thawed, even on error."""
-        self.runner.run(["fsfreeze", "--freeze", mount_point])
-        try:
-            yield
-        finally:
-            self.runner.run(["fsfreeze", "--unfreeze", mount_point])
+    def sync(self, mount_point: str) -> None:
+        """syncfs: flush the file system's dirty data (shortens a following freeze)."""
+        self.runner.run(["sync", "--file-system", mount_point])
 
 
 def block_device_size(device: str) -> int:

@@ -9,7 +9,7 @@ import os
 from csi_local import mounts
 from csi_local import volumes as vols
 from csi_local.config import Config
-from csi_local.context import Context, Freezer
+from csi_local.context import Context
 from csi_local.controller import ControllerServicer
 from csi_local.errors import CsiError
 from csi_local.fs import Filesystems
@@ -80,11 +80,9 @@ class Plugin:
         lvm = Lvm(runner, config.volume_group, config.thin_pool)
         fs = Filesystems(runner)
         state = StateStore(config.state_dir, rebuild=lambda: rebuild_state(lvm))
-        freezer = Freezer(fs, config.state_dir)
-        freezer.recover()
         self.ctx = Context(
             config=config, lvm=lvm, fs=fs, state=state, locks=Locks(config.lock_dir),
-            paginator=Paginator(_token_key(config.state_dir)), freezer=freezer,
+            paginator=Paginator(_token_key(config.state_dir)),
         )
         self.identity = IdentityServicer(config, lvm)
         self.controller = ControllerServicer(self.ctx)

@@ -64,6 +64,13 @@ def test_snapshot_restore_holds_exactly_the_first_data(plugin: Plugin, vg: LoopV
     rid = restore(plugin, "restored", snapshot=s.snapshot_id).volume_id
     restore_seconds = time.monotonic() - t0
     assert restore(plugin, "restored", snapshot=s.snapshot_id).volume_id == rid
+    # Clean, not merely crash-consistent: the source was frozen for the snapshot,
+    # which flushes ext4's journal and clears needs_recovery (a mounted ext4
+    # otherwise carries it, so a crash-consistent copy would need a replay).
+    live = run("dumpe2fs", "-h", f"/dev/{vg.name}/{vid}").stdout
+    assert "needs_recovery" in live
+    features = run("dumpe2fs", "-h", f"/dev/{vg.name}/{rid}").stdout
+    assert "needs_recovery" not in features
     rs, rt = plugin.path("s-restored"), plugin.path("t-restored")
     stage(plugin, rid, rs)
     publish(plugin, rid, rs, rt)
