@@ -1,0 +1,1 @@
+"""Test modules of the sanity suite (collected only by ``python -m sanity``)."""

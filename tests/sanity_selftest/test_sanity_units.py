@@ -1,0 +1,94 @@
+"""Host-side unit tests of the sanity suite's helpers and command line (no plugin needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO))
+
+from sanity import csi  # noqa: E402
+from sanity.__main__ import build_parser, pytest_args  # noqa: E402
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1024", 1024), ("64M", 64 << 20), ("1G", 1 << 30), ("512K", 512 << 10),
+    ("2Gi", 2 << 30), ("3MiB", 3 << 20), ("1t", 1 << 40),
+])
+def test_parse_size(text: str, expected: int) -> None:
+    assert csi.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1", "10X"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        csi.parse_size(text)
+
+
+def test_normalize_endpoint() -> None:
+    assert csi.normalize_endpoint("/run/csi.sock") == "unix:///run/csi.sock"
+    assert csi.normalize_endpoint("unix:///run/x.sock") == "unix:///run/x.sock"
+    assert csi.normalize_endpoint("localhost:10000") == "localhost:10000"
+
+
+def test_mountinfo_unescape() -> None:
+    assert csi._unescape(r"/mnt/a\040b\011c") == "/mnt/a b\tc"
+
+
+def test_root_is_a_mount_point_and_tmp_file_is_not(tmp_path: Path) -> None:
+    assert csi.is_mount_point("/")
+    assert not csi.is_mount_point(tmp_path)
+    assert csi.mounts_under(tmp_path) == []
+
+
+def test_volume_capability_access_types() -> None:
+    block = csi.volume_capability("block")
+    mount = csi.volume_capability("mount", "xfs", "SINGLE_NODE_SINGLE_WRITER")
+    assert block.HasField("block") and not block.HasField("mount")
+    assert mount.mount.fs_type == "xfs"
+    assert mount.access_mode.mode == mount.access_mode.SINGLE_NODE_SINGLE_WRITER
+
+
+def test_pytest_args_isolate_the_suite() -> None:
+    ns, extra = build_parser().parse_known_args([
+        "--endpoint", "unix:///x.sock", "--controller-endpoint", "unix:///c.sock",
+        "--junit-xml", "out.xml", "--idempotency-repeats", "5", "-k", "identity"])
+    args = pytest_args(ns, extra)
+    assert args[args.index("-c") + 1] == "/dev/null"
+    assert args[args.index("--confcutdir") + 1].endswith("sanity")
+    assert "no:cacheprovider" in args
+    assert args[args.index("--controller-endpoint") + 1] == "unix:///c.sock"
+    assert args[args.index("--junit-xml") + 1] == "out.xml"
+    assert args[args.index("--idempotency-repeats") + 1] == "5"
+    assert args[-2:] == ["-k", "identity"]
+
+
+def _sanity(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    return subprocess.run([sys.executable, "-m", "sanity", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_cli_requires_endpoint() -> None:
+    proc = _sanity()
+    assert proc.returncode != 0
+    assert "--endpoint" in proc.stderr
+
+
+def test_cli_unreachable_endpoint_fails(tmp_path: Path) -> None:
+    proc = _sanity("--endpoint", f"unix://{tmp_path}/none.sock", "--rpc-timeout", "2",
+                   "-k", "test_probe", "--junit-xml", str(tmp_path / "j.xml"))
+    assert proc.returncode != 0, proc.stdout
+    assert (tmp_path / "j.xml").exists()
+    assert "CSI sanity summary" in proc.stdout
+
+
+def test_cli_rejects_bad_sizes() -> None:
+    proc = _sanity("--endpoint", "unix:///x.sock", "--volume-size", "lots")
+    assert proc.returncode == 2 and "invalid size" in proc.stderr
