@@ -141,8 +141,12 @@ class Guest:
         memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "2G")
         argv = [
             vng, "-r", kernel, "--disable-kvm", "--user", "root", "--memory", memory,
-            "--cpus", cpus, "--rwdir", str(self.workdir), "--", f"bash {work}/guest.sh",
+            "--cpus", cpus, "--rwdir", str(self.workdir),
         ]
+        if REPO.is_relative_to("/tmp"):
+            # The guest sees the host's root file system, but its /tmp is private.
+            argv += ["--rodir", str(REPO)]
+        argv += ["--", f"bash {work}/guest.sh"]
         with open(self.workdir / "console.log", "wb") as console:
             self.proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
