@@ -183,17 +183,6 @@ def _install(args: list[str]) -> int:
 
 
 def _write(path: str, text: str, mode: int) -> None:
-    head, tail = os.path.split(path)
-    tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from csi_local.state import write_atomic
+
+    write_atomic(path, text, mode)

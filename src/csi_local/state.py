@@ -127,7 +127,8 @@ def render(records: dict[str, VolumeRecord]) -> str:
     return json.dumps({"version": VERSION, "volumes": vols}, indent=1, sort_keys=True) + "\n"
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text`: temp file, fsync, rename, fsync of the directory."""
     directory = os.path.dirname(path) or "."
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -135,6 +136,7 @@ def write_atomic(path: str, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -203,6 +203,10 @@ class VmRun:
             Guest(i, group, Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp")))
             for i, group in enumerate(shard(self.nodeids, shards))
         ]
+        # The guest cannot write bytecode back to the host; compile it here so
+        # that every Python start inside the (emulated, slow) VM can use it.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests"],
+                       cwd=REPO, check=False, capture_output=True)
         terminal = config.pluginmanager.get_plugin("terminalreporter")
         timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
         started = time.monotonic()
