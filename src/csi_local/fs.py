@@ -94,6 +94,21 @@ class Filesystems:
                 self.umount(target)
                 raise
 
+    def readonly_loop(self, device: str) -> str:
+        """A read-only loop device over `device`.
+
+        A read-only bind mount of a device node does not stop writes to the
+        device (the mount's flag guards the file system, not the device), so
+        read-only block publishes go through a loop device the kernel itself
+        keeps read-only.
+        """
+        out = self.runner.run(["losetup", "--find", "--show", "--read-only",
+                               "--direct-io=on", device])
+        return out.stdout.strip()
+
+    def detach_loop(self, node: str) -> None:
+        self.runner.run(["losetup", "--detach", node], ok_codes=(0, 1))
+
     def remount_bind(self, target: str, *, readonly: bool) -> None:
         self.runner.run(["mount", "-o", f"remount,bind,{'ro' if readonly else 'rw'}", target])
 

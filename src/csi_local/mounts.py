@@ -101,15 +101,38 @@ def device_numbers(device: str) -> tuple[int, int]:
     return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
+def loop_backing(node: str) -> str | None:
+    """The backing file of a loop device node such as /dev/loop3, if attached."""
+    name = os.path.basename(node)
+    if not name.startswith("loop"):
+        return None
+    try:
+        with open(f"/sys/block/{name}/loop/backing_file", encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def mount_node(mount: Mount) -> str | None:
+    """For a device node bind-mounted onto a file, the node's path under /dev."""
+    if mount.fs_type == "devtmpfs" and mount.root.startswith("/"):
+        return "/dev" + mount.root
+    return None
+
+
 def mount_is_device(mount: Mount, major: int, minor: int) -> bool:
-    """True when `mount` shows the block device major:minor, as a file system
-    mounted from it, or as the device node itself bind-mounted onto a file."""
+    """True when `mount` shows the block device major:minor: as a file system
+    mounted from it, as the device node bind-mounted onto a file, or as a
+    (read-only) loop device over that node bind-mounted onto a file."""
     if (mount.major, mount.minor) == (major, minor):
         return True
-    if mount.fs_type == "devtmpfs" and mount.root.startswith("/"):
-        node = "/dev" + mount.root
-        try:
-            return device_numbers(node) == (major, minor)
-        except OSError:
-            return False
-    return False
+    node = mount_node(mount)
+    if node is None:
+        return False
+    try:
+        if device_numbers(node) == (major, minor):
+            return True
+        backing = loop_backing(node)
+        return backing is not None and device_numbers(backing) == (major, minor)
+    except OSError:
+        return False

@@ -214,7 +214,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     if not os.path.exists(target):
                         with open(target, "a"):
                             pass
-                    self.ctx.fs.bind(lv.path, target, readonly=readonly)
+                    self._publish_block(lv, target, readonly)
                 else:
                     os.makedirs(target, exist_ok=True)
                     self.ctx.fs.bind(staging_path, target, readonly=readonly,
@@ -227,6 +227,25 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     raise
         return pb.NodePublishVolumeResponse()
 
+    def _publish_block(self, lv: LogicalVolume, target: str, readonly: bool) -> None:
+        if not readonly:
+            self.ctx.fs.bind(lv.path, target, readonly=False)
+            return
+        loop = self.ctx.fs.readonly_loop(lv.path)
+        try:
+            self.ctx.fs.bind(loop, target, readonly=True)
+        except BaseException:
+            self.ctx.fs.detach_loop(loop)
+            raise
+
+    def _unmount_target(self, target: str) -> None:
+        """Unmount a publish target, detaching the read-only loop device under it."""
+        loops = [node for m in mounts.mounts_at(target)
+                 if (node := mounts.mount_node(m)) and mounts.loop_backing(node)]
+        self.ctx.fs.umount(target)
+        for node in loops:
+            self.ctx.fs.detach_loop(node)
+
     def NodeUnpublishVolume(self, request: pb.NodeUnpublishVolumeRequest,
                             context: grpc.ServicerContext) -> pb.NodeUnpublishVolumeResponse:
         volume_id = v.required(request.volume_id, "volume_id")
@@ -238,7 +257,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 lv is not None and self._device_mounted_at(lv, target)
             )
             if ours:
-                self.ctx.fs.umount(target)
+                self._unmount_target(target)
                 if os.path.isdir(target):
                     with contextlib.suppress(OSError):
                         os.rmdir(target)

@@ -154,6 +154,24 @@ def test_block_volume_io_through_target(plugin: Plugin, vg: LoopVG) -> None:
     stats = plugin.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
         volume_id=vid, volume_path=target))
     assert [u.total for u in stats.usage] == [32 * MiB]
+    # Read-only block publish: the kernel refuses writes (a read-only bind of a
+    # device node alone would not), reads see the data.
+    ro = plugin.path("dev", "blk-ro")
+    publish(plugin, vid, staging, ro, block_cap(), readonly=True)
+    publish(plugin, vid, staging, ro, block_cap(), readonly=True)  # idempotent
+    assert len(mounts.mounts_at(ro)) == 1
+    with pytest.raises(OSError) as info:
+        fd = os.open(ro, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"x" * 4096, 0)
+        finally:
+            os.close(fd)
+    assert info.value.errno in (errno.EROFS, errno.EPERM, errno.EACCES)
+    with open(ro, "rb") as f:
+        f.seek(8192)
+        assert f.read(4096) == payload
+    unpublish(plugin, vid, ro)
+    assert run("losetup", "--associated", f"/dev/{vg.name}/{vid}").stdout.strip() == ""
     unpublish(plugin, vid, target)
     assert not os.path.exists(target)
     unstage(plugin, vid, staging)
