@@ -77,6 +77,20 @@ def find_vng() -> str:
     return found
 
 
+def say(config: pytest.Config, text: str) -> None:
+    """Write a line to the terminal even while a test's output is captured."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None:
+        return
+    if capman is None:
+        terminal.write_line(text)
+        return
+    with capman.global_and_fixture_disabled():
+        terminal.write_line(text)
+
+
+
 # Rough cost of one test of a file, relative to a plain integration test, so
 # that the VMs finish together (a sanity-suite run drives a hundred RPCs).
 WEIGHTS = {
@@ -207,16 +221,12 @@ class VmRun:
         # that every Python start inside the (emulated, slow) VM can use it.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests"],
                        cwd=REPO, check=False, capture_output=True)
-        terminal = config.pluginmanager.get_plugin("terminalreporter")
         timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
         started = time.monotonic()
         for g in guests:
             g.start(kernel, vng, config.getoption("verbose") > 0, cpus)
-            if terminal is not None:
-                terminal.write_line(
-                    f"\n[vm {g.index}] {os.path.basename(kernel)}: {len(g.nodeids)} "
-                    f"integration test(s); follow {g.workdir / 'pytest.log'}"
-                )
+            say(config, f"\n[vm {g.index}] {os.path.basename(kernel)}: {len(g.nodeids)} "
+                f"integration test(s); follow {g.workdir / 'pytest.log'}")
         codes = [g.wait(started + timeout) for g in guests]
         self.total_seconds = time.monotonic() - started
         problems = []
@@ -229,13 +239,10 @@ class VmRun:
                 problems.append(f"VM {g.index} did not finish within {timeout:.0f}s")
             elif not reps:
                 problems.append(f"VM {g.index} exited {rc} without running any test")
-            if terminal is not None:
-                boot = g.boot_seconds()
-                terminal.write_line(
-                    f"[vm {g.index}] done in {self.total_seconds:.1f}s (boot to tests: "
-                    f"{boot if boot is not None else '?'}s), exit {rc}, "
-                    f"{len({r['nodeid'] for r in reps})} test(s) reported"
-                )
+            boot = g.boot_seconds()
+            say(config, f"[vm {g.index}] done in {self.total_seconds:.1f}s (boot to tests: "
+                f"{boot if boot is not None else '?'}s), exit {rc}, "
+                f"{len({r['nodeid'] for r in reps})} test(s) reported")
         if problems:
             self.error = "; ".join(problems)
         else:
@@ -268,9 +275,7 @@ class VmItem(pytest.Item):
             for title, content in rep.get("sections", []):
                 self.add_report_section(rep["when"], title.rsplit(" ", 1)[-1], content)
                 if self.get_closest_marker("report") and "stdout" in title:
-                    terminal = self.config.pluginmanager.get_plugin("terminalreporter")
-                    if terminal is not None:
-                        terminal.write_line(f"\n[{self.nodeid}]{content}")
+                    say(self.config, f"\n[{self.nodeid}]{content}")
         for rep in reports:
             if rep["outcome"] == "failed":
                 raise VmTestFailed(f"[in VM, {rep['when']}]\n{rep['longrepr']}")

@@ -176,6 +176,7 @@ def _best_of(argv: list[str], env: dict[str, str], n: int = 5) -> tuple[float, f
     return times[0], min(times), out
 
 
+@pytest.mark.report
 def test_fingerprint_is_fast_and_light(dhv: Dhv) -> None:
     first, best, out = _best_of([dhv.exe, "fingerprint"], {"DHV_OPERATION": "fingerprint"})
     assert json.loads(out) == {"version": "0.1.0"}

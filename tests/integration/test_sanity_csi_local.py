@@ -33,6 +33,7 @@ def _mounts_under(path: Path) -> list[str]:
     return [p for p in points if p == real or p.startswith(real + "/")]
 
 
+@pytest.mark.report
 @pytest.mark.parametrize("access_type", ["mount", "block"])
 def test_sanity_against_csi_local(access_type: str, plugin: Any) -> None:
     work = Path(plugin.workdir) / f"sanity-{access_type}"

@@ -43,6 +43,7 @@ def write(path: str, data: str) -> None:
         os.fsync(f.fileno())
 
 
+@pytest.mark.report
 def test_snapshot_restore_holds_exactly_the_first_data(plugin: Plugin, vg: LoopVG) -> None:
     vid = create(plugin, "origin")
     staging, target = plugin.path("s-origin"), plugin.path("t-origin")
