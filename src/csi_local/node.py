@@ -76,7 +76,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 if s.path != staging_path:
                     raise AlreadyExists(f"volume {volume_id} is already staged at {s.path}")
                 wanted_fs = cap.fs_type if cap.access_type == "mount" else ""
-                if (s.access_type, s.mount_flags) != (cap.access_type, cap.mount_flags) or (
+                flags_differ = s.flags_known and s.mount_flags != cap.mount_flags
+                if s.access_type != cap.access_type or flags_differ or (
                     request.volume_capability.mount.fs_type and s.fs_type != wanted_fs
                 ):
                     raise AlreadyExists(

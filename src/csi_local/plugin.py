@@ -51,7 +51,8 @@ def rebuild_state(lvm: Lvm, table: list[mounts.Mount] | None = None) -> dict[str
             if staging is None and is_block and os.path.basename(m.mount_point) == lv.name:
                 staging = Staging(path=os.path.dirname(m.mount_point), access_type="block")
             elif staging is None and not is_block:
-                staging = Staging(path=m.mount_point, access_type="mount", fs_type=m.fs_type)
+                staging = Staging(path=m.mount_point, access_type="mount", fs_type=m.fs_type,
+                                  flags_known=False)
             else:
                 pubs[m.mount_point] = Publish(readonly=m.read_only)
         records[lv.name] = VolumeRecord(lv.name, staging, pubs)

@@ -54,6 +54,9 @@ class Staging:
     fs_type: str = ""
     mount_flags: tuple[str, ...] = ()
     access_mode: int = 0
+    # False for a record rebuilt from mountinfo, which shows the effective mount
+    # options, not the flags the CO asked for.
+    flags_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def _to_json(rec: VolumeRecord) -> dict[str, object]:
             "fs_type": s.fs_type,
             "mount_flags": list(s.mount_flags),
             "access_mode": s.access_mode,
+            "flags_known": s.flags_known,
         }
     return out
 
@@ -101,6 +105,7 @@ def _from_json(volume_id: str, data: dict[str, object]) -> VolumeRecord:
             fs_type=str(raw.get("fs_type", "")),
             mount_flags=tuple(str(f) for f in raw.get("mount_flags", [])),
             access_mode=int(raw.get("access_mode", 0)),
+            flags_known=bool(raw.get("flags_known", True)),
         )
     pubs_raw = data.get("publishes", {})
     if not isinstance(pubs_raw, dict):

@@ -238,7 +238,8 @@ def test_concurrent_publishes_of_different_volumes(plugin: Plugin) -> None:
 def test_state_rebuilt_when_lost_or_corrupt(plugin: Plugin) -> None:
     vid = create(plugin, "rebuild")
     staging, target = plugin.path("stage-rb"), plugin.path("t-rb")
-    stage(plugin, vid, staging)
+    flagged = mount_cap(flags=("noatime",))
+    stage(plugin, vid, staging, flagged)
     publish(plugin, vid, staging, target, readonly=True)
     before = state(plugin)[vid]
     for damage in ("lose", "corrupt"):
@@ -254,6 +255,9 @@ def test_state_rebuilt_when_lost_or_corrupt(plugin: Plugin) -> None:
         assert list(after["publishes"]) == [target]  # type: ignore[index]
         assert after["publishes"][target]["readonly"] is True  # type: ignore[index]
         assert "rebuilt 1 volume record" in plugin.log()
+        # A repeat stage with the original flags is still idempotent.
+        stage(plugin, vid, staging, flagged)
+        assert len(mounts.mounts_at(staging)) == 1
     # The rebuilt state is good enough to refuse an unstage and to finish cleanly.
     expect_code(Code.FAILED_PRECONDITION, unstage, plugin, vid, staging)
     unpublish(plugin, vid, target)

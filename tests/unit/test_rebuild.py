@@ -40,7 +40,7 @@ def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner, monkeypatch: object)
         recs = rebuild_state(Lvm(runner, "vg0", "pool"), table)
     finally:
         m.device_numbers = real  # type: ignore[assignment]
-    assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs")
+    assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs", flags_known=False)
     assert recs[VOL].publishes == {"/k/pods/x": Publish(False), "/k/pods/y": Publish(True)}
     assert recs[BLK].staging == Staging("/k/blk/staging", "block")
     assert recs[BLK].publishes == {"/k/blk/pods/z": Publish(False)}
