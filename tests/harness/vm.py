@@ -129,7 +129,7 @@ class Guest:
         inner = [
             sys.executable, "-m", "pytest", "-p", "tests.harness.vm_reporter",
             "-p", "no:cacheprovider", "-q", "-rA",
-            "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
+            "--durations=20", "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
         ]
         if verbose:
             inner.append("-v")
@@ -165,14 +165,17 @@ class Guest:
             self.proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
 
-    def wait(self, deadline: float) -> int | None:
+    def poll(self, deadline: float) -> tuple[bool, int | None]:
+        """(finished, exit code); kills the VM once the deadline has passed."""
         assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
+        rc = self.proc.poll()
+        if rc is not None:
+            return True, rc
+        if time.monotonic() < deadline:
+            return False, None
+        self.proc.kill()
+        self.proc.wait()
+        return True, None
 
     def console(self) -> str:
         text = ""
@@ -181,6 +184,18 @@ class Guest:
             if path.exists():
                 text += f"--- VM {self.index} {name} ---\n" + path.read_text(errors="replace")
         return text
+
+    def durations(self) -> str:
+        """The guest pytest's --durations table, for the CI log."""
+        log = self.workdir / "pytest.log"
+        if not log.exists():
+            return ""
+        text = log.read_text(errors="replace")
+        start = text.find("slowest ")
+        if start < 0:
+            return ""
+        block = text[text.rfind("\n", 0, start) + 1:].split("\n\n", 1)[0]
+        return "\n".join(block.splitlines()[:22])
 
     def boot_seconds(self) -> float | None:
         booted = self.workdir / "booted"
@@ -227,10 +242,21 @@ class VmRun:
             g.start(kernel, vng, config.getoption("verbose") > 0, cpus)
             say(config, f"\n[vm {g.index}] {os.path.basename(kernel)}: {len(g.nodeids)} "
                 f"integration test(s); follow {g.workdir / 'pytest.log'}")
-        codes = [g.wait(started + timeout) for g in guests]
+        codes: dict[int, int | None] = {}
+        seconds: dict[int, float] = {}
+        while len(codes) < len(guests):
+            for g in guests:
+                if g.index in codes:
+                    continue
+                finished, rc = g.poll(started + timeout)
+                if finished:
+                    codes[g.index] = rc
+                    seconds[g.index] = time.monotonic() - started
+            time.sleep(0.5)
         self.total_seconds = time.monotonic() - started
         problems = []
-        for g, rc in zip(guests, codes, strict=True):
+        for g in guests:
+            rc = codes[g.index]
             reps = g.reports()
             for rep in reps:
                 self.reports.setdefault(rep["nodeid"], []).append(rep)
@@ -240,9 +266,12 @@ class VmRun:
             elif not reps:
                 problems.append(f"VM {g.index} exited {rc} without running any test")
             boot = g.boot_seconds()
-            say(config, f"[vm {g.index}] done in {self.total_seconds:.1f}s (boot to tests: "
+            say(config, f"[vm {g.index}] done in {seconds[g.index]:.1f}s (boot to tests: "
                 f"{boot if boot is not None else '?'}s), exit {rc}, "
                 f"{len({r['nodeid'] for r in reps})} test(s) reported")
+            durations = g.durations()
+            if durations:
+                say(config, f"[vm {g.index}] slowest tests in the VM:\n{durations}")
         if problems:
             self.error = "; ".join(problems)
         else:
