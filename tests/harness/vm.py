@@ -128,8 +128,8 @@ class Guest:
         select.write_text("\n".join(self.nodeids) + "\n")
         inner = [
             sys.executable, "-m", "pytest", "-p", "tests.harness.vm_reporter",
-            "-p", "no:cacheprovider", "-q", "-rA",
-            "--durations=20", "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
+            "-p", "no:cacheprovider", "-q", "-rA", "--durations=20",
+            "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
         ]
         if verbose:
             inner.append("-v")
