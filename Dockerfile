@@ -56,8 +56,10 @@ RUN apt-get update \
 #
 # Approach: run LVM in the container with a container-specific lvm.conf and
 # share LVM's host state through hostPath mounts (see deploy/kubernetes and
-# deploy/nomad): /dev, /run/lock/lvm, /run/lvm, /etc/lvm/backup and
-# /etc/lvm/archive.
+# deploy/nomad): /dev, /run/lock/lvm, /run/lvm, /etc/lvm/backup,
+# /etc/lvm/archive, and the host's device selection: /etc/lvm/devices (its
+# devices file, use_devicesfile = 1), /etc/multipath (WWIDs, read-only) and
+# its device filters, copied by the deployment into /etc/lvm/lvmlocal.conf.
 #  * udev_sync = 0, udev_rules = 0: no udevd runs in the container, so LVM
 #    must not wait for udev (it would hang); libdevmapper creates the device
 #    nodes and /dev/VG/LV links itself in the (host) /dev.

@@ -47,6 +47,15 @@ variable "thin_pool" {
   default = "pool"
 }
 
+variable "lvm_local_conf" {
+  type        = string
+  description = "LVM settings of the clients' own lvm.conf that the plugin must share, such as devices/global_filter (docs/nomad.md)"
+  # Copy here what `lvmconfig devices/global_filter devices/filter` prints on
+  # the clients, inside a devices section; not needed where they use a
+  # devices file (LVM ignores filters then).
+  default = "devices {\n}\n"
+}
+
 variable "datacenters" {
   type    = list(string)
   default = ["*"]
@@ -116,6 +125,28 @@ job "csi-local" {
             source = "/etc/lvm/archive"
             target = "/etc/lvm/archive"
           }
+          # The host's device selection, honoured as on the host (see
+          # deploy/container/lvm.conf): its devices file (shared read-write:
+          # LVM updates it, under its lock in /run/lock/lvm), multipath's
+          # WWIDs, and the host's device filters from var.lvm_local_conf,
+          # which LVM reads after the image's own lvm.conf.
+          mount {
+            type   = "bind"
+            source = "/etc/lvm/devices"
+            target = "/etc/lvm/devices"
+          }
+          mount {
+            type     = "bind"
+            source   = "/etc/multipath"
+            target   = "/etc/multipath"
+            readonly = true
+          }
+          mount {
+            type     = "bind"
+            source   = "local/lvmlocal.conf"
+            target   = "/etc/lvm/lvmlocal.conf"
+            readonly = true
+          }
           # Per-volume lock files (--lock-dir default), shared with the
           # csi-local-dhv host volume plugin on this node.
           mount {
@@ -135,6 +166,11 @@ job "csi-local" {
             target   = "/lib/modules"
             readonly = true
           }
+        }
+
+        template {
+          destination = "local/lvmlocal.conf"
+          data        = var.lvm_local_conf
         }
 
         env {

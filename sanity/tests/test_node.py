@@ -146,11 +146,14 @@ def test_node_get_volume_stats(cv: Capabilities, tracker: Tracker, stubs: Stubs,
         assert not resp.volume_condition.abnormal, resp.volume_condition.message
 
 
+@pytest.mark.parametrize("kind", ["relative", "absolute"])
 def test_node_get_volume_stats_wrong_path(cv: Capabilities, tracker: Tracker,
-                                          stubs: Stubs) -> None:
+                                          stubs: Stubs, kind: str) -> None:
+    """A published volume asked about at a path it is not at: NOT_FOUND, for
+    upstream csi-sanity's relative "some/path" and for an absolute path alike."""
     cv.require_node("GET_VOLUME_STATS")
     vol = tracker.create_volume()
     tracker.make_available(vol.volume_id)
-    wrong = tracker.target_path()
+    wrong = "some/path" if kind == "relative" else tracker.target_path()
     expect_code(grpc.StatusCode.NOT_FOUND, lambda: stubs.node.NodeGetVolumeStats(
         csi_pb2.NodeGetVolumeStatsRequest(volume_id=vol.volume_id, volume_path=wrong)))

@@ -64,17 +64,31 @@ def test_get_snapshot_unknown(stubs: Stubs, caps: Capabilities) -> None:
         csi_pb2.GetSnapshotRequest(snapshot_id=UNKNOWN_SNAPSHOT)))
 
 
+# The volume_path of NodeGetVolumeStats and NodeExpandVolume names where the
+# volume should be; when it is not there, the spec's error tables prescribe
+# NOT_FOUND ("volume does not exist on the specified path"). Upstream csi-sanity
+# sends the relative "some/path"; an absolute path is checked as well.
+VOLUME_PATHS = ["relative", "absolute"]
+
+
+def _volume_path(kind: str, tracker: Tracker) -> str:
+    return "some/path" if kind == "relative" else tracker.target_path()
+
+
+@pytest.mark.parametrize("kind", VOLUME_PATHS)
 def test_node_get_volume_stats_unknown(stubs: Stubs, caps: Capabilities,
-                                       tracker: Tracker) -> None:
+                                       tracker: Tracker, kind: str) -> None:
     caps.require_node("GET_VOLUME_STATS")
-    path = tracker.target_path()
+    path = _volume_path(kind, tracker)
     expect_code(NOT_FOUND, lambda: stubs.node.NodeGetVolumeStats(
         csi_pb2.NodeGetVolumeStatsRequest(volume_id=UNKNOWN_VOLUME, volume_path=path)))
 
 
-def test_node_expand_unknown(stubs: Stubs, caps: Capabilities, tracker: Tracker) -> None:
+@pytest.mark.parametrize("kind", VOLUME_PATHS)
+def test_node_expand_unknown(stubs: Stubs, caps: Capabilities, tracker: Tracker,
+                             kind: str) -> None:
     caps.require_node("EXPAND_VOLUME")
-    path = tracker.target_path()
+    path = _volume_path(kind, tracker)
     expect_code(NOT_FOUND, lambda: stubs.node.NodeExpandVolume(
         csi_pb2.NodeExpandVolumeRequest(
             volume_id=UNKNOWN_VOLUME, volume_path=path,

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from csi_local import __version__
 from csi_local.config import (
@@ -18,10 +18,19 @@ from csi_local.config import (
     ConfigError,
     parse_size,
 )
+from csi_local.fsrules import SUPPORTED_FS as FS_TYPES
+from csi_local.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 
 
 class _EnvDefault(argparse.Action):
-    """An option whose default comes from an environment variable."""
+    """An option whose default comes from an environment variable.
+
+    The variable's value becomes the option's default. argparse passes a
+    string default through the option's `type` when the flag is absent, so
+    every option that restricts its values does so with a `type` (never with
+    `choices` alone, which argparse checks on the command line only): a bad
+    environment value then fails at start-up with the flag's own message.
+    """
 
     def __init__(self, env: str, required: bool = False, default: object = None,
                  **kwargs: object) -> None:
@@ -48,6 +57,28 @@ def _bool(text: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
+def _one_of(*names: str) -> Callable[[str], str]:
+    """A `type` accepting only `names`: see _EnvDefault for why not `choices`."""
+
+    def check(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(names)})")
+        return text
+
+    return check
+
+
+def _size(text: str) -> int | None:
+    """Bytes from "4G" and the like; empty means unset, as it always did."""
+    if not text.strip():
+        return None
+    try:
+        return parse_size(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="csi-local",
@@ -70,27 +101,29 @@ def build_parser() -> argparse.ArgumentParser:
       help="directory of the node state file")
     e("--driver-name", action=_EnvDefault, env="CSI_LOCAL_DRIVER_NAME",
       default=DEFAULT_DRIVER_NAME, help="CSI driver name (domain-name notation)")
+    # `choices` as well as the `type`: it shows the values in --help.
     e("--log-level", action=_EnvDefault, env="CSI_LOCAL_LOG_LEVEL", default="info",
-      choices=["debug", "info", "warning", "error"], help="log level")
+      type=_one_of(*LOG_LEVELS), choices=LOG_LEVELS, help="log level")
     e("--log-format", action=_EnvDefault, env="CSI_LOCAL_LOG_FORMAT", default="text",
-      choices=["text", "json"], help="log format")
+      type=_one_of(*LOG_FORMATS), choices=LOG_FORMATS, help="log format")
     e("--overprovision-ratio", action=_EnvDefault, env="CSI_LOCAL_OVERPROVISION_RATIO",
-      default="1.0", help="thin over-provisioning ratio: provisioned sizes may add up to "
-      "this times the pool size")
+      default="1.0", type=float, help="thin over-provisioning ratio: provisioned sizes may "
+      "add up to this times the pool size")
     e("--max-volumes-per-node", action=_EnvDefault, env="CSI_LOCAL_MAX_VOLUMES_PER_NODE",
-      default="0", help="reported to the CO by NodeGetInfo; 0 means no limit")
+      default="0", type=int, help="reported to the CO by NodeGetInfo; 0 means no limit")
     e("--default-fs-type", action=_EnvDefault, env="CSI_LOCAL_DEFAULT_FS_TYPE", default="ext4",
-      choices=["ext4", "xfs", "btrfs"], help="file system when the request names none")
+      type=_one_of(*FS_TYPES), choices=FS_TYPES,
+      help="file system when the request names none")
     e("--node-expansion-only", action=_EnvDefault, env="CSI_LOCAL_NODE_EXPANSION_ONLY",
-      nargs="?", const="true", default="false",
+      nargs="?", const=True, default="false", type=_bool,
       help="do not advertise controller expansion; NodeExpandVolume grows LV and file system")
     e("--command-timeout", action=_EnvDefault, env="CSI_LOCAL_COMMAND_TIMEOUT", default="120",
-      help="seconds before an external command is killed")
+      type=float, help="seconds before an external command is killed")
     e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default="/run/lock/csi-local",
       help="directory of per-volume lock files, shared with csi-local-dhv")
     e("--backing-file", action=_EnvDefault, env="CSI_LOCAL_BACKING_FILE",
       help="demo mode: create the VG and thin pool on this loop-backed file if missing")
-    e("--backing-size", action=_EnvDefault, env="CSI_LOCAL_BACKING_SIZE",
+    e("--backing-size", action=_EnvDefault, env="CSI_LOCAL_BACKING_SIZE", type=_size,
       help="size of the backing file, e.g. 2G")
 
     probe = sub.add_parser("probe", help="call Identity Probe on a running plugin")
@@ -116,7 +149,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
             command_timeout=float(args.command_timeout),
             lock_dir=args.lock_dir,
             backing_file=args.backing_file,
-            backing_size=parse_size(args.backing_size) if args.backing_size else None,
+            backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
+                          else args.backing_size),
         )
     except (ValueError, argparse.ArgumentTypeError) as err:
         raise ConfigError(str(err)) from None
@@ -148,7 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as err:
         parser.error(str(err))
-    from csi_local.logs import setup_logging
     from csi_local.server import ServerError, serve
 
     setup_logging(args.log_level, args.log_format)

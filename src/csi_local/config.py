@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from csi_local.fsrules import SUPPORTED_FS
 from csi_local.lvm import check_name
 
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
@@ -72,7 +73,7 @@ class Config:
             raise ConfigError("overprovision ratio must be >= 1.0")
         if self.max_volumes_per_node < 0:
             raise ConfigError("max volumes per node must be >= 0")
-        if self.default_fs_type not in ("ext4", "xfs", "btrfs"):
+        if self.default_fs_type not in SUPPORTED_FS:
             raise ConfigError(f"unsupported default fs type {self.default_fs_type!r}")
         if self.command_timeout <= 0:
             raise ConfigError("command timeout must be positive")

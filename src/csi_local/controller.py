@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from csi_local import fsrules
 from csi_local import validation as v
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
@@ -22,7 +24,7 @@ from csi_local.errors import (
     ResourceExhausted,
     Unimplemented,
 )
-from csi_local.lvm import LogicalVolume
+from csi_local.lvm import LogicalVolume, VolumeGroup, VolumeGroupNotFound
 
 log = logging.getLogger(__name__)
 RPC = pb.ControllerServiceCapability.RPC
@@ -106,11 +108,11 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         src = req.volume_content_source
         which = src.WhichOneof("type")
         if which == "snapshot":
-            return vols.Source("snapshot", v.required(src.snapshot.snapshot_id,
-                                                      "volume_content_source.snapshot_id"))
+            return vols.Source("snapshot", v.object_id(src.snapshot.snapshot_id,
+                                                       "volume_content_source.snapshot_id"))
         if which == "volume":
-            return vols.Source("volume", v.required(src.volume.volume_id,
-                                                    "volume_content_source.volume_id"))
+            return vols.Source("volume", v.object_id(src.volume.volume_id,
+                                                     "volume_content_source.volume_id"))
         raise InvalidArgument("volume_content_source needs a snapshot or a volume")
 
     # volumes -------------------------------------------------------------
@@ -134,9 +136,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 return pb.CreateVolumeResponse(
                     volume=self._volume_message(self._reuse(existing, name, rng, source))
                 )
-            return pb.CreateVolumeResponse(
-                volume=self._volume_message(self._create(volume_id, caps, rng, source))
-            )
+            with contextlib.ExitStack() as stack:
+                if source is not None and source.kind == "volume":
+                    # A clone reads its source: keep it from being unstaged or
+                    # deleted meanwhile (lock order: new volume, source, pool).
+                    stack.enter_context(self.ctx.locks.hold(_vol_lock(source.id)))
+                return pb.CreateVolumeResponse(
+                    volume=self._volume_message(self._create(volume_id, caps, rng, source))
+                )
 
     def _reuse(self, lv: LogicalVolume, name: str, rng: pb.CapacityRange | None,
                source: vols.Source | None) -> LogicalVolume:
@@ -159,7 +166,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 source: vols.Source | None) -> LogicalVolume:
         vg = self.ctx.lvm.volume_group()
         extent = vg.extent_size
-        minimum = v.XFS_MIN_SIZE if any(c.fs_type == "xfs" for c in caps) else 0
+        minimum = max(fsrules.min_size(c.fs_type) for c in caps)
         source_lv: LogicalVolume | None = None
         if source is not None:
             source_lv = (self._get_snapshot(source.id) if source.kind == "snapshot"
@@ -173,18 +180,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         size = v.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
         with self.ctx.locks.hold(POOL_LOCK):
-            cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio, vg)
-            if size > cap.available:
-                raise ResourceExhausted(
-                    f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "
-                    f"{cap.available} bytes, {size} requested "
-                    f"(over-provisioning ratio {self.config.overprovision_ratio})"
-                )
+            self._check_room(size, vg)
             if source is None or source_lv is None:
                 return self.ctx.lvm.create_thin(volume_id, size, [*tags, vols.TAG_FRESH])
-            tags.append(source.tag())
+            tags += [source.tag(), vols.TAG_NEW_FSID]
             if size > source_lv.size:
                 tags.append(vols.TAG_GROW_FS)
+            if source.kind == "volume":
+                self._flush_if_mounted(source.id)
             lv = self.ctx.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
             try:
                 if size > lv.size:
@@ -196,7 +199,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def DeleteVolume(self, request: pb.DeleteVolumeRequest,
                      context: grpc.ServicerContext) -> pb.DeleteVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         if not vols.is_volume_id(volume_id):
             return pb.DeleteVolumeResponse()  # never ours, so already gone
         with self.ctx.locks.hold(_vol_lock(volume_id)):
@@ -222,7 +225,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ValidateVolumeCapabilities(
         self, request: pb.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
     ) -> pb.ValidateVolumeCapabilitiesResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         if not request.volume_capabilities:
             raise InvalidArgument("volume_capabilities is required")
         self._get_volume(volume_id)
@@ -265,7 +268,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,
                             context: grpc.ServicerContext) -> pb.ControllerGetVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         volumes, pool = self._listed_volumes()
         lv = next((x for x in volumes if x.name == volume_id), None)
         if lv is None:
@@ -287,7 +290,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         for cap in request.volume_capabilities:
             if v.capability_problem(cap, self.config.default_fs_type):
                 return pb.GetCapacityResponse(available_capacity=0)
-        cap_info = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
+        try:
+            cap_info = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
+        except VolumeGroupNotFound as err:
+            # A query, not a change: a node without its VG or pool has room for
+            # nothing. An error here would leave external-provisioner's last
+            # CSIStorageCapacity (possibly positive) in place, and the scheduler
+            # would keep sending volumes to this node.
+            log.warning("GetCapacity: %s; reporting 0", err.message)
+            return pb.GetCapacityResponse(available_capacity=0)
         resp = pb.GetCapacityResponse(available_capacity=cap_info.available)
         resp.maximum_volume_size.value = cap_info.available
         resp.minimum_volume_size.value = cap_info.extent_size
@@ -310,7 +321,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ControllerExpandVolume(
         self, request: pb.ControllerExpandVolumeRequest, context: grpc.ServicerContext
     ) -> pb.ControllerExpandVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         if not request.HasField("capacity_range"):
             raise InvalidArgument("capacity_range is required")
         if self.config.node_expansion_only:
@@ -345,7 +356,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
-        source_id = v.required(request.source_volume_id, "source_volume_id")
+        source_id = v.object_id(request.source_volume_id, "source_volume_id")
         name = v.required(request.name, "name")
         v.parameters(request.parameters)
         snapshot_id = vols.snapshot_id_for(name)
@@ -359,24 +370,47 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     )
                 return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(existing))
             with self.ctx.locks.hold(_vol_lock(source_id)):
-                self._get_volume(source_id)
+                source_lv = self._get_volume(source_id)
                 tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
                         vols.Source("volume", source_id).tag()]
-                staging = self.ctx.state.get(source_id).staging
-                if staging is not None and staging.access_type == "mount":
-                    # A clean snapshot, not merely crash-consistent: LVM suspends the
-                    # thin origin with device-mapper's lockfs, which freezes the file
-                    # system (freeze_super, as fsfreeze does) for the instant of the
-                    # snapshot and thaws it on resume. An fsfreeze of our own beforehand
-                    # makes that suspend fail with EBUSY, so only sync first, to keep
-                    # the freeze short.
-                    self.ctx.fs.sync(staging.path)
-                lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
+                self._flush_if_mounted(source_id)
+                # A thin snapshot shares blocks now but may own all of them once the
+                # origin is rewritten, so it counts against the pool like a volume
+                # of its size, checked and created under the same pool lock.
+                with self.ctx.locks.hold(POOL_LOCK):
+                    self._check_room(source_lv.size)
+                    lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
+                                               writable_volume=False)
         return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
+
+    def _flush_if_mounted(self, volume_id: str) -> None:
+        """Commit a staged file system's dirty state before a thin snapshot of it
+        (CreateSnapshot, and CreateVolume cloning a volume).
+
+        LVM suspends the thin origin with device-mapper's lockfs for the instant
+        of the snapshot, but that alone is not enough: a btrfs clone taken after
+        an fsync, with the fsync's log tree not yet committed, fails to mount
+        ("parent transid verify failed ... failed to read log tree"). syncfs
+        commits the journal or the transaction first. An fsfreeze of our own around lvcreate is not possible: LVM's
+        suspend of a frozen thin origin fails with EBUSY on this kernel.
+        """
+        staging = self.ctx.state.get(volume_id).staging
+        if staging is not None and staging.access_type == "mount":
+            self.ctx.fs.sync(staging.path)
+
+    def _check_room(self, size: int, vg: VolumeGroup | None = None) -> None:
+        """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool (hold POOL_LOCK)."""
+        cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio, vg)
+        if size > cap.available:
+            raise ResourceExhausted(
+                f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "
+                f"{cap.available} bytes, {size} requested "
+                f"(over-provisioning ratio {self.config.overprovision_ratio})"
+            )
 
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:
-        snapshot_id = v.required(request.snapshot_id, "snapshot_id")
+        snapshot_id = v.object_id(request.snapshot_id, "snapshot_id")
         if not vols.is_snapshot_id(snapshot_id):
             return pb.DeleteSnapshotResponse()
         with self.ctx.locks.hold(_vol_lock(snapshot_id)):
@@ -404,7 +438,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def GetSnapshot(self, request: pb.GetSnapshotRequest,
                     context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
-        snapshot_id = v.required(request.snapshot_id, "snapshot_id")
+        snapshot_id = v.object_id(request.snapshot_id, "snapshot_id")
         return pb.GetSnapshotResponse(snapshot=self._snapshot_message(
             self._get_snapshot(snapshot_id)))
 

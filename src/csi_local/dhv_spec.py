@@ -23,13 +23,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from csi_local import fsrules
+
 PLUGIN_ID = "csi-local-dhv"
 CONFIG_SUFFIX = ".json"
 DEFAULT_LOCK_DIR = "/run/lock/csi-local"  # the CSI plugin's default: shared locks
 DEFAULT_SIZE = 1 << 30
 DEFAULT_TIMEOUT = 55.0  # Nomad kills create/delete after 60 s
-FS_TYPES = ("ext4", "xfs", "btrfs")
-FS_MIN_SIZE = {"xfs": 300 << 20, "btrfs": 128 << 20}
+FS_TYPES = fsrules.SUPPORTED_FS
+FS_MIN_SIZE = fsrules.MIN_SIZE
 OPERATIONS = ("fingerprint", "create", "delete")
 
 LV_PREFIX = "dhv-"
@@ -49,11 +51,6 @@ _INT_RE = re.compile(r"^[0-9]{1,20}$")
 _SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _LVM_NAME_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
-_MOUNT_OPT_CHARS = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=_-.:/+@"
-)
-# Options that would turn `mount DEV DIR` into some other operation.
-_FORBIDDEN_MOUNT_OPTS = frozenset({"remount", "bind", "rbind", "move", "X-mount.mkdir"})
 PARAMETERS = ("fs_type", "mount_options")
 
 
@@ -136,13 +133,11 @@ def _bytes(env: Mapping[str, str], key: str) -> int:
 
 
 def parse_mount_options(text: str) -> tuple[str, ...]:
-    opts = tuple(o.strip() for o in text.split(",") if o.strip())
-    for opt in opts:
-        if not set(opt) <= _MOUNT_OPT_CHARS or opt.startswith("-"):
-            raise DhvError(f"invalid mount option {opt!r}")
-        if opt.split("=", 1)[0] in _FORBIDDEN_MOUNT_OPTS:
-            raise DhvError(f"mount option {opt!r} is not allowed")
-    return opts
+    opts = [o.strip() for o in text.split(",") if o.strip()]
+    try:
+        return tuple(fsrules.check(opts))
+    except fsrules.MountOptionError as err:
+        raise DhvError(str(err)) from None
 
 
 def parse_parameters(raw: str) -> Parameters:

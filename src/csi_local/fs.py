@@ -8,20 +8,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from csi_local import mounts
+from csi_local import fsrules, mounts
 from csi_local.errors import CommandError, FailedPrecondition, InvalidArgument
 from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FS = ("ext4", "xfs", "btrfs")
+SUPPORTED_FS = fsrules.SUPPORTED_FS
 _MKFS = {
     "ext4": ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1"],
     "xfs": ["mkfs.xfs", "-q", "-K"],
     "btrfs": ["mkfs.btrfs", "-q", "-K"],
 }
-# Mount flags a CO may pass; anything else is refused rather than handed to mount.
-_FLAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=_-.,:/+@")
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,11 @@ class Usage:
 
 
 def check_mount_flags(flags: Sequence[str]) -> list[str]:
-    for flag in flags:
-        if not flag or not set(flag) <= _FLAG_CHARS or flag.startswith("-"):
-            raise InvalidArgument(f"invalid mount flag {flag!r}")
-    return list(flags)
+    """The CO's mount flags as single options; INVALID_ARGUMENT per fsrules' rule."""
+    try:
+        return fsrules.check(flags)
+    except fsrules.MountOptionError as err:
+        raise InvalidArgument(f"mount flag refused: {err}") from None
 
 
 class Filesystems:
@@ -67,6 +66,46 @@ class Filesystems:
             return values.get("PTTYPE", "unknown"), False
         return fs, False
 
+    def ensure_filesystem(self, device: str, fs_type: str, *, fresh: bool,
+                          name: str = "") -> str:
+        """The file system on `device`, made with mkfs only if the volume was never used.
+
+        The one rule for formatting, shared by the CSI and host volume plugins:
+        only a volume that has never been handed out (`fresh`) is ever
+        formatted. Anything else without a recognisable file system may hold a
+        raw block device's data, or blkid may simply have failed to read it
+        (blkid exits 2 for "nothing found" and for an unreadable device alike),
+        so it is refused without a single write. A fresh volume that carries
+        stray signatures is wiped first; one that cannot be read is refused.
+        """
+        what = name or device
+        found, ambivalent = self.probe(device)
+        if ambivalent:
+            if not fresh:
+                raise FailedPrecondition(
+                    f"volume {what} carries conflicting signatures and has been used before; "
+                    "refusing to format it (inspect it with blkid/wipefs)"
+                )
+            log.warning("wiping stray signatures on never-used volume %s", what)
+            self.wipe(device)
+            found = None
+        if found is None:
+            if not fresh:
+                raise FailedPrecondition(
+                    f"volume {what} has no recognisable file system but has been used before "
+                    "(as a raw block device, or its file system is damaged); refusing to "
+                    f"format it as {fs_type}: its data is left untouched"
+                )
+            _check_readable(device)
+            self.mkfs(device, fs_type)
+            return fs_type
+        if found != fs_type:
+            raise FailedPrecondition(
+                f"volume {what} holds a {found} file system, but {fs_type} was requested; "
+                "it is left untouched"
+            )
+        return found
+
     def wipe(self, device: str) -> None:
         self.runner.run(["wipefs", "--all", device])
 
@@ -78,6 +117,13 @@ class Filesystems:
     def mount(self, device: str, target: str, fs_type: str, flags: Sequence[str]) -> None:
         argv = ["mount", "-t", fs_type]
         opts = check_mount_flags(flags)
+        if fs_type == "xfs" and "nouuid" not in opts:
+            # Restores and clones carry their origin's UUID, and the kernel refuses a
+            # second xfs with a mounted one's UUID; the origin is on this node, often
+            # mounted. A new UUID is not an option: xfs_admin -U refuses a snapshot's
+            # dirty log (and exits 0). nouuid is what xfs provides for snapshots, and
+            # every xfs is mounted with it, so the order of mounts never matters.
+            opts.append("nouuid")
         if opts:
             argv += ["-o", ",".join(opts)]
         self.runner.run([*argv, device, target])
@@ -120,6 +166,18 @@ class Filesystems:
             self.runner.run(["umount", target])
         raise FailedPrecondition(f"{target} is still mounted after repeated umount")
 
+    def new_fsid(self, device: str, fs_type: str) -> None:
+        """Give an unmounted clone's file system an identity of its own.
+
+        btrfs (before 6.7's temp-fsid) takes a device with a mounted file
+        system's fsid for another device of that file system and refuses to
+        mount it; btrfstune -m sets a new fsid through metadata_uuid, without
+        rewriting every block. ext4 mounts duplicates; xfs is mounted with
+        nouuid (see mount), as xfs_admin cannot change a snapshot's UUID.
+        """
+        if fs_type == "btrfs":
+            self.runner.run(["btrfstune", "-f", "-m", device])
+
     def grow(self, device: str, mount_point: str, fs_type: str) -> None:
         if fs_type == "ext4":
             self.runner.run(["resize2fs", device])
@@ -151,6 +209,18 @@ class Filesystems:
     def sync(self, mount_point: str) -> None:
         """syncfs: flush the file system's dirty data (shortens a following freeze)."""
         self.runner.run(["sync", "--file-system", mount_point])
+
+
+def _check_readable(device: str, length: int = 1 << 20) -> None:
+    """Read the start of `device`: blkid's "nothing found" is trusted only when
+    the device can really be read."""
+    try:
+        with open(device, "rb", buffering=0) as f:
+            f.read(length)
+    except OSError as err:
+        raise FailedPrecondition(
+            f"cannot read {device} ({err.strerror}); refusing to format it"
+        ) from err
 
 
 def block_device_size(device: str) -> int:

@@ -12,7 +12,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import Config
 from csi_local.errors import CsiError
-from csi_local.lvm import Lvm
+from csi_local.lvm import Lvm, VolumeGroupNotFound
 
 log = logging.getLogger(__name__)
 Cap = pb.PluginCapability
@@ -22,7 +22,7 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
     def __init__(self, config: Config, lvm: Lvm) -> None:
         self.config = config
         self.lvm = lvm
-        self._last_reason: str | None = None
+        self._last_status: tuple[bool, str | None] | None = None
 
     def GetPluginInfo(
         self, request: pb.GetPluginInfoRequest, context: grpc.ServicerContext
@@ -41,23 +41,49 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
         ]
         return pb.GetPluginCapabilitiesResponse(capabilities=caps)
 
-    def not_ready_reason(self) -> str | None:
-        """Why the plugin cannot serve volumes now, or None when it can."""
+    def pool_status(self) -> tuple[bool, str | None]:
+        """(ready, why): whether Probe answers ready, and what to say about it.
+
+        A node without the volume group at all is ready, with nothing to
+        serve: Probe is the liveness check of the pod, and no restart makes a
+        volume group appear. Answering not ready there restarted the plugin
+        forever (livenessprobe fails /healthz on not ready) and kept
+        csi-provisioner and csi-resizer in their start-up loop, which waits
+        for ready before they serve anything (csi-lib-utils ProbeForever).
+        The copy of the plugin beside csi-resizer has no volume group by
+        design, and only answers identity and capability calls. Calls that
+        need the volume group fail on their own, as UNAVAILABLE.
+
+        A volume group without its thin pool, or with an inactive one, is a
+        storage node that is broken or still coming up: not ready.
+        """
         try:
             self.lvm.volume_group()
+        except VolumeGroupNotFound:
+            return True, (
+                f"volume group {self.lvm.vg} not found on this node: ready, but no volume can "
+                "be created or used here until it exists"
+            )
+        except CsiError as err:
+            return False, err.message
+        try:
             pool = self.lvm.thin_pool()
         except CsiError as err:
-            return err.message
+            return False, err.message
         if not pool.active:
-            return f"thin pool {self.lvm.vg}/{self.lvm.pool} is not active"
-        return None
+            return False, f"thin pool {self.lvm.vg}/{self.lvm.pool} is not active"
+        return True, None
 
     def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeResponse:
-        reason = self.not_ready_reason()
-        if reason != self._last_reason:
-            if reason is None:
+        status = self.pool_status()
+        # Logged on a change only: sidecars probe every few seconds.
+        if status != self._last_status:
+            ready, why = status
+            if why is None:
                 log.info("probe: ready")
+            elif ready:
+                log.warning("probe: %s", why)
             else:
-                log.warning("probe: not ready: %s", reason)
-            self._last_reason = reason
-        return pb.ProbeResponse(ready=BoolValue(value=reason is None))
+                log.warning("probe: not ready: %s", why)
+            self._last_status = status
+        return pb.ProbeResponse(ready=BoolValue(value=status[0]))

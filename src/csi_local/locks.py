@@ -12,19 +12,67 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Iterator
 
-from csi_local.errors import Aborted
+from csi_local.errors import Aborted, FailedPrecondition, Internal
 
 DEFAULT_LOCK_DIR = "/run/lock/csi-local"
+
+
+class LockDirError(FailedPrecondition):
+    """The lock directory or a lock file is not safely ours; the plugin must not start."""
+
+
+def _secure_directory(directory: str) -> None:
+    """Make `directory` (mode 0700, owned by this user) or check that it is.
+
+    Anyone who can create a file there could hold the "pool" lock and block
+    every create, and on hosts where /run/lock is world-writable a user who
+    made the directory first could plant symlinks. So the directory must be
+    a real directory (not a symlink), owned by us, and not open to others; an
+    existing one of ours with a looser mode (older versions made it 0755) is
+    tightened.
+    """
+    parent = os.path.dirname(directory.rstrip("/")) or "/"
+    os.makedirs(parent, exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise LockDirError(f"lock directory {directory} is not a directory (a symlink?)")
+    if st.st_uid != os.geteuid():
+        raise LockDirError(
+            f"lock directory {directory} is owned by uid {st.st_uid}, not {os.geteuid()}; "
+            "refusing to use it (remove it, or choose another --lock-dir)"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(directory, 0o700, follow_symlinks=False)
 
 
 class Locks:
     def __init__(self, directory: str = DEFAULT_LOCK_DIR, timeout: float = 120.0) -> None:
         self.directory = directory
         self.timeout = timeout
-        os.makedirs(directory, mode=0o755, exist_ok=True)
+        _secure_directory(directory)
+
+    def _open(self, key: str) -> int:
+        """The lock file for `key`: never through a symlink, mode 0600, ours."""
+        path = self._path(key)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as err:
+            raise Internal(f"cannot open lock file {path}: {err.strerror}") from err
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise Internal(f"lock file {path} is not a regular file of this user; "
+                           "refusing to use it")
+        return fd
 
     def _path(self, key: str) -> str:
         # Keys may hold any characters (CSI names); hash them into a file name.
@@ -35,7 +83,7 @@ class Locks:
     def hold(self, key: str, timeout: float | None = None) -> Iterator[None]:
         """Hold the lock for `key`; ABORTED when it stays busy past the timeout."""
         limit = self.timeout if timeout is None else timeout
-        fd = os.open(self._path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._open(key)
         try:
             deadline = time.monotonic() + limit
             delay = 0.005

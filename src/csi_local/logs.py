@@ -7,6 +7,11 @@ import logging
 import sys
 import time
 
+# The accepted values of --log-level and --log-format (and their environment
+# variables); setup_logging refuses anything else rather than guess.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -23,6 +28,12 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str) -> None:
+    # Checked before anything changes: an unknown level used to end in a
+    # traceback from logging, and an unknown format silently meant text.
+    if level not in LOG_LEVELS:
+        raise ValueError(f"unknown log level {level!r} (choose from {', '.join(LOG_LEVELS)})")
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"unknown log format {fmt!r} (choose from {', '.join(LOG_FORMATS)})")
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from csi_local.errors import CommandError, FailedPrecondition, NotFound, VolumeNotFound
+from csi_local.errors import CommandError, FailedPrecondition, Unavailable, VolumeNotFound
 
 if TYPE_CHECKING:
     from csi_local.runner import Runner
@@ -27,12 +27,18 @@ VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
 _NAME_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-/=!:#&]{1,1024}$")
 _NOT_FOUND_RE = re.compile(r"not found|Failed to find|does not exist", re.IGNORECASE)
+# `lvs VG/LV` exits 5 both for a missing LV and for a missing VG. Only the
+# first means "already gone": a missing VG (a disk not yet attached, a VG not
+# yet activated) must never make an LV look deleted.
+_VG_NOT_FOUND_RE = re.compile(r'Volume group "[^"]*" not found|Cannot process volume group',
+                              re.IGNORECASE)
 _REPORT = ("--reportformat", "json", "--units", "b", "--nosuffix", "--config",
            "report/time_format=\"%s\"")
 
 
-class VolumeGroupNotFound(NotFound):
-    """The configured VG is absent."""
+class VolumeGroupNotFound(Unavailable):
+    """The configured VG or its thin pool is absent: the node cannot serve
+    volumes now, and a CO must retry rather than forget anything."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,14 @@ def check_tag(tag: str) -> str:
     return tag
 
 
+def _vg_missing(err: CommandError) -> bool:
+    return err.returncode == 5 and bool(_VG_NOT_FOUND_RE.search(err.stderr))
+
+
 def _is_not_found(err: CommandError) -> bool:
-    return err.returncode == 5 and bool(_NOT_FOUND_RE.search(err.stderr))
+    """LVM's "no such LV"; a missing VG is never that."""
+    return (err.returncode == 5 and bool(_NOT_FOUND_RE.search(err.stderr))
+            and not _vg_missing(err))
 
 
 class Lvm:
@@ -166,18 +178,25 @@ class Lvm:
         self.vg = check_name(vg)
         self.pool = check_name(pool)
 
+    def _raise_if_vg_missing(self, err: CommandError) -> None:
+        if _vg_missing(err):
+            raise VolumeGroupNotFound(
+                f"volume group {self.vg} not found: the node cannot serve volumes until it "
+                "is back"
+            ) from err
+
     # reads -----------------------------------------------------------------
 
     def volume_group(self) -> VolumeGroup:
         try:
             out = self.runner.run(["vgs", *_REPORT, "-o", VG_FIELDS, self.vg]).stdout
         except CommandError as err:
-            if _is_not_found(err):
-                raise VolumeGroupNotFound(f"volume group {self.vg} not found") from err
+            self._raise_if_vg_missing(err)
             raise
         vgs = parse_vgs(out)
         if not vgs:
-            raise VolumeGroupNotFound(f"volume group {self.vg} not found")
+            raise VolumeGroupNotFound(f"volume group {self.vg} not found: the node cannot "
+                                      "serve volumes until it is back")
         return vgs[0]
 
     def list(self) -> list[LogicalVolume]:
@@ -185,8 +204,7 @@ class Lvm:
         try:
             out = self.runner.run(["lvs", *_REPORT, "-o", LV_FIELDS, self.vg]).stdout
         except CommandError as err:
-            if _is_not_found(err):
-                raise VolumeGroupNotFound(f"volume group {self.vg} not found") from err
+            self._raise_if_vg_missing(err)
             raise
         return parse_lvs(out)
 
@@ -197,6 +215,7 @@ class Lvm:
                 ["lvs", *_REPORT, "-o", LV_FIELDS, f"{self.vg}/{name}"]
             ).stdout
         except CommandError as err:
+            self._raise_if_vg_missing(err)
             if _is_not_found(err):
                 raise VolumeNotFound(f"logical volume {self.vg}/{name} not found") from err
             raise
@@ -215,7 +234,7 @@ class Lvm:
         try:
             lv = self.get(self.pool)
         except VolumeNotFound as err:
-            raise NotFound(f"thin pool {self.vg}/{self.pool} not found") from err
+            raise VolumeGroupNotFound(f"thin pool {self.vg}/{self.pool} not found") from err
         if not lv.is_thin_pool:
             raise FailedPrecondition(f"{self.vg}/{self.pool} is not a thin pool")
         return lv
@@ -274,10 +293,14 @@ class Lvm:
         try:
             self.runner.run(["lvremove", "--yes", f"{self.vg}/{check_name(name)}"])
         except CommandError as err:
+            self._raise_if_vg_missing(err)
             if _is_not_found(err):
                 return False
             raise
         return True
+
+    def add_tags(self, name: str, tags: Sequence[str]) -> None:
+        self.runner.run(["lvchange", *_tag_args(tags), f"{self.vg}/{check_name(name)}"])
 
     def delete_tags(self, name: str, tags: Sequence[str]) -> None:
         argv = ["lvchange"]

@@ -126,6 +126,13 @@ def mount_is_device(mount: Mount, major: int, minor: int) -> bool:
     (read-only) loop device over that node bind-mounted onto a file."""
     if (mount.major, mount.minor) == (major, minor):
         return True
+    if mount.major == 0 and mount.source.startswith("/dev/"):
+        # btrfs shows an anonymous device number (0:N) in mountinfo; its source
+        # names the device it was mounted from.
+        try:
+            return device_numbers(mount.source) == (major, minor)
+        except OSError:
+            return False
     node = mount_node(mount)
     if node is None:
         return False

@@ -23,7 +23,7 @@ from csi_local.errors import (
 )
 from csi_local.fs import block_device_size, wait_for_device
 from csi_local.lvm import LogicalVolume
-from csi_local.state import Publish, Staging
+from csi_local.state import Publish, Staging, VolumeRecord
 
 log = logging.getLogger(__name__)
 NodeCap = pb.NodeServiceCapability.RPC
@@ -63,7 +63,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodeStageVolume(self, request: pb.NodeStageVolumeRequest,
                         context: grpc.ServicerContext) -> pb.NodeStageVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         staging_path = v.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
@@ -91,20 +91,25 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 staging = self._stage_mount(lv, staging_path, cap)
             if rec.staging != staging:
                 self.ctx.state.set_staging(volume_id, staging)
-            done = [t for t in (vols.TAG_FRESH, vols.TAG_GROW_FS) if t in lv.tags]
-            if done:
-                self.ctx.lvm.delete_tags(lv.name, done)
         return pb.NodeStageVolumeResponse()
+
+    def _mark_used(self, lv: LogicalVolume) -> None:
+        """Drop the `fresh` tag before the volume is handed to anything that
+        writes: from then on it is never formatted again."""
+        if vols.TAG_FRESH in lv.tags:
+            self.ctx.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
 
     def _stage_block(self, lv: LogicalVolume, staging_path: str,
                      cap: v.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
         if not self._device_mounted_at(lv, target):
+            self._mark_used(lv)
             if not os.path.exists(target):
                 with open(target, "a"):
                     pass
             self.ctx.fs.bind(lv.path, target, readonly=False)
+        # A grow-fs tag stays for the first stage as a file system (nothing to grow here).
         return Staging(path=staging_path, access_type="block", access_mode=cap.mode)
 
     def _stage_mount(self, lv: LogicalVolume, staging_path: str,
@@ -116,32 +121,23 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             assert top is not None
             fs_type = top.fs_type
         else:
-            found, ambivalent = self.ctx.fs.probe(lv.path)
-            if ambivalent:
-                if vols.TAG_FRESH not in lv.tags:
-                    raise FailedPrecondition(
-                        f"{lv.path} carries conflicting signatures; refusing to format a "
-                        "volume that has been used"
-                    )
-                log.warning("wiping stray signatures on fresh volume %s", lv.name)
-                self.ctx.fs.wipe(lv.path)
-                found = None
-            if found is None:
-                self.ctx.fs.mkfs(lv.path, cap.fs_type)
-            elif found != cap.fs_type:
-                raise FailedPrecondition(
-                    f"volume {lv.name} holds a {found} file system, but {cap.fs_type} was "
-                    f"requested; it is left untouched"
-                )
+            fs_type = self.ctx.fs.ensure_filesystem(
+                lv.path, cap.fs_type, fresh=vols.TAG_FRESH in lv.tags, name=lv.name)
+            self._mark_used(lv)
+            if vols.TAG_NEW_FSID in lv.tags:
+                # The origin is on this node too, most likely mounted.
+                self.ctx.fs.new_fsid(lv.path, fs_type)
+                self.ctx.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
             self.ctx.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
         if vols.TAG_GROW_FS in lv.tags:
             self.ctx.fs.grow(lv.path, staging_path, fs_type)
+            self.ctx.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
         return Staging(path=staging_path, access_type="mount", fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
 
     def NodeUnstageVolume(self, request: pb.NodeUnstageVolumeRequest,
                           context: grpc.ServicerContext) -> pb.NodeUnstageVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         staging_path = v.path(request.staging_target_path, "staging_target_path")
         with self._lock(volume_id):
             rec = self.ctx.state.get(volume_id)
@@ -152,12 +148,16 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             if rec.staging is not None and rec.staging.path != staging_path:
                 raise NotFound(f"volume {volume_id} is staged at {rec.staging.path}, not "
                                f"{staging_path}")
-            lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
+            if not vols.is_volume_id(volume_id):
+                return pb.NodeUnstageVolumeResponse()  # never ours: nothing to undo
+            lv = self.ctx.lvm.find(volume_id)
             block_file = block_stage_file(staging_path, volume_id)
-            if mounts.is_mount_point(block_file):
+            block_staged = rec.staging is not None and rec.staging.access_type == "block"
+            if block_staged or (lv is not None and self._device_mounted_at(lv, block_file)):
+                # Only a file this plugin made and bound its device onto is removed.
                 self.ctx.fs.umount(block_file)
-            if os.path.isfile(block_file):
-                os.unlink(block_file)
+                if os.path.isfile(block_file) and not os.path.islink(block_file):
+                    os.unlink(block_file)
             top = mounts.top_mount(staging_path)
             if top is not None and (
                 rec.staging is not None
@@ -172,7 +172,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodePublishVolume(self, request: pb.NodePublishVolumeRequest,
                           context: grpc.ServicerContext) -> pb.NodePublishVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         target = v.path(request.target_path, "target_path")
         staging_path = v.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
@@ -191,7 +191,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 )
             want = Publish(readonly=readonly, access_mode=cap.mode)
             have = rec.publishes.get(target)
-            if have is not None and have != want:
+            # A record rebuilt from the mount table knows read-only but not the access
+            # mode (0); the CO's repeat of its request settles it.
+            rebuilt = have is not None and have.access_mode == 0 and have.readonly == readonly
+            if have is not None and have != want and not rebuilt:
                 raise AlreadyExists(f"volume {volume_id} is published at {target} differently")
             others = {t: p for t, p in rec.publishes.items() if t != target}
             if not readonly and others and (
@@ -224,8 +227,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 try:
                     self.ctx.state.add_publish(volume_id, target, want)
                 except BaseException:
-                    self.ctx.fs.umount(target)
+                    self._unmount_target(target)  # and its read-only loop device
                     raise
+            elif have != want:
+                self.ctx.state.add_publish(volume_id, target, want)
         return pb.NodePublishVolumeResponse()
 
     def _publish_block(self, lv: LogicalVolume, target: str, readonly: bool) -> None:
@@ -249,7 +254,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodeUnpublishVolume(self, request: pb.NodeUnpublishVolumeRequest,
                             context: grpc.ServicerContext) -> pb.NodeUnpublishVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
+        volume_id = v.object_id(request.volume_id, "volume_id")
         target = v.path(request.target_path, "target_path")
         with self._lock(volume_id):
             rec = self.ctx.state.get(volume_id)
@@ -270,13 +275,31 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     # stats and expansion ---------------------------------------------------
 
+    @staticmethod
+    def _volume_path(rec: VolumeRecord, raw: str) -> str:
+        """`raw` as a path this volume is staged or published at, else NOT_FOUND.
+
+        The spec's error tables for NodeGetVolumeStats and NodeExpandVolume
+        prescribe NOT_FOUND for "the volume does not exist on the specified
+        path", so a path that cannot be the volume's (relative, a symlink,
+        malformed) is NOT_FOUND as well, not INVALID_ARGUMENT.
+        """
+        try:
+            path = v.path(raw, "volume_path")
+        except InvalidArgument:
+            path = None
+        if (rec.staging is None or path is None
+                or (path != rec.staging.path and path not in rec.publishes)):
+            raise NotFound(f"volume {rec.volume_id} is not staged or published at {raw!r}")
+        return path
+
     def NodeGetVolumeStats(self, request: pb.NodeGetVolumeStatsRequest,
                            context: grpc.ServicerContext) -> pb.NodeGetVolumeStatsResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
-        path = v.path(request.volume_path, "volume_path")
+        volume_id = v.object_id(request.volume_id, "volume_id")
+        raw_path = v.required(request.volume_path, "volume_path")
         rec = self.ctx.state.get(volume_id)
-        if rec.staging is None or (path != rec.staging.path and path not in rec.publishes):
-            raise NotFound(f"volume {volume_id} is not staged or published at {path}")
+        path = self._volume_path(rec, raw_path)
+        assert rec.staging is not None
         lvs = self.ctx.lvm.list()
         lv = next((x for x in lvs if x.name == volume_id and vols.is_csi_volume(x)), None)
         pool = next((x for x in lvs if x.name == self.ctx.lvm.pool), None)
@@ -313,13 +336,13 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodeExpandVolume(self, request: pb.NodeExpandVolumeRequest,
                          context: grpc.ServicerContext) -> pb.NodeExpandVolumeResponse:
-        volume_id = v.required(request.volume_id, "volume_id")
-        path = v.path(request.volume_path, "volume_path")
+        volume_id = v.object_id(request.volume_id, "volume_id")
+        raw_path = v.required(request.volume_path, "volume_path")
         with self._lock(volume_id):
             lv = self._volume(volume_id)
             rec = self.ctx.state.get(volume_id)
-            if rec.staging is None or (path != rec.staging.path and path not in rec.publishes):
-                raise NotFound(f"volume {volume_id} is not staged or published at {path}")
+            self._volume_path(rec, raw_path)
+            assert rec.staging is not None
             if request.HasField("capacity_range"):
                 lv = grow_volume(self.ctx, lv, request.capacity_range)
             if rec.staging.access_type == "mount":

@@ -20,6 +20,7 @@ from csi_local._gen import csi_pb2_grpc
 from csi_local.backing import ensure_backing
 from csi_local.config import Config
 from csi_local.errors import CsiError
+from csi_local.locks import LockDirError
 from csi_local.plugin import Plugin
 from csi_local.state import StateLocked
 
@@ -113,7 +114,7 @@ def serve(config: Config) -> None:
         ensure_backing(config)
     try:
         plugin = Plugin(config)
-    except StateLocked as err:
+    except (StateLocked, LockDirError) as err:
         raise ServerError(str(err)) from None
     server = build_server(plugin, path)
     stop = threading.Event()

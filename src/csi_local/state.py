@@ -95,9 +95,13 @@ def _to_json(rec: VolumeRecord) -> dict[str, object]:
     return out
 
 
-def _from_json(volume_id: str, data: dict[str, object]) -> VolumeRecord:
+def _from_json(volume_id: str, data: object) -> VolumeRecord:
+    if not isinstance(data, dict):
+        raise ValueError(f"record of {volume_id!r} is not a map")
     staging = None
     raw = data.get("staging")
+    if raw is not None and not isinstance(raw, dict):
+        raise ValueError(f"staging of {volume_id!r} is not a map")
     if isinstance(raw, dict):
         staging = Staging(
             path=str(raw["path"]),
@@ -110,21 +114,27 @@ def _from_json(volume_id: str, data: dict[str, object]) -> VolumeRecord:
     pubs_raw = data.get("publishes", {})
     if not isinstance(pubs_raw, dict):
         raise ValueError("publishes is not a map")
-    pubs = {
-        str(t): Publish(readonly=bool(p["readonly"]), access_mode=int(p.get("access_mode", 0)))
-        for t, p in pubs_raw.items()
-    }
+    pubs = {}
+    for t, p in pubs_raw.items():
+        if not isinstance(p, dict):
+            raise ValueError(f"publish {t!r} of {volume_id!r} is not a map")
+        pubs[str(t)] = Publish(readonly=bool(p["readonly"]),
+                               access_mode=int(p.get("access_mode", 0)))
     return VolumeRecord(volume_id, staging, pubs)
 
 
 def parse(text: str) -> dict[str, VolumeRecord]:
+    """Records from the file's text; ValueError for anything not of our shape
+    (valid JSON of another shape included), so that it is set aside and rebuilt."""
     data = json.loads(text)
-    if not isinstance(data, dict) or data.get("version") != VERSION:
+    if not isinstance(data, dict):
+        raise ValueError(f"state is a JSON {type(data).__name__}, not an object")
+    if data.get("version") != VERSION:
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     vols = data.get("volumes", {})
     if not isinstance(vols, dict):
         raise ValueError("volumes is not a map")
-    return {vid: _from_json(vid, rec) for vid, rec in vols.items()}
+    return {str(vid): _from_json(str(vid), rec) for vid, rec in vols.items()}
 
 
 def render(records: dict[str, VolumeRecord]) -> str:
@@ -162,6 +172,7 @@ class StateStore:
         self,
         directory: str,
         rebuild: Callable[[], dict[str, VolumeRecord]] | None = None,
+        reconcile: Callable[[dict[str, VolumeRecord]], dict[str, VolumeRecord]] | None = None,
     ) -> None:
         self.directory = directory
         self.path = os.path.join(directory, STATE_FILE)
@@ -180,20 +191,24 @@ class StateStore:
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         self._mutex = threading.RLock()
-        self._records = self._load(rebuild)
+        self._records = self._load(rebuild, reconcile)
         self._remove_stale_temps()
 
     def _load(
-        self, rebuild: Callable[[], dict[str, VolumeRecord]] | None
+        self,
+        rebuild: Callable[[], dict[str, VolumeRecord]] | None,
+        reconcile: Callable[[dict[str, VolumeRecord]], dict[str, VolumeRecord]] | None,
     ) -> dict[str, VolumeRecord]:
         try:
             with open(self.path, encoding="utf-8") as f:
-                return parse(f.read())
+                records = parse(f.read())
         except FileNotFoundError:
             reason = "missing"
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             reason = f"corrupt ({err})"
             os.replace(self.path, self.path + ".corrupt")
+        else:
+            return self._reconciled(records, reconcile)
         if rebuild is None:
             return {}
         records = rebuild()
@@ -203,6 +218,24 @@ class StateStore:
         )
         write_atomic(self.path, render(records))
         return records
+
+    def _reconciled(
+        self,
+        records: dict[str, VolumeRecord],
+        reconcile: Callable[[dict[str, VolumeRecord]], dict[str, VolumeRecord]] | None,
+    ) -> dict[str, VolumeRecord]:
+        if reconcile is None:
+            return records
+        kept = reconcile(records)
+        if kept != records:
+            dropped = sorted(vid for vid in records if kept.get(vid) != records[vid])
+            log.warning(
+                "state file %s named stagings or publishes that are no longer mounted "
+                "(a reboot?); dropped them for %d volume(s): %s",
+                self.path, len(dropped), ", ".join(dropped),
+            )
+            write_atomic(self.path, render(kept))
+        return kept
 
     def _remove_stale_temps(self) -> None:
         prefix = STATE_FILE + ".tmp."

@@ -23,8 +23,10 @@ READ_ONLY_MODES = frozenset({pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_O
 # Keys the CO adds on its own (Kubernetes' external-provisioner and -snapshotter).
 CO_PARAMETER_PREFIXES = ("csi.storage.k8s.io/",)
 DEFAULT_SIZE = 1 << 30
-XFS_MIN_SIZE = 300 << 20
 MAX_PATH = 4096
+MAX_ID_BYTES = 128
+# System trees no staging or target path may lie in (or resolve into).
+FORBIDDEN_TREES = ("/dev", "/proc", "/sys", "/etc")
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,20 @@ def required(value: str, field: str) -> str:
     return value
 
 
-def path(value: str, field: str) -> str:
-    """An absolute, normalised path with no NUL, "..", or oversize."""
+def object_id(value: str, field: str) -> str:
+    """A volume or snapshot ID as a CO sends it, checked before any lock, path
+    or command sees it: at most 128 bytes (the spec's limit), no NUL, no
+    control characters, no "/" and not "." or "..", so that no ID can ever
+    name a path outside the directory it is joined to."""
+    required(value, field)
+    if (len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES or value in (".", "..")
+            or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+        raise InvalidArgument(f"{field} {value[:140]!r} is not a valid ID")
+    return value
+
+
+def lexical_path(value: str, field: str) -> str:
+    """An absolute, normalised path with no NUL, "..", or oversize (no file-system look-up)."""
     required(value, field)
     if "\x00" in value or len(value) > MAX_PATH:
         raise InvalidArgument(f"{field} is not a valid path")
@@ -55,6 +69,25 @@ def path(value: str, field: str) -> str:
     if ".." in value.split("/"):
         raise InvalidArgument(f"{field} must not contain '..'")
     return os.path.normpath(value)
+
+
+def path(value: str, field: str) -> str:
+    """A staging or target path, as the kernel will see it.
+
+    mount(8) follows symlinks while the mount table shows resolved paths, so
+    a path is used resolved: symlinked parents (a /var/lib/kubelet that is a
+    link, say) resolve, and mounts and their bookkeeping agree. A path that is
+    itself a symlink is refused, as is anything that resolves into /dev, /proc,
+    /sys or /etc, or to "/": a CO never hands those, an attacker would.
+    """
+    lexical = lexical_path(value, field)
+    if os.path.islink(lexical):
+        raise InvalidArgument(f"{field} {lexical} is a symbolic link; refusing to use it")
+    real = os.path.realpath(lexical)
+    if real == "/" or any(real == p or real.startswith(p + "/") for p in FORBIDDEN_TREES):
+        raise InvalidArgument(f"{field} {lexical} resolves to {real}, where volumes are "
+                              "never mounted")
+    return real
 
 
 def fs_available(fs_type: str) -> bool:

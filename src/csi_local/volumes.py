@@ -27,6 +27,9 @@ TAG_SOURCE = "csi-local.source"  # "volume:<id>" or "snapshot:<id>"
 TAG_SIZE = "csi-local.size"  # the size CreateVolume settled on, for convergent retries
 TAG_FRESH = "csi-local.fresh"  # never staged: stray signatures may be wiped
 TAG_GROW_FS = "csi-local.grow-fs"  # grown past its source: grow the fs at first stage
+# A clone or restore: its file system has its source's UUID, which xfs and
+# btrfs refuse to mount twice; a new one is given at the first mount stage.
+TAG_NEW_FSID = "csi-local.new-fsid"
 
 
 def _digest(name: str) -> str:

@@ -4,6 +4,8 @@ collect what they pass to the plugin."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "kubernetes"
 NOMAD_DIR = REPO / "deploy" / "nomad"
+CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 
 DRIVER = "lvm.csi-local.dev"
 TOPOLOGY_KEY = "topology.lvm.csi-local.dev/node"
@@ -101,6 +104,30 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
                 inv.env[e["name"]] = e.get("value")
             assert "envFrom" not in c, "list plugin env vars explicitly so they can be checked"
             yield inv
+
+
+def run_lvm(system_dir: Path, *command: str, lvmlocal: str | None = None,
+            devices: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`lvm COMMAND...` (lvmconfig, lvmdevices: commands that only read) with
+    the image's lvm.conf as lvm.conf, `lvmlocal` as lvmlocal.conf and
+    `devices` as the devices file, all in `system_dir` (LVM_SYSTEM_DIR), the
+    way the deployments lay them out in /etc/lvm."""
+    lvm = shutil.which("lvm") or shutil.which("lvm", path="/usr/sbin:/sbin")
+    assert lvm, "lvm not found (apt-get install lvm2)"
+    shutil.copy(CONTAINER_LVM_CONF, system_dir / "lvm.conf")
+    local = system_dir / "lvmlocal.conf"
+    local.unlink(missing_ok=True)
+    if lvmlocal is not None:
+        local.write_text(lvmlocal)
+    devices_file = system_dir / "devices" / "system.devices"
+    devices_file.unlink(missing_ok=True)
+    if devices is not None:
+        devices_file.parent.mkdir(exist_ok=True)
+        devices_file.write_text(devices)
+    env = {"LVM_SYSTEM_DIR": str(system_dir), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+           "LVM_SUPPRESS_FD_WARNINGS": "1"}
+    return subprocess.run([lvm, *command], capture_output=True, text=True, timeout=60,
+                          env=env, check=False)
 
 
 # --- Nomad -----------------------------------------------------------------

@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-from tests.deploy._deploy import REPO
+from tests.deploy._deploy import REPO, run_lvm
 
 DOCKERFILE = REPO / "Dockerfile"
 LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
@@ -108,3 +108,28 @@ def test_dockerignore_keeps_build_inputs() -> None:
     assert lines[0] == "*"
     for needed in ("!pyproject.toml", "!src/", "!deploy/container/"):
         assert needed in lines, needed
+
+
+DEVICES_FILE = ("# LVM uses devices listed in this file.\nVERSION=1.1.1\n"
+                "IDTYPE=devname IDNAME=/dev/csilocal-test0 DEVNAME=/dev/csilocal-test0 "
+                "PVID=abcdefABCDEF0123456789abcdefABCD PART=0\n")
+
+
+def test_container_lvm_conf_follows_the_hosts_device_selection() -> None:
+    s = _lvm_conf()
+    assert s["devices/use_devicesfile"] == "1"
+    assert s["devices/multipath_component_detection"] == "1"
+    assert s["devices/multipath_wwids_file"] == '"/etc/multipath/wwids"'
+    assert s["devices/md_component_detection"] == "1"
+    # the host's filters come from lvmlocal.conf; none are invented here
+    assert "devices/filter" not in s and "devices/global_filter" not in s
+
+
+def test_container_lvm_uses_a_hosts_devices_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With the host's /etc/lvm/devices mounted, LVM in the container uses
+    the devices file where the host has one, and none where it has none."""
+    r = run_lvm(tmp_path, "lvmdevices", devices=DEVICES_FILE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "IDNAME=/dev/csilocal-test0" in r.stdout
+    r = run_lvm(tmp_path, "lvmdevices")
+    assert r.returncode != 0 and "Devices file does not exist" in r.stderr, r.stderr

@@ -15,10 +15,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.deploy._deploy import REPO
+from tests.deploy._deploy import REPO, container, one
 from tests.deploy.conftest import in_ci
 
 pytestmark = pytest.mark.image
@@ -130,13 +131,13 @@ def test_serve_help_lists_env(ctr: str) -> None:
         assert name in r.stdout
 
 
-# Start the server on a volume group that does not exist, wait until
+# Start the server with the settings given as NAME=VALUE arguments (its
+# environment), on a socket, state and lock directory of its own; wait until
 # `csi-local probe` gets an answer, stop the server.
 SERVE_AND_PROBE = r"""
 set -u
 d=$(mktemp -d)
-csi-local serve --endpoint "unix://$d/csi.sock" --node-id image-test \
-    --volume-group csilocal_image_test_missing --thin-pool pool \
+env "$@" csi-local serve --endpoint "unix://$d/csi.sock" \
     --state-dir "$d/state" --lock-dir "$d/lock" >"$d/serve.log" 2>&1 &
 pid=$!
 rc=1
@@ -156,11 +157,82 @@ exit $rc
 """
 
 
-def test_server_answers_probe(ctr: str) -> None:
-    r = run_in(ctr, "sh", "-c", SERVE_AND_PROBE, timeout=180, check=False)
+MISSING_VG = "csilocal_image_test_missing"
+
+
+def serve_and_probe(ctr: str, env: dict[str, str]) -> tuple[dict[str, object], str]:
+    """Probe's answer and the server's log."""
+    r = run_in(ctr, "sh", "-c", SERVE_AND_PROBE, "sh",
+               *(f"{k}={v}" for k, v in env.items()), timeout=180, check=False)
     assert r.returncode == 0, f"probe never answered:\n{r.stdout}\n{r.stderr}"
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("PROBE "))
-    answer = json.loads(line.removeprefix("PROBE "))
-    # The RPC answered, and LVM inside the image ran and reported the
-    # volume group missing (rather than hanging on udev or locks).
-    assert answer["ready"] is False, answer
+    return json.loads(line.removeprefix("PROBE ")), r.stdout.split("--- serve log", 1)[1]
+
+
+def test_server_answers_probe(ctr: str) -> None:
+    answer, log = serve_and_probe(ctr, {"NODE_ID": "image-test",
+                                        "CSI_LOCAL_VOLUME_GROUP": MISSING_VG,
+                                        "CSI_LOCAL_THIN_POOL": "pool"})
+    # The RPC answered, and LVM inside the image ran and reported the volume
+    # group missing (rather than hanging on udev or locks). A node without
+    # the volume group is ready, with nothing to serve: not ready would make
+    # the liveness probe restart the plugin forever.
+    assert f"volume group {MISSING_VG} not found on this node" in log, log
+    assert answer["ready"] is True, answer
+
+
+def _manifest_env(c: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the manifests give it, on this machine."""
+    config = one("ConfigMap", "csi-local-config")["data"]
+    env = {}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "configMapKeyRef" in e["valueFrom"]:
+            env[e["name"]] = config[e["valueFrom"]["configMapKeyRef"]["key"]]
+        else:
+            assert e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", e
+            env[e["name"]] = "image-test"
+    return env
+
+
+def test_resizer_copy_is_ready_without_a_volume_group(ctr: str) -> None:
+    """The plugin beside csi-resizer, started as resizer.yaml starts it
+    (--node-expansion-only, no volume group): csi-resizer waits for Probe to
+    say ready before it serves the health endpoint its liveness probe asks."""
+    env = _manifest_env(container(one("Deployment", "csi-local-resizer"), "csi-local"))
+    assert env["CSI_LOCAL_NODE_EXPANSION_ONLY"] == "true"
+    env["CSI_LOCAL_VOLUME_GROUP"] = MISSING_VG  # whatever this machine has
+    answer, log = serve_and_probe(ctr, env)
+    assert answer["ready"] is True, (answer, log)
+
+
+# What the node DaemonSet (and the Nomad job) mount from the host, for LVM in
+# the image: a devices file in /etc/lvm/devices and the device filters as
+# /etc/lvm/lvmlocal.conf. The image's own files are put back afterwards.
+HOST_DEVICE_SELECTION = r"""
+set -eu
+mkdir -p /etc/lvm/devices
+cp -p /etc/lvm/lvmlocal.conf /tmp/lvmlocal.conf.image
+restore() {
+    rm -f /etc/lvm/devices/system.devices
+    mv /tmp/lvmlocal.conf.image /etc/lvm/lvmlocal.conf
+}
+trap restore EXIT
+printf '%s' "$1" >/etc/lvm/devices/system.devices
+printf '%s' "$2" >/etc/lvm/lvmlocal.conf
+lvmconfig --validate
+echo "--- devices"; lvm lvmdevices 2>&1
+echo "--- filter"; lvmconfig devices/global_filter
+"""
+
+
+def test_container_lvm_follows_the_hosts_device_selection(ctr: str) -> None:
+    devices = ("VERSION=1.1.1\nIDTYPE=devname IDNAME=/dev/csilocal-test0 "
+               "DEVNAME=/dev/csilocal-test0 PVID=abcdefABCDEF0123456789abcdefABCD PART=0\n")
+    local = 'devices {\n  global_filter = [ "r|^/dev/sdb$|" ]\n}\n'
+    r = run_in(ctr, "sh", "-c", HOST_DEVICE_SELECTION, "sh", devices, local)
+    after_devices = r.stdout.split("--- devices", 1)[1]
+    # the host's devices file is the one LVM uses, the host's filter too
+    assert "IDNAME=/dev/csilocal-test0" in after_devices, r.stdout
+    assert 'global_filter="r|^/dev/sdb$|"' in r.stdout.split("--- filter", 1)[1], r.stdout

@@ -3,6 +3,7 @@ properties csi-local depends on."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -10,6 +11,8 @@ import pytest
 
 from tests.deploy._deploy import (
     DRIVER,
+    PLUGIN_IMAGE_RE,
+    REPO,
     SIDECAR_IMAGES,
     TOPOLOGY_KEY,
     all_docs,
@@ -19,6 +22,7 @@ from tests.deploy._deploy import (
     manifest_files,
     one,
     pod_spec,
+    run_lvm,
 )
 
 # Oldest Kubernetes release this deployment supports; kubernetes-validate
@@ -325,3 +329,78 @@ def test_namespaced_objects_share_one_namespace() -> None:
 def test_topology_key_matches_plugin_contract() -> None:
     text = "\n".join(p.read_text() for p in manifest_files())
     assert TOPOLOGY_KEY in text  # restore example pins to the origin's node by this key
+
+
+# --- node set, SELinux, host device selection ---------------------------------
+
+STORAGE_NODE_LABEL = "lvm.csi-local.dev/storage-node"
+
+
+def test_node_plugin_runs_on_labelled_nodes_only() -> None:
+    """A node without the VG must not get the plugin at all: the node set is
+    explicit, and the docs say how a node joins it."""
+    spec = pod_spec(one("DaemonSet", "csi-local-node"))
+    assert spec.get("nodeSelector") == {STORAGE_NODE_LABEL: "true"}
+    assert "affinity" not in spec  # the one place that decides is the nodeSelector
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    assert f"kubectl label node <node> {STORAGE_NODE_LABEL}=true" in docs
+
+
+def test_sidecars_beside_a_privileged_plugin_are_privileged() -> None:
+    """On SELinux-enforcing nodes a confined container cannot use the socket a
+    privileged one made (csi-driver-host-path runs its sidecars privileged
+    for this reason)."""
+    checked = []
+    for _, doc in all_docs():
+        if doc["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        containers = pod_spec(doc)["containers"]
+        plugins = [c for c in containers if PLUGIN_IMAGE_RE.match(c["image"])]
+        assert len(plugins) == 1, doc["metadata"]["name"]
+        plugin_privileged = plugins[0].get("securityContext", {}).get("privileged") is True
+        for c in containers:
+            if c is plugins[0]:
+                continue
+            privileged = c.get("securityContext", {}).get("privileged") is True
+            if plugin_privileged:
+                assert privileged, f"{doc['metadata']['name']}/{c['name']} is not privileged"
+            checked.append((doc["metadata"]["name"], c["name"], privileged))
+    assert ("csi-local-node", "csi-provisioner", True) in checked
+    assert ("csi-local-node", "liveness-probe", True) in checked
+    # both unprivileged: same SELinux type and level, nothing to widen
+    assert ("csi-local-resizer", "csi-resizer", False) in checked
+
+
+def _volume(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in pod_spec(workload)["volumes"] if v["name"] == name)
+
+
+def test_node_plugin_honours_the_hosts_device_selection() -> None:
+    """The host's devices file, multipath WWIDs and (copied) filters reach
+    the container's LVM, where deploy/container/lvm.conf makes it use them."""
+    ds = one("DaemonSet", "csi-local-node")
+    mounts = _mounts(container(ds, "csi-local"))
+    devices = mounts["/etc/lvm/devices"]
+    assert _host_path(ds, devices["name"]) == "/etc/lvm/devices"
+    assert not devices.get("readOnly")  # LVM updates the devices file
+    multipath = mounts["/etc/multipath"]
+    assert _host_path(ds, multipath["name"]) == "/etc/multipath"
+    assert multipath.get("readOnly") is True
+    local = mounts["/etc/lvm/lvmlocal.conf"]
+    assert local.get("readOnly") is True
+    source = _volume(ds, local["name"])["configMap"]
+    item = next(i for i in source["items"] if i["path"] == local["subPath"])
+    assert source["name"] == "csi-local-config"
+    assert item["key"] in one("ConfigMap", "csi-local-config")["data"]
+
+
+def test_configmap_lvmlocal_conf_is_valid_lvm_config(tmp_path: Path) -> None:
+    """What the ConfigMap mounts beside the image's lvm.conf is accepted by
+    LVM (config/checks=1 rejects unknown settings), and a filter written
+    there the way the docs say is the one LVM uses."""
+    data = one("ConfigMap", "csi-local-config")["data"]["lvmlocal.conf"]
+    r = run_lvm(tmp_path, "lvmconfig", "--validate", lvmlocal=data)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with_filter = data.replace("devices {", 'devices {\n  global_filter = [ "r|^/dev/sdb$|" ]', 1)
+    r = run_lvm(tmp_path, "lvmconfig", "devices/global_filter", lvmlocal=with_filter)
+    assert r.stdout.strip() == 'global_filter="r|^/dev/sdb$|"', r.stdout + r.stderr

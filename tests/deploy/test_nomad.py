@@ -13,11 +13,13 @@ import pytest
 
 from tests.deploy._deploy import (
     NOMAD_DIR,
+    REPO,
     TOPOLOGY_KEY,
     blocks,
     labelled,
     load_hcl,
     nomad_plugin_tasks,
+    run_lvm,
     unquote,
 )
 
@@ -272,3 +274,33 @@ def test_host_volume_uses_dhv_plugin() -> None:
     params = blocks(doc, "parameters")[0]
     assert set(keys(params)) <= {"fs_type", "mount_options"}
     assert unquote(params["fs_type"]) in ("ext4", "xfs", "btrfs")
+
+
+def test_plugin_task_honours_the_hosts_device_selection(tmp_path: Path) -> None:
+    """As on Kubernetes: the client's devices file and multipath WWIDs are
+    mounted, its filters come in through lvm_local_conf -> lvmlocal.conf."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    ((_, task),) = nomad_plugin_tasks(path)
+    cfg = blocks(task, "config")[0]
+    mounts = {unquote(m["target"]): m for m in blocks(cfg, "mount")}
+    assert unquote(mounts["/etc/lvm/devices"]["source"]) == "/etc/lvm/devices"
+    assert not mounts["/etc/lvm/devices"].get("readonly")  # LVM updates the devices file
+    assert unquote(mounts["/etc/multipath"]["source"]) == "/etc/multipath"
+    assert mounts["/etc/multipath"].get("readonly") is True
+    local = mounts["/etc/lvm/lvmlocal.conf"]
+    assert local.get("readonly") is True
+    (template,) = blocks(task, "template")
+    # docker bind sources that are relative are relative to the task directory,
+    # where template destinations are too
+    assert unquote(template["destination"]) == unquote(local["source"]) == "local/lvmlocal.conf"
+    assert template["data"] == "${var.lvm_local_conf}"
+    variables = dict(labelled(v) for v in blocks(load_hcl(path), "variable"))
+    default = unquote(variables["lvm_local_conf"]["default"])
+    default = default.encode().decode("unicode_escape")  # HCL's \n escapes
+    r = run_lvm(tmp_path, "lvmconfig", "--validate", lvmlocal=default)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the docs' example, passed with -var, is valid LVM configuration too
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    example = docs.split("-var='lvm_local_conf=", 1)[1].split("'", 1)[0]
+    r = run_lvm(tmp_path, "lvmconfig", "devices/global_filter", lvmlocal=example)
+    assert r.stdout.strip() == 'global_filter="r|^/dev/sdb$|"', r.stdout + r.stderr

@@ -26,7 +26,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get(RESULTS_ENV)
     if not path:
         return
-    if report.when == "call" or report.outcome != "passed":
+    # A passing teardown is sent only for what it printed (a failed test's
+    # plugin log is printed by its fixture's teardown).
+    teardown_output = report.when == "teardown" and any(
+        "teardown" in title for title, _ in report.sections)
+    if report.when == "call" or report.outcome != "passed" or teardown_output:
         longrepr = ""
         if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             longrepr = str(report.longrepr[2])
@@ -38,7 +42,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             "outcome": report.outcome,
             "longrepr": longrepr,
             "duration": report.duration,
-            "sections": [list(s) for s in report.sections],
+            "sections": [list(s) for s in report.sections
+                         if report.when != "teardown" or "teardown" in s[0]],
         }
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")

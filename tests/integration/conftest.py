@@ -290,6 +290,8 @@ def plugin(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Plugin]:
     yield p
     if _failed(request):
         print(f"--- plugin log (this test) ---\n{p.log()[log_mark:][-20000:]}")
+        kernel = run("dmesg", check=False).stdout.splitlines()[-30:]
+        print("--- kernel log (tail) ---\n" + "\n".join(kernel))
     paths = p.workdir / "paths"
     if not _reset(p):
         del _shared[vg.name]

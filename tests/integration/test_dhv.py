@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -392,3 +393,157 @@ def test_never_touches_an_lv_it_did_not_make(dhv: Dhv) -> None:
     lv = dhv.lv(vid)
     assert lv is not None and lv.size == 64 * MIB
     assert not os.path.exists(dhv.path(vid))
+
+
+# --- delete of a volume that something holds -------------------------------------
+
+
+def holds(message: str, pid: int, what: str) -> None:
+    """`message` names process `pid` (sleep) as holding the volume by `what`."""
+    pattern = rf"process {pid} \(sleep\)( in cgroup \S+)? holds it: {re.escape(what)}(;|\.)"
+    assert re.search(pattern, message), (pattern, message)
+
+
+def in_namespace(message: str, points: list[str], pid: int) -> None:
+    """`message` names the volume's mounts at `points` in the namespace of `pid`."""
+    pattern = (rf"it is mounted at {re.escape(', '.join(points))} in the mount namespace of "
+               rf"process {pid} \(sleep\)( in cgroup \S+)?(;|\.)")
+    assert re.search(pattern, message), (pattern, message)
+
+
+def assert_kept(dhv: Dhv, vid: str, lv: LogicalVolume) -> None:
+    """Delete changed nothing: mounted where Nomad expects it, data and LV intact."""
+    path = dhv.path(vid)
+    top = mounts.top_mount(path)
+    assert top is not None and mounts.mount_is_device(top, lv.kernel_major, lv.kernel_minor)
+    assert Path(path, "data").read_text() == "kept"
+    kept = dhv.lv(vid)
+    assert kept is not None and (kept.name, kept.size, kept.tags) == (lv.name, lv.size, lv.tags)
+
+
+def assert_gone(dhv: Dhv, vid: str, lv: LogicalVolume) -> None:
+    assert dhv.lv(vid) is None
+    assert not mounts.is_mount_point(dhv.path(vid)) and not os.path.exists(dhv.path(vid))
+    assert not any(mounts.mount_is_device(m, lv.kernel_major, lv.kernel_minor)
+                   for m in mounts.read_mounts())
+
+
+def create_with_data(dhv: Dhv) -> tuple[str, LogicalVolume]:
+    vid = new_id()
+    ok(dhv.call("create", vid, cap_min=64 * MIB))
+    Path(dhv.path(vid), "data").write_text("kept")
+    lv = dhv.lv(vid)
+    assert lv is not None
+    return vid, lv
+
+
+def sleeper(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    """A process that runs `argv` ending in sleep; returns once sleep runs."""
+    proc = subprocess.Popen([*argv, "sleep", "1000"], **kw)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{proc.pid}/comm").read_text().strip() != "sleep":
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_delete_refuses_a_volume_that_processes_hold(dhv: Dhv) -> None:
+    vid, lv = create_with_data(dhv)
+    path = dhv.path(vid)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(sleeper([], cwd=path))
+        with open(Path(path, "data"), "rb") as data, open(lv.path, "rb") as device:
+            procs.append(sleeper([], stdin=data))
+            procs.append(sleeper([], stdin=device))
+        message = failed(dhv.call("delete", vid),
+                         f"volume {vid} (LV {lv.vg}/{lv.name}) is in use, so nothing was "
+                         "unmounted or removed: ", "Stop what holds it, then delete again")
+        holds(message, procs[0].pid, f"working directory {path}")
+        holds(message, procs[1].pid, f"open file {path}/data")
+        holds(message, procs[2].pid, f"open file {os.path.realpath(lv.path)}")
+        print(f"delete refused: {message}")
+        assert_kept(dhv, vid, lv)
+    finally:
+        stop(procs)
+    ok(dhv.call("delete", vid))
+    assert_gone(dhv, vid, lv)
+
+
+def test_delete_refuses_a_volume_mounted_elsewhere(dhv: Dhv) -> None:
+    # On a systemd host "/" is a shared mount and sandboxed services live in
+    # slave mount namespaces; the VM's may be private, so the volumes
+    # directory is made a shared mount of its own.
+    vdir = str(dhv.volumes_dir)
+    dhv.volumes_dir.mkdir()
+    run("mount", "--bind", vdir, vdir)
+    run("mount", "--make-private", vdir)
+    run("mount", "--make-shared", vdir)
+    vid, lv = create_with_data(dhv)
+    path = dhv.path(vid)
+    bind, task_data = dhv.workdir / "bind", dhv.workdir / "task-data"
+    bind.mkdir()
+    task_data.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        # a task's container: a private mount namespace that got the volume
+        # by a bind mount (and holds a private copy of its mount at `path`)
+        task = sleeper(["unshare", "--mount", "--propagation", "private"])
+        procs.append(task)
+        run("nsenter", "--target", str(task.pid), "--mount",
+            "mount", "--bind", path, str(task_data))
+        run("mount", "--bind", path, str(bind))  # and a bind mount in this namespace
+        message = failed(dhv.call("delete", vid), "is in use, so nothing was unmounted",
+                         f"it is also mounted at {bind}")
+        in_namespace(message, [path, str(task_data)], task.pid)
+        print(f"delete refused: {message}")
+        assert_kept(dhv, vid, lv)
+        assert (bind / "data").read_text() == "kept"
+
+        run("umount", str(bind))
+        stop(procs)
+        procs.clear()
+        # a sandboxed service: its copy of the mount goes with ours, so it holds nothing
+        service = sleeper(["unshare", "--mount", "--propagation", "slave"])
+        procs.append(service)
+        assert path in ns_mount_points(service.pid)
+        ok(dhv.call("delete", vid))
+        assert_gone(dhv, vid, lv)
+        assert path not in ns_mount_points(service.pid)
+    finally:
+        stop(procs)
+
+
+def ns_mount_points(pid: int) -> list[str]:
+    return [m.mount_point for m in mounts.read_mounts(f"/proc/{pid}/mountinfo")]
+
+
+def test_delete_mounts_the_volume_again_when_lvremove_fails(dhv: Dhv) -> None:
+    vid, lv = create_with_data(dhv)
+    path = dhv.path(vid)
+    # A mount namespace that no process is in, pinned by a file, with a
+    # private copy of the volume's mount: nothing delete can see holds it,
+    # yet lvremove finds the LV in use after the umount.
+    pins = dhv.workdir / "pins"
+    pins.mkdir()
+    run("mount", "--bind", str(pins), str(pins))
+    run("mount", "--make-private", str(pins))  # unshare pins namespaces on private mounts only
+    pin = pins / "ns"
+    pin.touch()
+    try:
+        run("unshare", f"--mount={pin}", "--propagation", "private", "true")
+        message = failed(dhv.call("delete", vid), f"LV {lv.vg}/{lv.name} could not be removed (",
+                         "in use", f"it is mounted again at {path}, as before the delete",
+                         f"pinned at {pin}, may hold it")
+        print(f"delete failed: {message}")
+        assert_kept(dhv, vid, lv)
+    finally:
+        run("umount", str(pin), check=False)
+    ok(dhv.call("delete", vid))
+    assert_gone(dhv, vid, lv)

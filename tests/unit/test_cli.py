@@ -1,3 +1,4 @@
+import logging
 import re
 
 import grpc
@@ -71,3 +72,98 @@ def test_secrets_never_reach_the_log() -> None:
     text = redact(req)
     assert "hunter2" not in text and 'volume_id: "v"' in text
     assert req.secrets["password"] == "hunter2"  # the request itself is untouched
+
+
+# Every environment fallback that restricts its values, with a value it must refuse.
+BAD_ENV = [
+    ("--log-level", "CSI_LOCAL_LOG_LEVEL", "verbose"),
+    ("--log-format", "CSI_LOCAL_LOG_FORMAT", "yaml"),
+    ("--default-fs-type", "CSI_LOCAL_DEFAULT_FS_TYPE", "zfs"),
+    ("--overprovision-ratio", "CSI_LOCAL_OVERPROVISION_RATIO", "lots"),
+    ("--max-volumes-per-node", "CSI_LOCAL_MAX_VOLUMES_PER_NODE", "1.5"),
+    ("--command-timeout", "CSI_LOCAL_COMMAND_TIMEOUT", "2m"),
+    ("--node-expansion-only", "CSI_LOCAL_NODE_EXPANSION_ONLY", "maybe"),
+    ("--backing-size", "CSI_LOCAL_BACKING_SIZE", "4 gigs"),
+]
+
+
+def _parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "env", "bad"), BAD_ENV, ids=[e for _, e, _ in BAD_ENV])
+def test_bad_environment_value_fails_like_the_flag(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        flag: str, env: str, bad: str) -> None:
+    flag_error = _parse_error([*BASE, f"{flag}={bad}"], capsys)
+    assert f"argument {flag}: " in flag_error and repr(bad) in flag_error
+    monkeypatch.setenv(env, bad)
+    assert _parse_error(BASE, capsys) == flag_error
+
+
+def test_good_environment_values_are_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in [("CSI_LOCAL_LOG_LEVEL", "debug"), ("CSI_LOCAL_LOG_FORMAT", "json"),
+                        ("CSI_LOCAL_DEFAULT_FS_TYPE", "xfs"),
+                        ("CSI_LOCAL_OVERPROVISION_RATIO", "2.5"),
+                        ("CSI_LOCAL_MAX_VOLUMES_PER_NODE", "7"),
+                        ("CSI_LOCAL_COMMAND_TIMEOUT", "30"),
+                        ("CSI_LOCAL_NODE_EXPANSION_ONLY", "yes"),
+                        ("CSI_LOCAL_BACKING_FILE", "/x.img"), ("CSI_LOCAL_BACKING_SIZE", "1G")]:
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(BASE)
+    assert (args.log_level, args.log_format) == ("debug", "json")
+    cfg = config_from_args(args)
+    assert (cfg.default_fs_type, cfg.overprovision_ratio, cfg.max_volumes_per_node,
+            cfg.command_timeout, cfg.node_expansion_only, cfg.backing_size) == (
+        "xfs", 2.5, 7, 30.0, True, 1 << 30)
+
+
+def test_flag_overrides_a_bad_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSI_LOCAL_LOG_LEVEL", "verbose")
+    assert build_parser().parse_args([*BASE, "--log-level", "error"]).log_level == "error"
+
+
+def test_flag_forms_still_parse() -> None:
+    args = build_parser().parse_args([*BASE, "--node-expansion-only", "--backing-size", ""])
+    cfg = config_from_args(args)
+    assert cfg.node_expansion_only is True and cfg.backing_size is None
+    assert config_from_args(build_parser().parse_args(BASE)).node_expansion_only is False
+
+
+@pytest.mark.parametrize(("level", "fmt"), [("verbose", "text"), ("info", "yaml")])
+def test_setup_logging_refuses_unknown_values(level: str, fmt: str) -> None:
+    from csi_local.logs import setup_logging
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    with pytest.raises(ValueError, match="choose from"):
+        setup_logging(level, fmt)
+    assert (list(root.handlers), root.level) == before  # nothing changed on the way
+
+
+class _Served(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("env", "bad"), [("CSI_LOCAL_LOG_LEVEL", "verbose"),
+                                          ("CSI_LOCAL_LOG_FORMAT", "yaml")])
+def test_main_refuses_bad_environment_before_serving(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        env: str, bad: str) -> None:
+    """Used to be a traceback (level) or a silent fall-back to text (format)."""
+    import csi_local.server
+    from csi_local.cli import main
+
+    def serve(config: object) -> None:
+        raise _Served
+
+    monkeypatch.setattr(csi_local.server, "serve", serve)
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(SystemExit) as exc:
+        main(BASE)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid choice: {bad!r}" in err and "Traceback" not in err

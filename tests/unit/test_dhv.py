@@ -1,5 +1,7 @@
 """The Nomad host volume plugin's pure logic: Nomad's environment, parameters,
-configuration, names, tags and sizes. No processes (the unit guard forbids them)."""
+configuration, names, tags and sizes, and what delete counts as holding a
+volume (on a /proc and /sys tree made of files). No processes (the unit guard
+forbids them)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,17 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from csi_local import dhv, dhv_spec
-from csi_local.dhv_spec import DhvError
+from csi_local import dhv, dhv_ops, dhv_spec, mounts
+from csi_local.dhv_spec import DhvError, Request
+from csi_local.lvm import LogicalVolume, parse_lvs
+from csi_local.runner import Result
+from tests.unit.conftest import FakeRunner
 
 VOL_ID = "e715fdf0-f8b7-a4bd-4565-f17e15b85f09"
 MIB = 1 << 20
@@ -297,3 +304,259 @@ def test_install_refuses_an_interpreter_a_shebang_cannot_hold() -> None:
         dhv.shim_text("/opt/my python/bin/python3", "csi-local-dhv")
     with pytest.raises(DhvError):
         dhv.shim_text("python3", "csi-local-dhv")
+
+
+# --- delete: what holds a volume ----------------------------------------------------
+#
+# The "volume" is a directory of tmp_path: its st_dev stands for the LV's
+# major:minor, so links in the fake /proc that point into it stat as files on
+# the volume, and links to /proc or /dev/null as files elsewhere.
+
+VOL_PATH = f"/v/{VOL_ID}"
+
+
+@dataclass
+class FakeProc:
+    root: Path
+    vol: Path
+
+    @property
+    def proc(self) -> str:
+        return str(self.root / "proc")
+
+    @property
+    def sysfs(self) -> str:
+        return str(self.root / "sys")
+
+    @property
+    def devno(self) -> str:
+        dev = os.stat(self.vol).st_dev
+        return f"{os.major(dev)}:{os.minor(dev)}"
+
+    @property
+    def hexno(self) -> str:  # as /proc/PID/maps writes it
+        major, minor = self.numbers
+        return f"{major:02x}:{minor:02x}"
+
+    @property
+    def numbers(self) -> tuple[int, int]:
+        dev = os.stat(self.vol).st_dev
+        return os.major(dev), os.minor(dev)
+
+    def process(self, pid: int, comm: str, ns: int, *, cwd: str = "/proc",
+                fds: tuple[str, ...] = (), maps: str = "", mountinfo: str = "",
+                cgroup: str = "0::/\n") -> None:
+        base = self.root / "proc" / str(pid)
+        (base / "ns").mkdir(parents=True)
+        (base / "fd").mkdir()
+        os.symlink(f"mnt:[{ns}]", base / "ns" / "mnt")
+        os.symlink(cwd, base / "cwd")
+        os.symlink("/proc", base / "root")  # not "/": tmp_path may be on the root fs
+        for n, target in enumerate(fds):
+            os.symlink(target, base / "fd" / str(n))
+        (base / "comm").write_text(comm + "\n")
+        (base / "maps").write_text(maps)
+        (base / "cgroup").write_text(cgroup)
+        (base / "mountinfo").write_text(mountinfo.replace("DEV", self.devno))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeProc:
+    vol = tmp_path / "vol"
+    (vol / "sub").mkdir(parents=True)
+    (vol / "data").write_text("data")
+    (tmp_path / "proc").mkdir()
+    os.symlink("100", tmp_path / "proc" / "self")
+    return FakeProc(tmp_path, vol)
+
+
+# The plugin's own namespace: "/" is shared (as systemd makes it) and the
+# volume is mounted at VOL_PATH.
+OWN_MOUNTS = f"""\
+1 0 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+20 1 DEV / {VOL_PATH} rw,noatime shared:7 - ext4 /dev/mapper/vg-dhv rw
+"""
+# A sandboxed service's namespace (systemd's PrivateTmp=, ProtectSystem=): a
+# slave of "/", so it holds a copy of the volume's mount that our umount
+# takes down with it.
+SLAVE_MOUNTS = f"""\
+101 100 8:1 / / rw,relatime shared:50 master:1 - ext4 /dev/sda1 rw
+120 101 DEV / {VOL_PATH} rw,noatime shared:51 master:7 - ext4 /dev/mapper/vg-dhv rw
+"""
+
+
+def test_what_holds_a_volume_is_named(fake: FakeProc) -> None:
+    vol = str(fake.vol)
+    fake.process(100, "csi-local-dhv", 1, cwd=vol, fds=(f"{vol}/data",), mountinfo=OWN_MOUNTS
+                 + f"21 20 0:50 / {VOL_PATH}/sub rw shared:8 - tmpfs tmpfs rw\n"
+                 + "22 1 DEV /sub /elsewhere rw shared:7 - ext4 /dev/mapper/vg-dhv rw\n"
+                 + "30 1 0:4 mnt:[9] /run/pin rw - nsfs nsfs rw\n"
+                 + "31 1 0:4 mnt:[3] /run/pin3 rw - nsfs nsfs rw\n")
+    fake.process(200, "sleep", 1, cwd=f"{vol}/sub")
+    fake.process(300, "python3", 1, fds=("/dev/null", f"{vol}/data", "/proc/self"))
+    fake.process(400, "app", 1, cgroup="0::/nomad.slice/alloc-1.app.scope\n",
+                 maps=f"7f00-7f10 r-xp 0 {fake.hexno} 12 /data/lib.so\n"
+                      "7f10-7f20 r-xp 0 08:01 13 /usr/lib/libc.so\n"
+                      "7f20-7f30 rw-p 0 00:00 0 \n")
+    fake.process(500, "logind", 2, mountinfo=SLAVE_MOUNTS)
+    # a container: a private namespace with the volume bind-mounted at /data
+    private = (f"201 200 8:1 / / rw - ext4 /dev/sda1 rw\n"
+               f"220 201 DEV / {VOL_PATH} rw - ext4 /dev/mapper/vg-dhv rw\n"
+               f"221 201 DEV / /data rw - ext4 /dev/mapper/vg-dhv rw\n")
+    fake.process(600, "redis", 3, mountinfo=private)
+    fake.process(601, "redis", 3, mountinfo=private)
+    # a slave copy that umount propagation must leave: something is mounted on it
+    fake.process(700, "tail", 4, mountinfo=SLAVE_MOUNTS.replace("shared:50", "shared:60")
+                 + f"121 120 0:60 / {VOL_PATH}/x rw - tmpfs tmpfs rw\n")
+    holders = fake.root / "sys" / "dev" / "block" / fake.devno / "holders"
+    holders.mkdir(parents=True)
+    (holders / "dm-9").mkdir()
+    for loop, backing in (("loop3", f"{vol}/data"), ("loop4", "/proc/version")):
+        (fake.root / "sys" / "block" / loop / "loop").mkdir(parents=True)
+        (fake.root / "sys" / "block" / loop / "loop" / "backing_file").write_text(backing)
+
+    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    assert users.holders == (
+        f"process 200 (sleep) holds it: working directory {vol}/sub",
+        f"process 300 (python3) holds it: open file {vol}/data",
+        "process 400 (app) in cgroup /nomad.slice/alloc-1.app.scope holds it: "
+        "mapped file /data/lib.so",
+        f"{VOL_PATH}/sub is mounted inside it",
+        "it is also mounted at /elsewhere",
+        f"it is mounted at {VOL_PATH}, /data in the mount namespace of processes "
+        "600 (redis), 601 (redis)",
+        f"it is mounted at {VOL_PATH} in the mount namespace of process 700 (tail)",
+        "block device dm-9 is stacked on it",
+        f"loop device /dev/loop3 is backed by {vol}/data",
+    )
+    assert users.pinned == ("/run/pin",)  # mnt:[3] has processes, so it was looked at
+
+
+def test_copies_that_umount_propagation_removes_do_not_hold(fake: FakeProc) -> None:
+    # The volumes directory is also bind-mounted at /alt (a peer of "/"), so the
+    # volume shows there too; and a slave of the slave namespace has a copy.
+    fake.process(100, "csi-local-dhv", 1, mountinfo=OWN_MOUNTS
+                 + "23 1 8:1 /v /alt rw shared:1 - ext4 /dev/sda1 rw\n"
+                 + f"24 23 DEV / /alt/{VOL_ID} rw shared:7 - ext4 /dev/mapper/vg-dhv rw\n")
+    fake.process(500, "logind", 2, mountinfo=SLAVE_MOUNTS)
+    fake.process(501, "chronyd", 5, mountinfo=SLAVE_MOUNTS.replace(
+        "shared:50 master:1", "master:50").replace("shared:51 master:7", "master:51"))
+    fake.process(502, "sleep", 1, cwd="/proc", fds=("/dev/null",))
+    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    assert users == dhv_ops.VolumeUsers((), ())
+    # the same copy under a private "/" would stay behind: it holds the volume
+    fake.process(503, "sh", 6, mountinfo=SLAVE_MOUNTS.replace(" shared:50 master:1", ""))
+    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    assert users.holders == (
+        f"it is mounted at {VOL_PATH} in the mount namespace of process 503 (sh)",)
+
+
+def test_long_lists_are_cut(fake: FakeProc) -> None:
+    fake.process(100, "csi-local-dhv", 1, mountinfo=OWN_MOUNTS)
+    files = tuple(f"{fake.vol}/f{n}" for n in range(5))
+    for n in range(5):
+        Path(files[n]).write_text("x")
+    fake.process(200, "a", 1, fds=files)
+    for pid in range(300, 310):
+        fake.process(pid, "b", 1, cwd=str(fake.vol))
+    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    assert users.holders[0] == (f"process 200 (a) holds it: open files {files[0]}, {files[1]}, "
+                                f"{files[2]} and 2 more")
+    assert len(users.holders) == 11
+    req = dhv_spec.parse_request("delete", create_env(DHV_OPERATION="delete"))
+    lv = parse_lvs_one()
+    message = dhv_ops._in_use_message(req, lv, users.holders)
+    assert message.count("holds it:") == 8 and "; and 3 more. Stop what holds it" in message
+
+
+LV_NAME = dhv_spec.lv_name_for(VOL_ID)
+LVS_JSON = json.dumps({"report": [{"lv": [{
+    "lv_name": LV_NAME, "vg_name": "vg0", "lv_size": str(64 * MIB),
+    "lv_tags": f"csi-local-dhv.kind=volume,csi-local-dhv.id={VOL_ID},csi-local-dhv.fs=ext4",
+    "lv_attr": "Vwi-aotz--", "pool_lv": "pool", "origin": "", "lv_path": f"/dev/vg0/{LV_NAME}",
+    "data_percent": "1.00", "metadata_percent": "", "lv_time": "1700000000",
+    "lv_health_status": "", "lv_kernel_major": "253", "lv_kernel_minor": "7"}]}]})
+
+
+def parse_lvs_one() -> LogicalVolume:
+    (lv,) = parse_lvs(LVS_JSON)
+    return lv
+
+
+class MountingRunner(FakeRunner):
+    """A FakeRunner whose umount and mount change the mount table the plugin reads."""
+
+    table: list[mounts.Mount]
+
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | None = None, timeout: float | None = None) -> Result:
+        result = super().run(argv, ok_codes=ok_codes, input=input, timeout=timeout)
+        if argv[0] == "umount":
+            self.table = [m for m in self.table if m.mount_point != argv[-1]]
+        elif argv[0] == "mount":
+            line = f"30 1 253:7 / {argv[-1]} {argv[-3]} - {argv[2]} {argv[-2]} rw"
+            self.table += mounts.parse_mountinfo(line)
+        return result
+
+
+def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  users: Callable[..., dhv_ops.VolumeUsers],
+                  ) -> tuple[dhv_ops.Plugin, Request, MountingRunner]:
+    """A plugin whose commands and mount table are fakes: the volume is mounted
+    at its path; umount, mount and lvremove succeed unless a test says otherwise."""
+    config = dhv_spec.PluginConfig(volume_group="vg0", thin_pool="pool",
+                                   lock_dir=str(tmp_path / "locks"))
+    env = create_env(DHV_OPERATION="delete", DHV_VOLUMES_DIR=str(tmp_path / "volumes"))
+    req = dhv_spec.parse_request("delete", env)
+    runner = MountingRunner()
+    runner.table = mounts.parse_mountinfo(
+        f"20 1 253:7 / {req.path} rw,nodev,noatime shared:7 - ext4 /dev/vg0/{LV_NAME} rw")
+    runner.on(["lvs"], LVS_JSON)
+    runner.on(["umount"])
+    runner.on(["mount"])
+    monkeypatch.setattr(mounts, "read_mounts", lambda path="": list(runner.table))
+    # raising=False: the same test shows what the code without the check does
+    monkeypatch.setattr(dhv_ops, "volume_users", users, raising=False)
+    monkeypatch.setattr(dhv_ops, "_SETTLE", (0.0,), raising=False)
+    return dhv_ops.Plugin(config, runner), req, runner
+
+
+def test_delete_of_a_volume_in_use_unmounts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, int, list[str]]] = []
+
+    def users(major: int, minor: int, targets: Sequence[str]) -> dhv_ops.VolumeUsers:
+        seen.append((major, minor, list(targets)))
+        return dhv_ops.VolumeUsers(("process 42 (sleep) holds it: working directory /data",),
+                                   ())
+
+    plugin, req, runner = delete_plugin(tmp_path, monkeypatch, users)
+    runner.on(["lvremove"])
+    with pytest.raises(DhvError) as err:
+        plugin.delete(req)
+    assert str(err.value) == (
+        f"volume {VOL_ID} (LV vg0/{LV_NAME}) is in use, so nothing was unmounted or removed: "
+        "process 42 (sleep) holds it: working directory /data. Stop what holds it, then "
+        "delete again")
+    assert seen == [(253, 7, [req.path])] * 2  # looked again: a holder that stays
+    assert [call[0] for call in runner.calls] == ["lvs"]  # no umount, no lvremove
+    assert [m.mount_point for m in runner.table] == [req.path]
+
+
+def test_delete_mounts_the_volume_again_when_lvremove_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin, req, runner = delete_plugin(
+        tmp_path, monkeypatch, lambda *a, **k: dhv_ops.VolumeUsers((), ("/run/pin",)))
+    runner.on(["lvremove"], rc=5, stderr=f"  Logical volume vg0/{LV_NAME} contains a "
+                                          "filesystem in use.\n")
+    with pytest.raises(Exception) as err:
+        plugin.delete(req)
+    assert [m.mount_point for m in runner.table] == [req.path]
+    assert runner.calls[-1] == ("mount", "-t", "ext4", "-o", "noatime,nodev,rw",
+                                f"/dev/vg0/{LV_NAME}", req.path)
+    assert isinstance(err.value, DhvError)
+    assert str(err.value) == (
+        f"LV vg0/{LV_NAME} could not be removed (lvremove exited 5: Logical volume "
+        f"vg0/{LV_NAME} contains a filesystem in use.); it is mounted again at {req.path}, "
+        "as before the delete; mount namespaces that no process is in, pinned at /run/pin, "
+        "may hold it")

@@ -1,3 +1,5 @@
+import pytest
+
 from csi_local import mounts
 
 SAMPLE = """\
@@ -32,3 +34,13 @@ def test_mount_is_device_for_fs_mounts() -> None:
     table = mounts.parse_mountinfo(SAMPLE)
     assert mounts.mount_is_device(table[2], 253, 4)
     assert not mounts.mount_is_device(table[2], 253, 5)
+
+
+def test_btrfs_mount_is_recognised_by_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    # btrfs shows an anonymous device number in mountinfo, not the LV's.
+    line = "60 22 0:45 / /stage rw,relatime - btrfs /dev/mapper/vg0-v rw,space_cache=v2\n"
+    (m,) = mounts.parse_mountinfo(line)
+    monkeypatch.setattr(mounts, "device_numbers",
+                        lambda dev: (253, 4) if dev == "/dev/mapper/vg0-v" else (8, 0))
+    assert mounts.mount_is_device(m, 253, 4)
+    assert not mounts.mount_is_device(m, 253, 5)

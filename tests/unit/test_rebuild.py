@@ -1,6 +1,6 @@
 from csi_local import mounts
 from csi_local.lvm import Lvm
-from csi_local.plugin import rebuild_state
+from csi_local.recovery import rebuild_state
 from csi_local.state import Publish, Staging
 from tests.unit.conftest import FakeRunner
 

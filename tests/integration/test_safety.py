@@ -1,0 +1,218 @@
+"""Data-safety and security defects, proven against real LVM, mkfs and mount.
+
+Each test fails on the code before its fix (see the docstrings).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+import grpc
+import pytest
+
+from csi_local import mounts
+from csi_local._gen import csi_pb2 as pb
+from tests.integration.conftest import (
+    LoopVG,
+    Plugin,
+    block_cap,
+    expect_code,
+    make_vg,
+    mount_cap,
+    run,
+)
+from tests.integration.test_node import create, publish, stage, state, unpublish, unstage
+from tests.integration.test_snapshots import snap
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+Code = grpc.StatusCode
+PATTERN = b"csi-local raw block data, not a file system signature\n" * 80
+
+
+def test_volume_used_as_block_is_never_formatted(plugin: Plugin) -> None:
+    """Raw data written through a block publish survives a later stage as a file
+    system: the stage is refused. (Before: blkid found nothing, so mkfs ran.)"""
+    vid = create(plugin, "raw", cap=block_cap())
+    staging, target = plugin.path("s-raw"), plugin.path("t-raw")
+    stage(plugin, vid, staging, block_cap())
+    publish(plugin, vid, staging, target, block_cap())
+    with open(target, "r+b") as dev:
+        dev.seek(3 * MiB)
+        dev.write(PATTERN)
+        dev.flush()
+        os.fsync(dev.fileno())
+    unpublish(plugin, vid, target)
+    unstage(plugin, vid, staging)
+    err = expect_code(Code.FAILED_PRECONDITION, stage, plugin, vid, plugin.path("s-fs"),
+                      mount_cap("ext4"))
+    assert "used before" in (err.details() or "")
+    assert not mounts.is_mount_point(plugin.path("s-fs"))
+    lv_path = f"/dev/{plugin.vg.name}/{vid}"
+    assert run("blkid", "-p", lv_path, check=False).returncode == 2  # still no signature
+    with open(lv_path, "rb") as dev:
+        dev.seek(3 * MiB)
+        assert dev.read(len(PATTERN)) == PATTERN
+
+
+def test_snapshot_counts_against_the_pool(plugin: Plugin, vg: LoopVG) -> None:
+    """With ratio 1.0 a snapshot that could outgrow the pool is RESOURCE_EXHAUSTED,
+    and leaves no LV. (Before: CreateSnapshot took no pool lock and checked nothing.)"""
+    cap = plugin.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
+    big = (cap * 6 // 10) // MiB * MiB
+    vid = create(plugin, "big", size=big)
+    before = vg.lv_names()
+    err = expect_code(Code.RESOURCE_EXHAUSTED, snap, plugin, "big-snap", vid)
+    assert "room for" in (err.details() or "")
+    assert vg.lv_names() == before
+    small = create(plugin, "small", size=16 * MiB)
+    assert snap(plugin, "small-snap", small).ready_to_use  # what fits still works
+
+
+def _kubelet_paths(p: Plugin) -> tuple[str, str, str]:
+    root = p.workdir / "kubelet" / "plugins" / "kubernetes.io" / "csi" / "volumeDevices"
+    return (str(root / "staging" / "pvc-1"), str(root / "publish" / "pvc-1" / "uid-1"),
+            str(root / "pvc-1" / "dev" / "uid-1"))
+
+
+def test_rebuilt_state_ignores_kubelets_own_device_bind(plugin_factory: Any) -> None:
+    """After a state loss, kubelet's own bind of a block device (volumeDevices/<pv>/dev/<uid>)
+    is not a publish, so unstage and delete work once the CO's publish is gone.
+    (Before: it was recorded as a publish nobody ever unpublishes: unstage refused forever.)"""
+    p: Plugin = plugin_factory()
+    vid = create(p, "kblk", cap=block_cap())
+    staging, target, own = _kubelet_paths(p)
+    stage(p, vid, staging, block_cap())
+    os.makedirs(os.path.dirname(target))
+    publish(p, vid, staging, target, block_cap())
+    os.makedirs(os.path.dirname(own))
+    open(own, "w").close()
+    run("mount", "--bind", target, own)  # what kubelet does to keep the device mapped
+    p.kill()
+    (p.state_dir / "state.json").unlink()
+    p.start()
+    assert list(state(p)[vid]["publishes"]) == [target]  # type: ignore[index]
+    unpublish(p, vid, target)
+    run("umount", own)  # kubelet unmaps its own bind
+    unstage(p, vid, staging)
+    assert vid not in state(p)
+    p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+
+
+def test_stale_state_after_reboot_does_not_block_delete(plugin_factory: Any) -> None:
+    """A state file naming mounts that are gone (a reboot) is reconciled at start.
+    (Before: its records refused DeleteVolume forever.)"""
+    p: Plugin = plugin_factory()
+    vid = create(p, "stale")
+    staging, target = p.path("s-stale"), p.path("t-stale")
+    stage(p, vid, staging)
+    publish(p, vid, staging, target)
+    p.kill()
+    run("umount", target)
+    run("umount", staging)  # what a reboot leaves: the file remembers, the kernel does not
+    p.start()
+    assert vid not in state(p)
+    p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    assert vid not in p.vg.lv_names()
+
+
+def test_missing_vg_is_unavailable_and_forgets_nothing(plugin_factory: Any) -> None:
+    """With the VG gone (renamed away here), every RPC that changes or reads a volume is
+    UNAVAILABLE, and GetCapacity reports 0;
+    the volume and snapshot are still there when it comes back.
+    (Before: DeleteVolume and DeleteSnapshot said OK, CreateVolume NOT_FOUND.)"""
+    other = make_vg(size=1 << 30)
+    try:
+        p: Plugin = plugin_factory(target_vg=other)
+        vid = create(p, "keep")
+        sid = snap(p, "keep-snap", vid).snapshot_id
+        run("vgrename", other.name, other.name + "x")
+        try:
+            calls = [
+                (p.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id=vid)),
+                (p.controller.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=sid)),
+                (p.controller.CreateVolume, pb.CreateVolumeRequest(
+                    name="new", volume_capabilities=[mount_cap()])),
+                (p.controller.ControllerGetVolume, pb.ControllerGetVolumeRequest(volume_id=vid)),
+                (p.node.NodeStageVolume, pb.NodeStageVolumeRequest(
+                    volume_id=vid, staging_target_path=p.path("s-keep"),
+                    volume_capability=mount_cap())),
+            ]
+            for fn, req in calls:
+                expect_code(Code.UNAVAILABLE, fn, req)
+            # A query: no room on a node without its VG (an error would leave the
+            # CO's last, positive, capacity in place).
+            assert p.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity == 0
+        finally:
+            run("vgrename", other.name + "x", other.name)
+        assert {vid, sid} <= set(other.lv_names())
+    finally:
+        run("lvremove", "--yes", "--select", f"lv_name!={other.pool}", other.name, check=False)
+        other.destroy()
+
+
+def test_unstage_with_traversal_id_touches_nothing(plugin: Plugin) -> None:
+    """The Nomad case: volume_id "../victim-file" joined to the staging path.
+    (Before: NodeUnstageVolume unlinked the victim.)"""
+    staging = plugin.path("co", "staging")
+    os.makedirs(staging)
+    victim = os.path.join(os.path.dirname(staging), "victim-file")
+    with open(victim, "w") as f:
+        f.write("precious")
+    expect_code(Code.INVALID_ARGUMENT, plugin.node.NodeUnstageVolume,
+                pb.NodeUnstageVolumeRequest(volume_id="../victim-file",
+                                            staging_target_path=staging))
+    assert open(victim).read() == "precious"
+
+
+def test_symlinked_targets(plugin: Plugin) -> None:
+    """A target that is a symlink is refused (before: mounted at the link's destination);
+    a target under a symlinked directory is mounted and unmounted at its real path
+    (before: unpublish missed it and leaked the mount); /etc is refused."""
+    vid = create(plugin, "links")
+    staging = plugin.path("s-links")
+    stage(plugin, vid, staging)
+    dest = plugin.path("elsewhere")
+    os.makedirs(dest)
+    link = plugin.path("link-target")
+    os.symlink(dest, link)
+    expect_code(Code.INVALID_ARGUMENT, publish, plugin, vid, staging, link)
+    assert not mounts.is_mount_point(dest)
+    expect_code(Code.INVALID_ARGUMENT, publish, plugin, vid, staging, "/etc/csi-local-target")
+    assert not os.path.exists("/etc/csi-local-target")
+    real_dir = plugin.path("real-dir")
+    os.makedirs(real_dir)
+    alias = plugin.path("alias-dir")
+    os.symlink(real_dir, alias)
+    publish(plugin, vid, staging, os.path.join(alias, "pod"))
+    assert mounts.is_mount_point(os.path.join(real_dir, "pod"))
+    unpublish(plugin, vid, os.path.join(alias, "pod"))
+    assert not mounts.is_mount_point(os.path.join(real_dir, "pod"))
+    assert not state(plugin)[vid]["publishes"]  # type: ignore[index]
+    unstage(plugin, vid, staging)
+
+
+def test_failed_readonly_block_publish_detaches_its_loop_device(plugin_factory: Any) -> None:
+    """When the state write fails after a read-only block publish, the rollback unmounts
+    and detaches the read-only loop device. (Before: the loop device leaked.)"""
+    p: Plugin = plugin_factory()
+    vid = create(p, "loopy", cap=block_cap())
+    staging, target = p.path("s-loopy"), p.path("t-loopy")
+    stage(p, vid, staging, block_cap())
+    state_file = p.state_dir / "state.json"
+    saved = state_file.read_text()
+    state_file.unlink()
+    state_file.mkdir()  # the next atomic rename onto it fails
+    try:
+        with pytest.raises(grpc.RpcError):
+            publish(p, vid, staging, target, block_cap(), readonly=True)
+    finally:
+        state_file.rmdir()
+        state_file.write_text(saved)
+    lv_path = os.path.realpath(f"/dev/{p.vg.name}/{vid}")
+    loops = subprocess.run(["losetup", "--associated", lv_path], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert loops == "", f"loop device left behind: {loops}"
+    assert not mounts.is_mount_point(target)
