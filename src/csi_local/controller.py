@@ -24,7 +24,7 @@ from csi_local.errors import (
     ResourceExhausted,
     Unimplemented,
 )
-from csi_local.lvm import LogicalVolume, VolumeGroup, VolumeGroupNotFound
+from csi_local.lvm import LogicalVolume, VgReport, VolumeGroupNotFound
 
 log = logging.getLogger(__name__)
 RPC = pb.ControllerServiceCapability.RPC
@@ -130,20 +130,22 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
         source = self._requested_source(request)
         volume_id = vols.volume_id_for(name)
-        with self.ctx.locks.hold(_vol_lock(volume_id)):
-            existing = self.ctx.lvm.find(volume_id)  # one lvs call in the common retry case
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.ctx.locks.hold(_vol_lock(volume_id)))
+            if source is not None and source.kind == "volume":
+                # A clone reads its source: keep it from being unstaged or deleted
+                # meanwhile (lock order: new volume, source, pool).
+                stack.enter_context(self.ctx.locks.hold(_vol_lock(source.id)))
+            stack.enter_context(self.ctx.locks.hold(POOL_LOCK))
+            # One report answers all: does the volume exist (a retry), its source,
+            # the extent size and the pool's room.
+            report = self.ctx.lvm.report()
+            existing = report.find(volume_id)
             if existing is not None:
-                return pb.CreateVolumeResponse(
-                    volume=self._volume_message(self._reuse(existing, name, rng, source))
-                )
-            with contextlib.ExitStack() as stack:
-                if source is not None and source.kind == "volume":
-                    # A clone reads its source: keep it from being unstaged or
-                    # deleted meanwhile (lock order: new volume, source, pool).
-                    stack.enter_context(self.ctx.locks.hold(_vol_lock(source.id)))
-                return pb.CreateVolumeResponse(
-                    volume=self._volume_message(self._create(volume_id, caps, rng, source))
-                )
+                lv = self._reuse(existing, name, rng, source)
+            else:
+                lv = self._create(report, volume_id, caps, rng, source)
+        return pb.CreateVolumeResponse(volume=self._volume_message(lv))
 
     def _reuse(self, lv: LogicalVolume, name: str, rng: pb.CapacityRange | None,
                source: vols.Source | None) -> LogicalVolume:
@@ -162,15 +164,19 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             lv = self.ctx.lvm.extend(lv.name, want)
         return lv
 
-    def _create(self, volume_id: str, caps: list[v.Capability], rng: pb.CapacityRange | None,
-                source: vols.Source | None) -> LogicalVolume:
-        vg = self.ctx.lvm.volume_group()
-        extent = vg.extent_size
+    def _create(self, report: VgReport, volume_id: str, caps: list[v.Capability],
+                rng: pb.CapacityRange | None, source: vols.Source | None) -> LogicalVolume:
+        """Make the volume (hold its lock, its source's and the pool's)."""
+        extent = report.extent_size
         minimum = max(fsrules.min_size(c.fs_type) for c in caps)
         source_lv: LogicalVolume | None = None
         if source is not None:
-            source_lv = (self._get_snapshot(source.id) if source.kind == "snapshot"
-                         else self._get_volume(source.id))
+            source_lv = report.find(source.id)
+            ours = source_lv is not None and (
+                vols.is_csi_snapshot(source_lv) if source.kind == "snapshot"
+                else vols.is_csi_volume(source_lv))
+            if source_lv is None or not ours:
+                raise NotFound(f"{source.kind} {source.id!r} not found")
             if rng is not None and rng.limit_bytes and rng.limit_bytes < source_lv.size:
                 raise OutOfRange(
                     f"limit_bytes {rng.limit_bytes} is smaller than the source's "
@@ -179,23 +185,23 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             minimum = max(minimum, source_lv.size)
         size = v.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
-        with self.ctx.locks.hold(POOL_LOCK):
-            self._check_room(size, vg)
-            if source is None or source_lv is None:
-                return self.ctx.lvm.create_thin(volume_id, size, [*tags, vols.TAG_FRESH])
-            tags += [source.tag(), vols.TAG_NEW_FSID]
-            if size > source_lv.size:
-                tags.append(vols.TAG_GROW_FS)
-            if source.kind == "volume":
-                self._flush_if_mounted(source.id)
-            lv = self.ctx.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
-            try:
-                if size > lv.size:
-                    lv = self.ctx.lvm.extend(volume_id, size)
-            except BaseException:
-                self.ctx.lvm.remove(volume_id)  # leave nothing half-made
-                raise
-            return lv
+        self._check_room(report, size)
+        if source is None or source_lv is None:
+            return self.ctx.lvm.create_thin(volume_id, size, [*tags, vols.TAG_FRESH],
+                                            read_back=False)
+        tags += [source.tag(), vols.TAG_NEW_FSID]
+        if size > source_lv.size:
+            tags.append(vols.TAG_GROW_FS)
+        if source.kind == "volume":
+            self._flush_if_mounted(source.id)
+        lv = self.ctx.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
+        try:
+            if size > lv.size:
+                lv = self.ctx.lvm.extend(volume_id, size)
+        except BaseException:
+            self.ctx.lvm.remove(volume_id)  # leave nothing half-made
+            raise
+        return lv
 
     def DeleteVolume(self, request: pb.DeleteVolumeRequest,
                      context: grpc.ServicerContext) -> pb.DeleteVolumeResponse:
@@ -360,8 +366,13 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         name = v.required(request.name, "name")
         v.parameters(request.parameters)
         snapshot_id = vols.snapshot_id_for(name)
-        with self.ctx.locks.hold(_vol_lock(snapshot_id)):
-            existing = self.ctx.lvm.find(snapshot_id)
+        # Lock order: snapshot, source, pool. One report then answers all: a retry,
+        # the source, and the pool's room.
+        with self.ctx.locks.hold(_vol_lock(snapshot_id)), \
+                self.ctx.locks.hold(_vol_lock(source_id)), \
+                self.ctx.locks.hold(POOL_LOCK):
+            report = self.ctx.lvm.report()
+            existing = report.find(snapshot_id)
             if existing is not None:
                 src = vols.source_of(existing)
                 if not vols.is_csi_snapshot(existing) or src != vols.Source("volume", source_id):
@@ -369,18 +380,17 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                         f"snapshot {name!r} exists for another source volume"
                     )
                 return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(existing))
-            with self.ctx.locks.hold(_vol_lock(source_id)):
-                source_lv = self._get_volume(source_id)
-                tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
-                        vols.Source("volume", source_id).tag()]
-                self._flush_if_mounted(source_id)
-                # A thin snapshot shares blocks now but may own all of them once the
-                # origin is rewritten, so it counts against the pool like a volume
-                # of its size, checked and created under the same pool lock.
-                with self.ctx.locks.hold(POOL_LOCK):
-                    self._check_room(source_lv.size)
-                    lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags,
-                                               writable_volume=False)
+            source_lv = report.find(source_id)
+            if source_lv is None or not vols.is_csi_volume(source_lv):
+                raise NotFound(f"volume {source_id!r} not found")
+            # A thin snapshot shares blocks now but may own all of them once the
+            # origin is rewritten, so it counts against the pool like a volume of
+            # its size.
+            self._check_room(report, source_lv.size)
+            tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
+                    vols.Source("volume", source_id).tag()]
+            self._flush_if_mounted(source_id)
+            lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
         return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
 
     def _flush_if_mounted(self, volume_id: str) -> None:
@@ -391,16 +401,18 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         of the snapshot, but that alone is not enough: a btrfs clone taken after
         an fsync, with the fsync's log tree not yet committed, fails to mount
         ("parent transid verify failed ... failed to read log tree"). syncfs
-        commits the journal or the transaction first. An fsfreeze of our own around lvcreate is not possible: LVM's
-        suspend of a frozen thin origin fails with EBUSY on this kernel.
+        commits the journal or the transaction first. An fsfreeze of our own
+        around lvcreate is not possible: LVM's suspend of a frozen thin origin
+        fails with EBUSY on this kernel.
         """
         staging = self.ctx.state.get(volume_id).staging
         if staging is not None and staging.access_type == "mount":
             self.ctx.fs.sync(staging.path)
 
-    def _check_room(self, size: int, vg: VolumeGroup | None = None) -> None:
-        """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool (hold POOL_LOCK)."""
-        cap = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio, vg)
+    def _check_room(self, report: VgReport, size: int) -> None:
+        """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool (hold POOL_LOCK,
+        with `report` read under it)."""
+        cap = vols.capacity_of(report, self.ctx.lvm.pool, self.config.overprovision_ratio)
         if size > cap.available:
             raise ResourceExhausted(
                 f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "
@@ -449,10 +461,10 @@ def grow_volume(ctx: Context, lv: LogicalVolume, rng: pb.CapacityRange) -> Logic
         raise OutOfRange(f"volume is {lv.size} bytes; shrinking to {rng.limit_bytes} is refused")
     if rng.required_bytes <= lv.size:
         return lv
-    extent = ctx.lvm.volume_group().extent_size
-    size = v.size_for(rng, extent)
     with ctx.locks.hold(POOL_LOCK):
-        cap = vols.pool_capacity(ctx.lvm, ctx.config.overprovision_ratio)
+        report = ctx.lvm.report()
+        size = v.size_for(rng, report.extent_size)
+        cap = vols.capacity_of(report, ctx.lvm.pool, ctx.config.overprovision_ratio)
         if size - lv.size > cap.available:
             raise OutOfRange(
                 f"thin pool has room for {cap.available} more bytes; growing by "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -81,6 +82,17 @@ class LogicalVolume:
             if tag.startswith(prefix):
                 return tag[len(prefix):]
         return None
+
+
+@dataclass(frozen=True)
+class VgReport:
+    """Every LV of the VG and the VG's extent size, from one `lvs` call."""
+
+    lvs: tuple[LogicalVolume, ...]
+    extent_size: int
+
+    def find(self, name: str) -> LogicalVolume | None:
+        return next((lv for lv in self.lvs if lv.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -208,6 +220,24 @@ class Lvm:
             raise
         return parse_lvs(out)
 
+    def report(self) -> VgReport:
+        """Every LV and the extent size in one `lvs` call: what CreateVolume and the
+        capacity arithmetic need, instead of a `vgs` and an `lvs` (every LVM
+        command costs a process start and a scan of the devices)."""
+        try:
+            out = self.runner.run(
+                ["lvs", *_REPORT, "-o", LV_FIELDS + ",vg_extent_size", self.vg]).stdout
+        except CommandError as err:
+            self._raise_if_vg_missing(err)
+            raise
+        lvs = parse_lvs(out)
+        data = json.loads(out) if out.strip() else {"report": []}
+        rows = [row for rep in data.get("report", []) for row in rep.get("lv", [])]
+        extent = _int(rows[0].get("vg_extent_size", "")) if rows else 0
+        if extent <= 0:  # no LV at all (so no pool either): ask the VG itself
+            extent = self.volume_group().extent_size
+        return VgReport(tuple(lvs), extent)
+
     def get(self, name: str) -> LogicalVolume:
         check_name(name)
         try:
@@ -241,16 +271,30 @@ class Lvm:
 
     # writes ----------------------------------------------------------------
 
-    def create_thin(self, name: str, size: int, tags: Iterable[str]) -> LogicalVolume:
-        """A new, active thin LV of `size` bytes (a multiple of the extent size)."""
+    def create_thin(self, name: str, size: int, tags: Iterable[str], *,
+                    read_back: bool = True) -> LogicalVolume:
+        """A new, active thin LV of `size` bytes (a multiple of the extent size).
+
+        Without `read_back`, the LV is described from what lvcreate was told
+        (LVM makes a thin LV of exactly a whole number of extents), sparing an
+        `lvs`; its device numbers are then unknown (-1).
+        """
+        tag_list = list(tags)
         argv = [
             "lvcreate", "--yes", "--thin", f"{self.vg}/{self.pool}",
             "--virtualsize", f"{size}b", "--name", check_name(name),
             "--setactivationskip", "n", "--activate", "y",
         ]
-        argv += _tag_args(tags)
+        argv += _tag_args(tag_list)
         self.runner.run(argv)
-        return self.get(name)
+        if read_back:
+            return self.get(name)
+        return LogicalVolume(
+            name=name, vg=self.vg, size=size, tags=frozenset(tag_list), attr="Vwi-a-tz--",
+            pool=self.pool, origin="", path=f"/dev/{self.vg}/{name}", data_percent=None,
+            metadata_percent=None, created=int(time.time()), health="", kernel_major=-1,
+            kernel_minor=-1,
+        )
 
     def snapshot(
         self, source: str, name: str, tags: Iterable[str], *, writable_volume: bool

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import NamedTuple
 
 import grpc
 
@@ -36,6 +37,12 @@ def block_stage_file(staging_path: str, volume_id: str) -> str:
     return os.path.join(staging_path, volume_id)
 
 
+class Device(NamedTuple):
+    path: str
+    major: int
+    minor: int
+
+
 class NodeServicer(csi_pb2_grpc.NodeServicer):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -50,14 +57,28 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             raise NotFound(f"volume {volume_id!r} not found")
         return lv
 
-    def _device_mounted_at(self, lv: LogicalVolume, path: str) -> bool:
+    def _device_mounted_at(self, dev: LogicalVolume | Device, path: str) -> bool:
         """True when the LV is what is mounted at `path` (file system or node bind)."""
         top = mounts.top_mount(path)
         if top is None:
             return False
-        if lv.kernel_major < 0:
+        major, minor = ((dev.kernel_major, dev.kernel_minor) if isinstance(dev, LogicalVolume)
+                        else (dev.major, dev.minor))
+        if major < 0:
             return False
-        return mounts.mount_is_device(top, lv.kernel_major, lv.kernel_minor)
+        return mounts.mount_is_device(top, major, minor)
+
+    def _staged_device(self, volume_id: str) -> Device:
+        """The device of a staged volume, from its node under /dev: a staged volume
+        is active, and a stat costs nothing where an `lvs` costs a process.
+        Falls back to LVM (NOT_FOUND when the LV is gone)."""
+        path = os.path.join("/dev", self.ctx.lvm.vg, volume_id)
+        try:
+            st = os.stat(path)
+        except OSError:
+            lv = self._volume(volume_id)
+            return Device(lv.path, lv.kernel_major, lv.kernel_minor)
+        return Device(path, os.major(st.st_rdev), os.minor(st.st_rdev))
 
     # stage ---------------------------------------------------------------
 
@@ -150,7 +171,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                                f"{staging_path}")
             if not vols.is_volume_id(volume_id):
                 return pb.NodeUnstageVolumeResponse()  # never ours: nothing to undo
-            lv = self.ctx.lvm.find(volume_id)
+            # Without a record (a stage killed before its state write), LVM says
+            # whether what is mounted there is this volume.
+            lv = self.ctx.lvm.find(volume_id) if rec.staging is None else None
             block_file = block_stage_file(staging_path, volume_id)
             block_staged = rec.staging is not None and rec.staging.access_type == "block"
             if block_staged or (lv is not None and self._device_mounted_at(lv, block_file)):
@@ -160,7 +183,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     os.unlink(block_file)
             top = mounts.top_mount(staging_path)
             if top is not None and (
-                rec.staging is not None
+                (rec.staging is not None and rec.staging.access_type == "mount")
                 or (lv is not None and self._device_mounted_at(lv, staging_path))
             ):
                 self.ctx.fs.umount(staging_path)
@@ -180,10 +203,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         cap = v.capability(request.volume_capability, self.config.default_fs_type)
         readonly = request.readonly or cap.read_only_mode
         with self._lock(volume_id):
-            lv = self._volume(volume_id)
             rec = self.ctx.state.get(volume_id)
             if rec.staging is None or rec.staging.path != staging_path:
+                self._volume(volume_id)  # NOT_FOUND first, for a volume that does not exist
                 raise FailedPrecondition(f"volume {volume_id} is not staged at {staging_path}")
+            dev = self._staged_device(volume_id)
             if rec.staging.access_type != cap.access_type:
                 raise InvalidArgument(
                     f"volume {volume_id} is staged as {rec.staging.access_type}, "
@@ -207,7 +231,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                         f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
                         f"writer at {writers[0]}"
                     )
-            if self._device_mounted_at(lv, target):
+            if self._device_mounted_at(dev, target):
                 top = mounts.top_mount(target)
                 if top is not None and top.read_only != readonly:
                     # A publish interrupted between the bind and its remount.
@@ -218,7 +242,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     if not os.path.exists(target):
                         with open(target, "a"):
                             pass
-                    self._publish_block(lv, target, readonly)
+                    self._publish_block(dev.path, target, readonly)
                 else:
                     os.makedirs(target, exist_ok=True)
                     self.ctx.fs.bind(staging_path, target, readonly=readonly,
@@ -233,11 +257,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 self.ctx.state.add_publish(volume_id, target, want)
         return pb.NodePublishVolumeResponse()
 
-    def _publish_block(self, lv: LogicalVolume, target: str, readonly: bool) -> None:
+    def _publish_block(self, device: str, target: str, readonly: bool) -> None:
         if not readonly:
-            self.ctx.fs.bind(lv.path, target, readonly=False)
+            self.ctx.fs.bind(device, target, readonly=False)
             return
-        loop = self.ctx.fs.readonly_loop(lv.path)
+        loop = self.ctx.fs.readonly_loop(device)
         try:
             self.ctx.fs.bind(loop, target, readonly=True)
         except BaseException:
@@ -258,10 +282,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         target = v.path(request.target_path, "target_path")
         with self._lock(volume_id):
             rec = self.ctx.state.get(volume_id)
-            lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
-            ours = target in rec.publishes or (
-                lv is not None and self._device_mounted_at(lv, target)
-            )
+            # Without a record (a publish killed before its state write), LVM says
+            # whether what is mounted there is this volume.
+            ours = target in rec.publishes
+            if not ours and vols.is_volume_id(volume_id) and mounts.is_mount_point(target):
+                lv = self.ctx.lvm.find(volume_id)
+                ours = lv is not None and self._device_mounted_at(lv, target)
             if ours:
                 self._unmount_target(target)
                 if os.path.isdir(target):

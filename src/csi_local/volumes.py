@@ -14,7 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from csi_local.lvm import LogicalVolume, Lvm, VolumeGroup
+from csi_local.errors import FailedPrecondition
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, VolumeGroupNotFound
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
@@ -100,14 +101,20 @@ class PoolCapacity:
         return max(0, room // self.extent_size * self.extent_size)
 
 
-def pool_capacity(lvm: Lvm, ratio: float, vg: VolumeGroup | None = None) -> PoolCapacity:
-    """The arithmetic GetCapacity, CreateVolume and expansion share: the pool's
-    size times the over-provisioning ratio, less every thin LV's virtual size
-    (volumes, snapshots and other users of the pool alike)."""
-    vg = vg or lvm.volume_group()
-    lvs = lvm.list()
-    pool = next((lv for lv in lvs if lv.name == lvm.pool), None)
+def capacity_of(report: VgReport, pool_name: str, ratio: float) -> PoolCapacity:
+    """The arithmetic GetCapacity, CreateVolume, CreateSnapshot and expansion
+    share (and the host volume plugin): the pool's size times the
+    over-provisioning ratio, less every thin LV's virtual size (volumes,
+    snapshots and other users of the pool alike)."""
+    pool = report.find(pool_name)
     if pool is None:
-        pool = lvm.thin_pool()  # raises the not-found error
-    provisioned = sum(lv.size for lv in lvs if lv.pool == lvm.pool and lv.is_thin_volume)
-    return PoolCapacity(pool.size, provisioned, ratio, vg.extent_size)
+        raise VolumeGroupNotFound(f"thin pool {pool_name} not found in the volume group")
+    if not pool.is_thin_pool:
+        raise FailedPrecondition(f"LV {pool_name} is not a thin pool")
+    provisioned = sum(lv.size for lv in report.lvs if lv.pool == pool_name and lv.is_thin_volume)
+    return PoolCapacity(pool.size, provisioned, ratio, report.extent_size)
+
+
+def pool_capacity(lvm: Lvm, ratio: float) -> PoolCapacity:
+    """capacity_of a fresh report (one `lvs` call)."""
+    return capacity_of(lvm.report(), lvm.pool, ratio)
