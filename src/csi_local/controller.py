@@ -21,7 +21,6 @@ from csi_local.errors import (
     InvalidArgument,
     NotFound,
     OutOfRange,
-    ResourceExhausted,
     Unimplemented,
 )
 from csi_local.lvm import LogicalVolume, VgReport, VolumeGroupNotFound
@@ -410,15 +409,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             self.ctx.fs.sync(staging.path)
 
     def _check_room(self, report: VgReport, size: int) -> None:
-        """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool (hold POOL_LOCK,
-        with `report` read under it)."""
-        cap = vols.capacity_of(report, self.ctx.lvm.pool, self.config.overprovision_ratio)
-        if size > cap.available:
-            raise ResourceExhausted(
-                f"thin pool {self.ctx.lvm.vg}/{self.ctx.lvm.pool} has room for "
-                f"{cap.available} bytes, {size} requested "
-                f"(over-provisioning ratio {self.config.overprovision_ratio})"
-            )
+        vols.require_room(report, self.ctx.lvm, self.config.overprovision_ratio, size)
 
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:

@@ -42,7 +42,7 @@ from csi_local.fs import Filesystems, wait_for_device
 from csi_local.locks import Locks
 from csi_local.lvm import LogicalVolume, Lvm
 from csi_local.runner import Result, Runner, ShRunner
-from csi_local.volumes import pool_capacity
+from csi_local.volumes import require_room
 
 log = logging.getLogger("csi_local.dhv")
 
@@ -131,19 +131,13 @@ class Plugin:
             return req.path, lv.size
 
     def _new_lv(self, req: Request, fs_type: str) -> LogicalVolume:
-        extent = self.lvm.volume_group().extent_size
-        size = size_for_new(
-            req.capacity_min, req.capacity_max, extent,
-            default=self.config.default_size, minimum=FS_MIN_SIZE.get(fs_type, 0),
-        )
         with self._hold(POOL_LOCK):
-            cap = pool_capacity(self.lvm, self.config.overprovision_ratio)
-            if size > cap.available:
-                raise DhvError(
-                    f"thin pool {self.lvm.vg}/{self.lvm.pool} has room for {cap.available} "
-                    f"bytes, {size} requested (overprovision_ratio "
-                    f"{self.config.overprovision_ratio})"
-                )
+            report = self.lvm.report()  # the extent size and the pool's room in one call
+            size = size_for_new(
+                req.capacity_min, req.capacity_max, report.extent_size,
+                default=self.config.default_size, minimum=FS_MIN_SIZE.get(fs_type, 0),
+            )
+            require_room(report, self.lvm, self.config.overprovision_ratio, size)
             return self.lvm.create_thin(req.lv_name, size, volume_tags(req, fs_type))
 
     def _converge(self, req: Request, lv: LogicalVolume, fs_type: str,
@@ -170,19 +164,14 @@ class Plugin:
             self.lvm.delete_tags(lv.name, [TAG_FRESH])
 
     def _grow_lv(self, req: Request, lv: LogicalVolume) -> LogicalVolume:
-        growing = req.capacity_min > lv.size
-        extent = self.lvm.volume_group().extent_size if growing else 1
-        size = resize_target(lv.size, req.capacity_min, req.capacity_max, extent)
-        if size <= lv.size:
+        if req.capacity_min <= lv.size:  # nothing to grow; a shrink is still refused
+            resize_target(lv.size, req.capacity_min, req.capacity_max, 1)
             return lv
         with self._hold(POOL_LOCK):
-            cap = pool_capacity(self.lvm, self.config.overprovision_ratio)
-            if size - lv.size > cap.available:
-                raise DhvError(
-                    f"thin pool {self.lvm.vg}/{self.lvm.pool} has room for {cap.available} "
-                    f"more bytes; growing volume {req.volume_id} by {size - lv.size} is "
-                    "not possible"
-                )
+            report = self.lvm.report()
+            size = resize_target(lv.size, req.capacity_min, req.capacity_max,
+                                 report.extent_size)
+            require_room(report, self.lvm, self.config.overprovision_ratio, size - lv.size)
             self.lvm.add_tags(lv.name, [TAG_GROW_FS])
             lv = self.lvm.extend(lv.name, size)
         log.info("extended LV %s to %d bytes", lv.name, lv.size)

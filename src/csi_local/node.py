@@ -38,9 +38,15 @@ def block_stage_file(staging_path: str, volume_id: str) -> str:
 
 
 class Device(NamedTuple):
+    """A volume's block device: its node and its numbers (-1 when inactive)."""
+
     path: str
     major: int
     minor: int
+
+    @classmethod
+    def of(cls, lv: LogicalVolume) -> Device:
+        return cls(lv.path, lv.kernel_major, lv.kernel_minor)
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
@@ -57,16 +63,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             raise NotFound(f"volume {volume_id!r} not found")
         return lv
 
-    def _device_mounted_at(self, dev: LogicalVolume | Device, path: str) -> bool:
-        """True when the LV is what is mounted at `path` (file system or node bind)."""
+    def _device_mounted_at(self, dev: Device, path: str) -> bool:
+        """True when the device is what is mounted at `path` (file system or node bind)."""
         top = mounts.top_mount(path)
-        if top is None:
+        if top is None or dev.major < 0:
             return False
-        major, minor = ((dev.kernel_major, dev.kernel_minor) if isinstance(dev, LogicalVolume)
-                        else (dev.major, dev.minor))
-        if major < 0:
-            return False
-        return mounts.mount_is_device(top, major, minor)
+        return mounts.mount_is_device(top, dev.major, dev.minor)
 
     def _staged_device(self, volume_id: str) -> Device:
         """The device of a staged volume, from its node under /dev: a staged volume
@@ -76,8 +78,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         try:
             st = os.stat(path)
         except OSError:
-            lv = self._volume(volume_id)
-            return Device(lv.path, lv.kernel_major, lv.kernel_minor)
+            return Device.of(self._volume(volume_id))
         return Device(path, os.major(st.st_rdev), os.minor(st.st_rdev))
 
     # stage ---------------------------------------------------------------
@@ -124,7 +125,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                      cap: v.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
-        if not self._device_mounted_at(lv, target):
+        if not self._device_mounted_at(Device.of(lv), target):
             self._mark_used(lv)
             if not os.path.exists(target):
                 with open(target, "a"):
@@ -137,7 +138,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                      cap: v.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
-        if self._device_mounted_at(lv, staging_path):
+        if self._device_mounted_at(Device.of(lv), staging_path):
             top = mounts.top_mount(staging_path)
             assert top is not None
             fs_type = top.fs_type
@@ -176,7 +177,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             lv = self.ctx.lvm.find(volume_id) if rec.staging is None else None
             block_file = block_stage_file(staging_path, volume_id)
             block_staged = rec.staging is not None and rec.staging.access_type == "block"
-            if block_staged or (lv is not None and self._device_mounted_at(lv, block_file)):
+            dev = Device.of(lv) if lv is not None else None
+            if block_staged or (dev is not None and self._device_mounted_at(dev, block_file)):
                 # Only a file this plugin made and bound its device onto is removed.
                 self.ctx.fs.umount(block_file)
                 if os.path.isfile(block_file) and not os.path.islink(block_file):
@@ -184,7 +186,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             top = mounts.top_mount(staging_path)
             if top is not None and (
                 (rec.staging is not None and rec.staging.access_type == "mount")
-                or (lv is not None and self._device_mounted_at(lv, staging_path))
+                or (dev is not None and self._device_mounted_at(dev, staging_path))
             ):
                 self.ctx.fs.umount(staging_path)
             if rec.staging is not None:
@@ -287,7 +289,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             ours = target in rec.publishes
             if not ours and vols.is_volume_id(volume_id) and mounts.is_mount_point(target):
                 lv = self.ctx.lvm.find(volume_id)
-                ours = lv is not None and self._device_mounted_at(lv, target)
+                ours = lv is not None and self._device_mounted_at(Device.of(lv), target)
             if ours:
                 self._unmount_target(target)
                 if os.path.isdir(target):

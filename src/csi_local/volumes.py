@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from csi_local.errors import FailedPrecondition
+from csi_local.errors import FailedPrecondition, ResourceExhausted
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, VolumeGroupNotFound
 
 VOLUME_PREFIX = "csi-v-"
@@ -118,3 +118,14 @@ def capacity_of(report: VgReport, pool_name: str, ratio: float) -> PoolCapacity:
 def pool_capacity(lvm: Lvm, ratio: float) -> PoolCapacity:
     """capacity_of a fresh report (one `lvs` call)."""
     return capacity_of(lvm.report(), lvm.pool, ratio)
+
+
+def require_room(report: VgReport, lvm: Lvm, ratio: float, size: int) -> None:
+    """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool. Hold the pool
+    lock, with `report` read under it, until the LV is made or grown."""
+    cap = capacity_of(report, lvm.pool, ratio)
+    if size > cap.available:
+        raise ResourceExhausted(
+            f"thin pool {lvm.vg}/{lvm.pool} has room for {cap.available} bytes, {size} "
+            f"requested (over-provisioning ratio {ratio})"
+        )
