@@ -17,18 +17,11 @@ from typing import Any
 import grpc
 import pytest
 
+from csi_local.sizes import parse_size
 from sanity import csi_pb2, csi_pb2_grpc
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+__all__ = ["parse_size"]  # re-exported: the suite's options take sizes
 
-
-def parse_size(text: str) -> int:
-    """Parse a byte count such as ``1073741824``, ``64M``, ``1G`` or ``512KiB`` (binary units)."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"invalid size {text!r}: use bytes with an optional K/M/G/T suffix")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
 def normalize_endpoint(endpoint: str) -> str:

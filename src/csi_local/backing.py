@@ -6,7 +6,8 @@ import logging
 import os
 
 from csi_local.config import Config
-from csi_local.lvm import Lvm, VolumeGroupNotFound
+from csi_local.errors import VolumeGroupMissing
+from csi_local.lvm import Lvm
 from csi_local.runner import ShRunner
 
 log = logging.getLogger(__name__)
@@ -30,16 +31,10 @@ def ensure_backing(config: Config) -> None:
     lvm = Lvm(runner, config.volume_group, config.thin_pool)
     try:
         lvm.volume_group()
-    except VolumeGroupNotFound:
-        runner.run(["vgcreate", "--yes", config.volume_group, loop])
+    except VolumeGroupMissing:
+        lvm.create_volume_group(loop)
         log.info("created volume group %s on %s", config.volume_group, loop)
-    runner.run(["vgchange", "--activate", "y", config.volume_group])
+    lvm.activate_volume_group()
     if lvm.find(config.thin_pool) is None:
-        runner.run([
-            "lvcreate", "--yes", "--type", "thin-pool", "--extents", "80%VG",
-            "--name", config.thin_pool, config.volume_group,
-        ])
-        # Fail writes at once when the pool fills, instead of queueing them.
-        pool = f"{config.volume_group}/{config.thin_pool}"
-        runner.run(["lvchange", "--errorwhenfull", "y", pool])
+        lvm.create_thin_pool(80)
         log.info("created thin pool %s/%s", config.volume_group, config.thin_pool)

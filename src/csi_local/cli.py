@@ -19,6 +19,7 @@ from csi_local.config import (
     parse_size,
 )
 from csi_local.fsrules import SUPPORTED_FS as FS_TYPES
+from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="do not advertise controller expansion; NodeExpandVolume grows LV and file system")
     e("--command-timeout", action=_EnvDefault, env="CSI_LOCAL_COMMAND_TIMEOUT", default="120",
       type=float, help="seconds before an external command is killed")
-    e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default="/run/lock/csi-local",
+    e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default=DEFAULT_LOCK_DIR,
       help="directory of per-volume lock files, shared with csi-local-dhv")
     e("--backing-file", action=_EnvDefault, env="CSI_LOCAL_BACKING_FILE",
       help="demo mode: create the VG and thin pool on this loop-backed file if missing")

@@ -7,14 +7,14 @@ import re
 from dataclasses import dataclass
 
 from csi_local.fsrules import SUPPORTED_FS
+from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import check_name
+from csi_local.sizes import parse_size as _parse_size
 
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
 DEFAULT_ENDPOINT = "unix:///run/csi-local/csi.sock"
 DEFAULT_STATE_DIR = "/var/lib/csi-local"
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
-_SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
 class ConfigError(ValueError):
@@ -22,12 +22,11 @@ class ConfigError(ValueError):
 
 
 def parse_size(text: str) -> int:
-    """Bytes from "512M", "1G", "1GiB", "4096"; binary units."""
-    m = _SIZE_RE.match(text.strip())
-    if not m:
-        raise ConfigError(f"invalid size {text!r}")
-    unit = (m.group(2) or "").upper()[:1]
-    return int(m.group(1)) * _UNITS[unit]
+    """Bytes from "512M", "1G", "1GiB", "4096" (sizes.parse_size); ConfigError."""
+    try:
+        return _parse_size(text)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def socket_path(endpoint: str) -> str:
@@ -52,7 +51,7 @@ class Config:
     default_fs_type: str = "ext4"
     node_expansion_only: bool = False
     command_timeout: float = 120.0
-    lock_dir: str = "/run/lock/csi-local"
+    lock_dir: str = DEFAULT_LOCK_DIR
     backing_file: str | None = None
     backing_size: int | None = None
 

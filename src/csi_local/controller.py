@@ -1,4 +1,9 @@
-"""CSI Controller service: volumes and snapshots as thin LVs in one pool."""
+"""CSI Controller service: volumes and snapshots as thin LVs in one pool.
+
+Thin: each RPC validates its request, calls the volume layer (volumes,
+pool, lvm) and builds the reply. Storage errors pass through; the server
+maps them to codes (csi_local.rpc).
+"""
 
 from __future__ import annotations
 
@@ -8,58 +13,42 @@ import logging
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from csi_local import fsrules
-from csi_local import validation as v
+from csi_local import fsrules, validation
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.context import Context
-from csi_local.errors import (
+from csi_local.backend import Backend
+from csi_local.errors import VolumeGroupMissing
+from csi_local.locks import volume_key
+from csi_local.lvm import LogicalVolume, VgReport
+from csi_local.rpc import (
     AlreadyExists,
-    CommandError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     OutOfRange,
     Unimplemented,
 )
-from csi_local.lvm import LogicalVolume, VgReport, VolumeGroupNotFound
+from csi_local.state import AccessType
+from csi_local.volumes import Source, SourceKind
 
 log = logging.getLogger(__name__)
 RPC = pb.ControllerServiceCapability.RPC
-POOL_LOCK = "pool"
 
 
-def _vol_lock(volume_id: str) -> str:
-    return f"volume:{volume_id}"
-
-
-def volume_condition(ctx: Context, lv: LogicalVolume | None,
-                     pool: LogicalVolume | None) -> pb.VolumeCondition:
-    """Abnormal, with a reason, when the LV or its pool cannot serve I/O."""
-    problems = []
-    if lv is None:
-        problems.append("logical volume is missing")
-    elif not lv.active:
-        problems.append("logical volume is not active")
-    if pool is None:
-        problems.append(f"thin pool {ctx.lvm.vg}/{ctx.lvm.pool} is missing")
-    else:
-        if pool.health:
-            problems.append(f"thin pool health is {pool.health}")
-        if pool.data_percent is not None and pool.data_percent >= 100.0:
-            problems.append("thin pool is out of data space")
-        if pool.metadata_percent is not None and pool.metadata_percent >= 100.0:
-            problems.append("thin pool is out of metadata space")
-    if problems:
-        return pb.VolumeCondition(abnormal=True, message="; ".join(problems))
-    return pb.VolumeCondition(abnormal=False, message="volume is healthy")
+def condition_message(cond: vols.Condition) -> pb.VolumeCondition:
+    return pb.VolumeCondition(abnormal=cond.abnormal, message=cond.message)
 
 
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.config = ctx.config
+    def __init__(self, backend: Backend) -> None:
+        self.config = backend.config
+        self.lvm = backend.lvm
+        self.pool = backend.pool
+        self.fs = backend.fs
+        self.state = backend.state
+        self.locks = backend.locks
+        self.paginator = backend.paginator
 
     # helpers -------------------------------------------------------------
 
@@ -73,9 +62,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             accessible_topology=[self._topology()],
         )
         src = vols.source_of(lv)
-        if src is not None and src.kind == "snapshot":
+        if src is not None and src.kind is SourceKind.SNAPSHOT:
             msg.content_source.snapshot.snapshot_id = src.id
-        elif src is not None and src.kind == "volume":
+        elif src is not None and src.kind is SourceKind.VOLUME:
             msg.content_source.volume.volume_id = src.id
         return msg
 
@@ -89,40 +78,28 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             ready_to_use=True,
         )
 
-    def _get_volume(self, volume_id: str) -> LogicalVolume:
-        lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
-        if lv is None or not vols.is_csi_volume(lv):
-            raise NotFound(f"volume {volume_id!r} not found")
-        return lv
-
-    def _get_snapshot(self, snapshot_id: str) -> LogicalVolume:
-        lv = self.ctx.lvm.find(snapshot_id) if vols.is_snapshot_id(snapshot_id) else None
-        if lv is None or not vols.is_csi_snapshot(lv):
-            raise NotFound(f"snapshot {snapshot_id!r} not found")
-        return lv
-
-    def _requested_source(self, req: pb.CreateVolumeRequest) -> vols.Source | None:
+    def _requested_source(self, req: pb.CreateVolumeRequest) -> Source | None:
         if not req.HasField("volume_content_source"):
             return None
         src = req.volume_content_source
         which = src.WhichOneof("type")
         if which == "snapshot":
-            return vols.Source("snapshot", v.object_id(src.snapshot.snapshot_id,
-                                                       "volume_content_source.snapshot_id"))
+            return Source(SourceKind.SNAPSHOT, validation.object_id(
+                src.snapshot.snapshot_id, "volume_content_source.snapshot_id"))
         if which == "volume":
-            return vols.Source("volume", v.object_id(src.volume.volume_id,
-                                                     "volume_content_source.volume_id"))
+            return Source(SourceKind.VOLUME, validation.object_id(
+                src.volume.volume_id, "volume_content_source.volume_id"))
         raise InvalidArgument("volume_content_source needs a snapshot or a volume")
 
     # volumes -------------------------------------------------------------
 
     def CreateVolume(self, request: pb.CreateVolumeRequest,
                      context: grpc.ServicerContext) -> pb.CreateVolumeResponse:
-        name = v.required(request.name, "name")
-        caps = v.capabilities(request.volume_capabilities, self.config.default_fs_type)
-        v.parameters(request.parameters)
+        name = validation.required(request.name, "name")
+        caps = validation.capabilities(request.volume_capabilities, self.config.default_fs_type)
+        validation.parameters(request.parameters)
         rng = request.capacity_range if request.HasField("capacity_range") else None
-        v.topology_allows(
+        validation.topology_allows(
             request.accessibility_requirements
             if request.HasField("accessibility_requirements") else None,
             self.config.topology_key, self.config.node_id,
@@ -130,15 +107,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         source = self._requested_source(request)
         volume_id = vols.volume_id_for(name)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self.ctx.locks.hold(_vol_lock(volume_id)))
-            if source is not None and source.kind == "volume":
+            stack.enter_context(self.locks.hold(volume_key(volume_id)))
+            if source is not None and source.kind is SourceKind.VOLUME:
                 # A clone reads its source: keep it from being unstaged or deleted
                 # meanwhile (lock order: new volume, source, pool).
-                stack.enter_context(self.ctx.locks.hold(_vol_lock(source.id)))
-            stack.enter_context(self.ctx.locks.hold(POOL_LOCK))
-            # One report answers all: does the volume exist (a retry), its source,
-            # the extent size and the pool's room.
-            report = self.ctx.lvm.report()
+                stack.enter_context(self.locks.hold(volume_key(source.id)))
+            # One report, under the pool lock, answers all: does the volume exist
+            # (a retry), its source, the extent size and the pool's room.
+            report = stack.enter_context(self.pool.reserved())
             existing = report.find(volume_id)
             if existing is not None:
                 lv = self._reuse(existing, name, rng, source)
@@ -147,7 +123,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return pb.CreateVolumeResponse(volume=self._volume_message(lv))
 
     def _reuse(self, lv: LogicalVolume, name: str, rng: pb.CapacityRange | None,
-               source: vols.Source | None) -> LogicalVolume:
+               source: Source | None) -> LogicalVolume:
         """The same name again: the same volume if compatible, converging an
         interrupted create; ALREADY_EXISTS otherwise."""
         if not vols.is_csi_volume(lv):
@@ -155,26 +131,23 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         if vols.source_of(lv) != source:
             raise AlreadyExists(f"volume {name!r} exists with another content source")
         want = vols.requested_size(lv)
-        if not v.in_range(want, rng):
+        if not validation.in_range(want, rng):
             raise AlreadyExists(
                 f"volume {name!r} exists with {want} bytes, outside the requested range"
             )
         if lv.size < want:  # killed between snapshot and extend: finish the job
-            lv = self.ctx.lvm.extend(lv.name, want)
+            lv = self.lvm.extend(lv.name, want)
         return lv
 
-    def _create(self, report: VgReport, volume_id: str, caps: list[v.Capability],
-                rng: pb.CapacityRange | None, source: vols.Source | None) -> LogicalVolume:
+    def _create(self, report: VgReport, volume_id: str, caps: list[validation.Capability],
+                rng: pb.CapacityRange | None, source: Source | None) -> LogicalVolume:
         """Make the volume (hold its lock, its source's and the pool's)."""
         extent = report.extent_size
         minimum = max(fsrules.min_size(c.fs_type) for c in caps)
         source_lv: LogicalVolume | None = None
         if source is not None:
             source_lv = report.find(source.id)
-            ours = source_lv is not None and (
-                vols.is_csi_snapshot(source_lv) if source.kind == "snapshot"
-                else vols.is_csi_volume(source_lv))
-            if source_lv is None or not ours:
+            if source_lv is None or not vols.is_source(source_lv, source):
                 raise NotFound(f"{source.kind} {source.id!r} not found")
             if rng is not None and rng.limit_bytes and rng.limit_bytes < source_lv.size:
                 raise OutOfRange(
@@ -182,64 +155,55 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     f"{source_lv.size} bytes"
                 )
             minimum = max(minimum, source_lv.size)
-        size = v.size_for(rng, extent, minimum=minimum)
+        size = validation.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
-        self._check_room(report, size)
         if source is None or source_lv is None:
-            return self.ctx.lvm.create_thin(volume_id, size, [*tags, vols.TAG_FRESH],
-                                            read_back=False)
+            return self.pool.create_thin(report, volume_id, size, [*tags, vols.TAG_FRESH])
+        self.pool.require_room(report, size)
         tags += [source.tag(), vols.TAG_NEW_FSID]
         if size > source_lv.size:
             tags.append(vols.TAG_GROW_FS)
-        if source.kind == "volume":
+        if source.kind is SourceKind.VOLUME:
             self._flush_if_mounted(source.id)
-        lv = self.ctx.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
+        lv = self.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
         try:
             if size > lv.size:
-                lv = self.ctx.lvm.extend(volume_id, size)
+                lv = self.lvm.extend(volume_id, size)
         except BaseException:
-            self.ctx.lvm.remove(volume_id)  # leave nothing half-made
+            self.lvm.remove(volume_id)  # leave nothing half-made
             raise
         return lv
 
     def DeleteVolume(self, request: pb.DeleteVolumeRequest,
                      context: grpc.ServicerContext) -> pb.DeleteVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
         if not vols.is_volume_id(volume_id):
             return pb.DeleteVolumeResponse()  # never ours, so already gone
-        with self.ctx.locks.hold(_vol_lock(volume_id)):
-            rec = self.ctx.state.get(volume_id)
+        with self.locks.hold(volume_key(volume_id)):
+            rec = self.state.get(volume_id)
             if not rec.empty:
                 where = rec.staging.path if rec.staging else ", ".join(rec.publishes)
                 raise FailedPrecondition(
                     f"volume {volume_id} is still staged or published on this node ({where})"
                 )
-            lv = self.ctx.lvm.find(volume_id)
-            if lv is None or not vols.is_csi_volume(lv):
-                return pb.DeleteVolumeResponse()
-            try:
-                self.ctx.lvm.remove(volume_id)
-            except CommandError as err:
-                if "in use" in err.stderr or "open" in err.stderr:
-                    raise FailedPrecondition(
-                        f"volume {volume_id} is in use: {err.message}"
-                    ) from err
-                raise
+            lv = self.lvm.find(volume_id)
+            if lv is not None and vols.is_csi_volume(lv):
+                self.lvm.remove(volume_id)  # VolumeInUse: FAILED_PRECONDITION
         return pb.DeleteVolumeResponse()
 
     def ValidateVolumeCapabilities(
         self, request: pb.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
     ) -> pb.ValidateVolumeCapabilitiesResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
         if not request.volume_capabilities:
             raise InvalidArgument("volume_capabilities is required")
-        self._get_volume(volume_id)
+        vols.get_volume(self.lvm, volume_id)
         for cap in request.volume_capabilities:
-            problem = v.capability_problem(cap, self.config.default_fs_type)
+            problem = validation.capability_problem(cap, self.config.default_fs_type)
             if problem:
                 return pb.ValidateVolumeCapabilitiesResponse(message=problem)
         try:
-            v.parameters(request.parameters)
+            validation.parameters(request.parameters)
         except InvalidArgument as err:
             return pb.ValidateVolumeCapabilitiesResponse(message=err.message)
         confirmed = pb.ValidateVolumeCapabilitiesResponse.Confirmed(
@@ -250,21 +214,21 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return pb.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
 
     def _listed_volumes(self) -> tuple[list[LogicalVolume], LogicalVolume | None]:
-        lvs = self.ctx.lvm.list()
-        pool = next((lv for lv in lvs if lv.name == self.ctx.lvm.pool), None)
+        lvs = self.lvm.list()
+        pool = next((lv for lv in lvs if lv.name == self.lvm.pool), None)
         return [lv for lv in lvs if vols.is_csi_volume(lv)], pool
 
     def ListVolumes(self, request: pb.ListVolumesRequest,
                     context: grpc.ServicerContext) -> pb.ListVolumesResponse:
         volumes, pool = self._listed_volumes()
-        page, token = self.ctx.paginator.page(
+        page, token = self.paginator.page(
             volumes, lambda lv: lv.name, request.max_entries, request.starting_token
         )
         entries = [
             pb.ListVolumesResponse.Entry(
                 volume=self._volume_message(lv),
                 status=pb.ListVolumesResponse.VolumeStatus(
-                    volume_condition=volume_condition(self.ctx, lv, pool)
+                    volume_condition=self._condition(lv, pool)
                 ),
             )
             for lv in page
@@ -273,7 +237,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,
                             context: grpc.ServicerContext) -> pb.ControllerGetVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
         volumes, pool = self._listed_volumes()
         lv = next((x for x in volumes if x.name == volume_id), None)
         if lv is None:
@@ -281,23 +245,27 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return pb.ControllerGetVolumeResponse(
             volume=self._volume_message(lv),
             status=pb.ControllerGetVolumeResponse.VolumeStatus(
-                volume_condition=volume_condition(self.ctx, lv, pool)
+                volume_condition=self._condition(lv, pool)
             ),
         )
 
+    def _condition(self, lv: LogicalVolume | None,
+                   pool: LogicalVolume | None) -> pb.VolumeCondition:
+        return condition_message(vols.condition(lv, pool, self.pool.name))
+
     def GetCapacity(self, request: pb.GetCapacityRequest,
                     context: grpc.ServicerContext) -> pb.GetCapacityResponse:
-        v.parameters(request.parameters)
+        validation.parameters(request.parameters)
         if request.HasField("accessible_topology"):
             segs = request.accessible_topology.segments
             if segs.get(self.config.topology_key) != self.config.node_id:
                 return pb.GetCapacityResponse(available_capacity=0)
         for cap in request.volume_capabilities:
-            if v.capability_problem(cap, self.config.default_fs_type):
+            if validation.capability_problem(cap, self.config.default_fs_type):
                 return pb.GetCapacityResponse(available_capacity=0)
         try:
-            cap_info = vols.pool_capacity(self.ctx.lvm, self.config.overprovision_ratio)
-        except VolumeGroupNotFound as err:
+            cap_info = self.pool.capacity()
+        except VolumeGroupMissing as err:
             # A query, not a change: a node without its VG or pool has room for
             # nothing. An error here would leave external-provisioner's last
             # CSIStorageCapacity (possibly positive) in place, and the scheduler
@@ -326,14 +294,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ControllerExpandVolume(
         self, request: pb.ControllerExpandVolumeRequest, context: grpc.ServicerContext
     ) -> pb.ControllerExpandVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
         if not request.HasField("capacity_range"):
             raise InvalidArgument("capacity_range is required")
         if self.config.node_expansion_only:
             raise FailedPrecondition("controller expansion is disabled (--node-expansion-only)")
-        with self.ctx.locks.hold(_vol_lock(volume_id)):
-            lv = self._get_volume(volume_id)
-            lv = grow_volume(self.ctx, lv, request.capacity_range)
+        rng = request.capacity_range
+        with self.locks.hold(volume_key(volume_id)):
+            lv = vols.get_volume(self.lvm, volume_id)
+            lv = self.pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
                  and request.volume_capability.HasField("block"))
         return pb.ControllerExpandVolumeResponse(
@@ -361,20 +330,20 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
-        source_id = v.object_id(request.source_volume_id, "source_volume_id")
-        name = v.required(request.name, "name")
-        v.parameters(request.parameters)
+        source_id = validation.object_id(request.source_volume_id, "source_volume_id")
+        name = validation.required(request.name, "name")
+        validation.parameters(request.parameters)
         snapshot_id = vols.snapshot_id_for(name)
         # Lock order: snapshot, source, pool. One report then answers all: a retry,
         # the source, and the pool's room.
-        with self.ctx.locks.hold(_vol_lock(snapshot_id)), \
-                self.ctx.locks.hold(_vol_lock(source_id)), \
-                self.ctx.locks.hold(POOL_LOCK):
-            report = self.ctx.lvm.report()
+        with self.locks.hold(volume_key(snapshot_id)), \
+                self.locks.hold(volume_key(source_id)), \
+                self.pool.reserved() as report:
             existing = report.find(snapshot_id)
             if existing is not None:
                 src = vols.source_of(existing)
-                if not vols.is_csi_snapshot(existing) or src != vols.Source("volume", source_id):
+                if not vols.is_csi_snapshot(existing) or src != Source(SourceKind.VOLUME,
+                                                                        source_id):
                     raise AlreadyExists(
                         f"snapshot {name!r} exists for another source volume"
                     )
@@ -385,11 +354,11 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             # A thin snapshot shares blocks now but may own all of them once the
             # origin is rewritten, so it counts against the pool like a volume of
             # its size.
-            self._check_room(report, source_lv.size)
+            self.pool.require_room(report, source_lv.size)
             tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
-                    vols.Source("volume", source_id).tag()]
+                    Source(SourceKind.VOLUME, source_id).tag()]
             self._flush_if_mounted(source_id)
-            lv = self.ctx.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
+            lv = self.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
         return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
 
     def _flush_if_mounted(self, volume_id: str) -> None:
@@ -404,33 +373,30 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         around lvcreate is not possible: LVM's suspend of a frozen thin origin
         fails with EBUSY on this kernel.
         """
-        staging = self.ctx.state.get(volume_id).staging
-        if staging is not None and staging.access_type == "mount":
-            self.ctx.fs.sync(staging.path)
-
-    def _check_room(self, report: VgReport, size: int) -> None:
-        vols.require_room(report, self.ctx.lvm, self.config.overprovision_ratio, size)
+        staging = self.state.get(volume_id).staging
+        if staging is not None and staging.access_type is AccessType.MOUNT:
+            self.fs.sync(staging.path)
 
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:
-        snapshot_id = v.object_id(request.snapshot_id, "snapshot_id")
+        snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
         if not vols.is_snapshot_id(snapshot_id):
             return pb.DeleteSnapshotResponse()
-        with self.ctx.locks.hold(_vol_lock(snapshot_id)):
-            lv = self.ctx.lvm.find(snapshot_id)
+        with self.locks.hold(volume_key(snapshot_id)):
+            lv = self.lvm.find(snapshot_id)
             if lv is not None and vols.is_csi_snapshot(lv):
-                self.ctx.lvm.remove(snapshot_id)
+                self.lvm.remove(snapshot_id)
         return pb.DeleteSnapshotResponse()
 
     def ListSnapshots(self, request: pb.ListSnapshotsRequest,
                       context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
-        snaps = [lv for lv in self.ctx.lvm.list() if vols.is_csi_snapshot(lv)]
+        snaps = [lv for lv in self.lvm.list() if vols.is_csi_snapshot(lv)]
         if request.snapshot_id:
             snaps = [lv for lv in snaps if lv.name == request.snapshot_id]
         if request.source_volume_id:
-            want = vols.Source("volume", request.source_volume_id)
+            want = Source(SourceKind.VOLUME, request.source_volume_id)
             snaps = [lv for lv in snaps if vols.source_of(lv) == want]
-        page, token = self.ctx.paginator.page(
+        page, token = self.paginator.page(
             snaps, lambda lv: lv.name, request.max_entries, request.starting_token
         )
         return pb.ListSnapshotsResponse(
@@ -441,24 +407,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def GetSnapshot(self, request: pb.GetSnapshotRequest,
                     context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
-        snapshot_id = v.object_id(request.snapshot_id, "snapshot_id")
+        snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
         return pb.GetSnapshotResponse(snapshot=self._snapshot_message(
-            self._get_snapshot(snapshot_id)))
+            vols.get_snapshot(self.lvm, snapshot_id)))
 
-
-def grow_volume(ctx: Context, lv: LogicalVolume, rng: pb.CapacityRange) -> LogicalVolume:
-    """Grow the LV to the range's required size; never shrink (OUT_OF_RANGE)."""
-    if rng.limit_bytes and rng.limit_bytes < lv.size:
-        raise OutOfRange(f"volume is {lv.size} bytes; shrinking to {rng.limit_bytes} is refused")
-    if rng.required_bytes <= lv.size:
-        return lv
-    with ctx.locks.hold(POOL_LOCK):
-        report = ctx.lvm.report()
-        size = v.size_for(rng, report.extent_size)
-        cap = vols.capacity_of(report, ctx.lvm.pool, ctx.config.overprovision_ratio)
-        if size - lv.size > cap.available:
-            raise OutOfRange(
-                f"thin pool has room for {cap.available} more bytes; growing by "
-                f"{size - lv.size} is not possible"
-            )
-        return ctx.lvm.extend(lv.name, size)

@@ -1,9 +1,12 @@
-"""Errors that carry their gRPC status code, by name.
+"""What can go wrong below the RPCs, said without any gRPC status code.
 
-Helpers raise these; the server interceptor is the one place that turns them
-into a status on the wire. The codes are names, not grpc objects, so the LVM
-and file-system layers (and the Nomad host volume plugin, which must start
-fast) never import grpc.
+The storage layer (lvm, fs, locks, host, pool, the volume layer) raises
+these. It does not know which RPC called it, so it does not choose the code:
+a full thin pool is RESOURCE_EXHAUSTED for CreateVolume but OUT_OF_RANGE for
+ControllerExpandVolume, and a missing volume group must never look like a
+missing volume. `csi_local.rpc` maps them, per RPC, in one table; the host
+volume plugin reports their messages to Nomad. No grpc imports here: the
+host volume plugin must start fast.
 """
 
 from __future__ import annotations
@@ -11,62 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class CsiError(Exception):
-    """An error with a defined CSI status code."""
-
-    code: str = "INTERNAL"
+class StorageError(Exception):
+    """A failure of the storage layer; `message` is for people."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
 
-class InvalidArgument(CsiError):
-    code = "INVALID_ARGUMENT"
-
-
-class NotFound(CsiError):
-    code = "NOT_FOUND"
-
-
-class AlreadyExists(CsiError):
-    code = "ALREADY_EXISTS"
-
-
-class OutOfRange(CsiError):
-    code = "OUT_OF_RANGE"
-
-
-class ResourceExhausted(CsiError):
-    code = "RESOURCE_EXHAUSTED"
-
-
-class FailedPrecondition(CsiError):
-    code = "FAILED_PRECONDITION"
-
-
-class Aborted(CsiError):
-    code = "ABORTED"
-
-
-class Unavailable(CsiError):
-    code = "UNAVAILABLE"
-
-
-class Unimplemented(CsiError):
-    code = "UNIMPLEMENTED"
-
-
-class Internal(CsiError):
-    code = "INTERNAL"
-
-
-class VolumeNotFound(NotFound):
-    """The LV (volume or snapshot) does not exist: LVM's "not found", mapped once."""
-
-
-class CommandError(Internal):
-    """A command exited non-zero or timed out."""
+class CommandError(StorageError):
+    """A command exited non-zero or timed out: argv, exit code and output."""
 
     def __init__(
         self,
@@ -85,3 +42,58 @@ class CommandError(Internal):
         what = "timed out" if timed_out else f"exited {returncode}"
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         super().__init__(f"{self.argv[0]} {what}: {detail}".rstrip(": "))
+
+
+class VolumeGroupMissing(StorageError):
+    """The configured VG or its thin pool is absent: the node cannot serve
+    volumes now, and a caller must retry rather than forget anything."""
+
+
+class LvNotFound(StorageError):
+    """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
+    "not found", mapped once, in lvm.py."""
+
+
+class PoolUnusable(StorageError):
+    """The thin pool exists but cannot take volumes (not a thin pool)."""
+
+
+class NoRoom(StorageError):
+    """The thin pool has no room for what was asked."""
+
+
+class SizeOutOfRange(StorageError):
+    """No size meets the requested range (whole extents, a file system's
+    minimum, a source's size), or the request would shrink a volume."""
+
+
+class LockBusy(StorageError):
+    """Another operation on the same volume or the pool holds its lock."""
+
+
+class LockDirError(StorageError):
+    """The lock directory or a lock file is not safely ours."""
+
+
+class VolumeInUse(StorageError):
+    """The device is open or mounted, so LVM will not remove it."""
+
+
+class DeviceMissing(StorageError):
+    """A volume's device node did not appear (udev did not make it in time)."""
+
+
+class FormatRefused(StorageError):
+    """The one formatting rule said no: the device may hold data."""
+
+
+class StillMounted(StorageError):
+    """Something stays mounted where it was to be unmounted."""
+
+
+class MountOptionError(StorageError):
+    """A mount option that is malformed or not allowed; the message names it."""
+
+
+class UnsupportedFilesystem(StorageError):
+    """A file system this plugin does not make, mount or grow."""

@@ -1,20 +1,30 @@
-"""File systems and mounts: blkid, mkfs, mount, bind, umount, grow, stats, freeze."""
+"""File systems and mounts: blkid, mkfs, mount, bind, umount, grow, sync, stats.
+
+The rules (which file systems, their minimum sizes, which mount options)
+live in fsrules; this module runs the commands that apply them, through the
+Runner, and asks the Host what is mounted.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from csi_local import fsrules, mounts
-from csi_local.errors import CommandError, FailedPrecondition, InvalidArgument
+from csi_local import fsrules
+from csi_local.errors import (
+    CommandError,
+    FormatRefused,
+    StillMounted,
+    UnsupportedFilesystem,
+)
+from csi_local.host import Host
+from csi_local.mounts import Mount
 from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FS = fsrules.SUPPORTED_FS
 _MKFS = {
     "ext4": ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1"],
     "xfs": ["mkfs.xfs", "-q", "-K"],
@@ -32,17 +42,10 @@ class Usage:
     available_inodes: int
 
 
-def check_mount_flags(flags: Sequence[str]) -> list[str]:
-    """The CO's mount flags as single options; INVALID_ARGUMENT per fsrules' rule."""
-    try:
-        return fsrules.check(flags)
-    except fsrules.MountOptionError as err:
-        raise InvalidArgument(f"mount flag refused: {err}") from None
-
-
 class Filesystems:
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, host: Host) -> None:
         self.runner = runner
+        self.host = host
 
     def probe(self, device: str) -> tuple[str | None, bool]:
         """(file-system type or None, ambivalent/partial signature present).
@@ -82,7 +85,7 @@ class Filesystems:
         found, ambivalent = self.probe(device)
         if ambivalent:
             if not fresh:
-                raise FailedPrecondition(
+                raise FormatRefused(
                     f"volume {what} carries conflicting signatures and has been used before; "
                     "refusing to format it (inspect it with blkid/wipefs)"
                 )
@@ -91,16 +94,18 @@ class Filesystems:
             found = None
         if found is None:
             if not fresh:
-                raise FailedPrecondition(
+                raise FormatRefused(
                     f"volume {what} has no recognisable file system but has been used before "
                     "(as a raw block device, or its file system is damaged); refusing to "
                     f"format it as {fs_type}: its data is left untouched"
                 )
-            _check_readable(device)
+            problem = self.host.read_error(device)
+            if problem is not None:
+                raise FormatRefused(f"cannot read {device} ({problem}); refusing to format it")
             self.mkfs(device, fs_type)
             return fs_type
         if found != fs_type:
-            raise FailedPrecondition(
+            raise FormatRefused(
                 f"volume {what} holds a {found} file system, but {fs_type} was requested; "
                 "it is left untouched"
             )
@@ -111,12 +116,12 @@ class Filesystems:
 
     def mkfs(self, device: str, fs_type: str) -> None:
         if fs_type not in _MKFS:
-            raise InvalidArgument(f"unsupported fs type {fs_type!r}")
+            raise UnsupportedFilesystem(f"unsupported fs type {fs_type!r}")
         self.runner.run([*_MKFS[fs_type], device])
 
     def mount(self, device: str, target: str, fs_type: str, flags: Sequence[str]) -> None:
         argv = ["mount", "-t", fs_type]
-        opts = check_mount_flags(flags)
+        opts = fsrules.check(flags)
         if fs_type == "xfs" and "nouuid" not in opts:
             # Restores and clones carry their origin's UUID, and the kernel refuses a
             # second xfs with a mounted one's UUID; the origin is on this node, often
@@ -131,7 +136,7 @@ class Filesystems:
     def bind(self, source: str, target: str, *, readonly: bool, flags: Sequence[str] = ()) -> None:
         """Bind-mount; a read-only bind needs a remount after the bind itself."""
         self.runner.run(["mount", "--bind", source, target])
-        extra = check_mount_flags(flags)
+        extra = fsrules.check(flags)
         if readonly or extra:
             opts = ["remount", "bind", *(["ro"] if readonly else []), *extra]
             try:
@@ -158,13 +163,27 @@ class Filesystems:
     def remount_bind(self, target: str, *, readonly: bool) -> None:
         self.runner.run(["mount", "-o", f"remount,bind,{'ro' if readonly else 'rw'}", target])
 
-    def umount(self, target: str) -> None:
-        """Unmount every mount stacked at `target`; a no-op when none is."""
+    def umount(self, target: str, *, device: tuple[int, int] | None = None) -> list[Mount]:
+        """Unmount every mount stacked at `target`; returns them, top first (none:
+        nothing was mounted there).
+
+        With `device` (major, minor), only mounts of that device are taken
+        down: StillMounted, before any umount of it, for a mount of anything
+        else at `target` (never unmount what is not ours).
+        """
+        done: list[Mount] = []
         for _ in range(16):
-            if not mounts.is_mount_point(target):
-                return
+            top = self.host.top_mount(target)
+            if top is None:
+                return done
+            if device is not None and not self.host.shows_device(top, *device):
+                raise StillMounted(
+                    f"{target} is a mount point of another device ({top.source}); "
+                    "leaving it alone"
+                )
             self.runner.run(["umount", target])
-        raise FailedPrecondition(f"{target} is still mounted after repeated umount")
+            done.append(top)
+        raise StillMounted(f"{target} is still mounted after repeated umount")
 
     def new_fsid(self, device: str, fs_type: str) -> None:
         """Give an unmounted clone's file system an identity of its own.
@@ -186,7 +205,7 @@ class Filesystems:
         elif fs_type == "btrfs":
             self.runner.run(["btrfs", "filesystem", "resize", "max", mount_point])
         else:
-            raise InvalidArgument(f"cannot grow a {fs_type} file system")
+            raise UnsupportedFilesystem(f"cannot grow a {fs_type} file system")
 
     def usage(self, path: str) -> Usage:
         st = os.statvfs(path)
@@ -207,40 +226,5 @@ class Filesystems:
         return st.f_blocks * st.f_frsize
 
     def sync(self, mount_point: str) -> None:
-        """syncfs: flush the file system's dirty data (shortens a following freeze)."""
+        """syncfs: commit the file system's dirty data and journal (before a snapshot)."""
         self.runner.run(["sync", "--file-system", mount_point])
-
-
-def _check_readable(device: str, length: int = 1 << 20) -> None:
-    """Read the start of `device`: blkid's "nothing found" is trusted only when
-    the device can really be read."""
-    try:
-        with open(device, "rb", buffering=0) as f:
-            f.read(length)
-    except OSError as err:
-        raise FailedPrecondition(
-            f"cannot read {device} ({err.strerror}); refusing to format it"
-        ) from err
-
-
-def block_device_size(device: str) -> int:
-    with open(device, "rb") as f:
-        return f.seek(0, os.SEEK_END)
-
-
-def wait_for_device(path: str, timeout: float = 30.0) -> None:
-    """Wait until udev has made `path`, listening to udev instead of sleeping."""
-    if os.path.exists(path):
-        return
-    import pyudev  # kept off import paths that must start fast
-
-    context = pyudev.Context()
-    monitor = pyudev.Monitor.from_netlink(context)
-    monitor.filter_by(subsystem="block")
-    monitor.start()
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise FailedPrecondition(f"device {path} did not appear within {timeout:.0f}s")
-        monitor.poll(timeout=min(left, 1.0))

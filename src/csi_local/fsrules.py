@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from csi_local.errors import MountOptionError
+
 SUPPORTED_FS = ("ext4", "xfs", "btrfs")
 # mkfs refuses smaller devices: mkfs.xfs needs 300 MiB, mkfs.btrfs 114 MiB
 # (btrfs-progs 6.2; rounded up for a margin). Volumes are made at least this big.
@@ -25,6 +27,7 @@ def min_size(fs_type: str) -> int:
     """The smallest volume `fs_type` can be made on (0: no limit that matters)."""
     return MIN_SIZE.get(fs_type, 0)
 
+
 _CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=_-.:/+@")
 FORBIDDEN = frozenset({
     "remount", "bind", "rbind", "move", "loop", "offset", "sizelimit",
@@ -33,10 +36,6 @@ FORBIDDEN = frozenset({
     "make-slave", "make-rslave", "make-unbindable", "make-runbindable",
 })
 _FORBIDDEN_PREFIXES = ("x-mount.",)
-
-
-class MountOptionError(ValueError):
-    """An option that is malformed or not allowed; the message names it."""
 
 
 def check(flags: Iterable[str]) -> list[str]:

@@ -11,8 +11,8 @@ from csi_local import __version__
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import Config
-from csi_local.errors import CsiError
-from csi_local.lvm import Lvm, VolumeGroupNotFound
+from csi_local.errors import StorageError, VolumeGroupMissing
+from csi_local.lvm import Lvm
 
 log = logging.getLogger(__name__)
 Cap = pb.PluginCapability
@@ -59,16 +59,16 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
         """
         try:
             self.lvm.volume_group()
-        except VolumeGroupNotFound:
+        except VolumeGroupMissing:
             return True, (
                 f"volume group {self.lvm.vg} not found on this node: ready, but no volume can "
                 "be created or used here until it exists"
             )
-        except CsiError as err:
+        except StorageError as err:
             return False, err.message
         try:
             pool = self.lvm.thin_pool()
-        except CsiError as err:
+        except StorageError as err:
             return False, err.message
         if not pool.active:
             return False, f"thin pool {self.lvm.vg}/{self.lvm.pool} is not active"

@@ -2,8 +2,10 @@
 
 Each acquisition opens its own file description, so two threads of one
 process exclude each other just as two processes do. The CSI plugin and the
-Nomad host volume plugin use the same directory, so they never race on a
-volume or on the pool's capacity.
+Nomad host volume plugin use the same directory and the same keys (defined
+here, once), so they never race on a volume or on the pool's capacity. Lock
+order, everywhere: a volume's key before the pool's; of two volumes, the one
+being made before its source.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ import stat
 import time
 from collections.abc import Iterator
 
-from csi_local.errors import Aborted, FailedPrecondition, Internal
+from csi_local.errors import LockBusy, LockDirError
 
 DEFAULT_LOCK_DIR = "/run/lock/csi-local"
+# Held around every capacity check and the lvcreate/lvextend it allows.
+POOL_KEY = "pool"
 
 
-class LockDirError(FailedPrecondition):
-    """The lock directory or a lock file is not safely ours; the plugin must not start."""
+def volume_key(lv_name: str) -> str:
+    """The key of one volume or snapshot, by its LV name (both plugins' LV names
+    are disjoint, so one namespace serves both)."""
+    return f"volume:{lv_name}"
 
 
 def _secure_directory(directory: str) -> None:
@@ -66,11 +72,11 @@ class Locks:
         try:
             fd = os.open(path, flags, 0o600)
         except OSError as err:
-            raise Internal(f"cannot open lock file {path}: {err.strerror}") from err
+            raise LockDirError(f"cannot open lock file {path}: {err.strerror}") from err
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             os.close(fd)
-            raise Internal(f"lock file {path} is not a regular file of this user; "
+            raise LockDirError(f"lock file {path} is not a regular file of this user; "
                            "refusing to use it")
         return fd
 
@@ -81,7 +87,7 @@ class Locks:
 
     @contextlib.contextmanager
     def hold(self, key: str, timeout: float | None = None) -> Iterator[None]:
-        """Hold the lock for `key`; ABORTED when it stays busy past the timeout."""
+        """Hold the lock for `key`; LockBusy when it stays busy past the timeout."""
         limit = self.timeout if timeout is None else timeout
         fd = self._open(key)
         try:
@@ -93,7 +99,7 @@ class Locks:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise Aborted(
+                        raise LockBusy(
                             f"an operation on {key!r} is already in progress"
                         ) from None
                     time.sleep(delay)

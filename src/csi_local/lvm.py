@@ -1,20 +1,28 @@
-"""The only module that runs lvm.
+"""The only module that runs lvm (the plugins, the demo backing and the tests'
+harness all come through here).
 
 Reads use JSON reports in bytes; results are frozen dataclasses. LVM's "not
-found" is mapped once, here, to VolumeNotFound / VolumeGroupNotFound.
+found" is mapped once, here, to LvNotFound / VolumeGroupMissing; an LV that
+LVM will not remove because it is open is VolumeInUse. Every command runs
+through the Runner, which sets LC_ALL=C and a timeout.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from csi_local.errors import CommandError, FailedPrecondition, Unavailable, VolumeNotFound
+from csi_local.errors import (
+    CommandError,
+    LvNotFound,
+    PoolUnusable,
+    VolumeGroupMissing,
+    VolumeInUse,
+)
 
 if TYPE_CHECKING:
     from csi_local.runner import Runner
@@ -33,13 +41,11 @@ _NOT_FOUND_RE = re.compile(r"not found|Failed to find|does not exist", re.IGNORE
 # yet activated) must never make an LV look deleted.
 _VG_NOT_FOUND_RE = re.compile(r'Volume group "[^"]*" not found|Cannot process volume group',
                               re.IGNORECASE)
+# lvremove of an LV that is open or mounted: "Logical volume vg/lv in use." or
+# "Logical volume vg/lv contains a filesystem in use." (exit 5).
+_IN_USE_RE = re.compile(r"in use|is open|still open", re.IGNORECASE)
 _REPORT = ("--reportformat", "json", "--units", "b", "--nosuffix", "--config",
            "report/time_format=\"%s\"")
-
-
-class VolumeGroupNotFound(Unavailable):
-    """The configured VG or its thin pool is absent: the node cannot serve
-    volumes now, and a CO must retry rather than forget anything."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +162,6 @@ def parse_vgs(output: str) -> list[VolumeGroup]:
     ]
 
 
-def round_up(size: int, unit: int) -> int:
-    return max(1, math.ceil(size / unit)) * unit
-
-
 def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
         raise ValueError(f"invalid LVM name {name!r}")
@@ -192,7 +194,7 @@ class Lvm:
 
     def _raise_if_vg_missing(self, err: CommandError) -> None:
         if _vg_missing(err):
-            raise VolumeGroupNotFound(
+            raise VolumeGroupMissing(
                 f"volume group {self.vg} not found: the node cannot serve volumes until it "
                 "is back"
             ) from err
@@ -207,7 +209,7 @@ class Lvm:
             raise
         vgs = parse_vgs(out)
         if not vgs:
-            raise VolumeGroupNotFound(f"volume group {self.vg} not found: the node cannot "
+            raise VolumeGroupMissing(f"volume group {self.vg} not found: the node cannot "
                                       "serve volumes until it is back")
         return vgs[0]
 
@@ -247,26 +249,26 @@ class Lvm:
         except CommandError as err:
             self._raise_if_vg_missing(err)
             if _is_not_found(err):
-                raise VolumeNotFound(f"logical volume {self.vg}/{name} not found") from err
+                raise LvNotFound(f"logical volume {self.vg}/{name} not found") from err
             raise
         for lv in parse_lvs(out):
             if lv.name == name:
                 return lv
-        raise VolumeNotFound(f"logical volume {self.vg}/{name} not found")
+        raise LvNotFound(f"logical volume {self.vg}/{name} not found")
 
     def find(self, name: str) -> LogicalVolume | None:
         try:
             return self.get(name)
-        except VolumeNotFound:
+        except LvNotFound:
             return None
 
     def thin_pool(self) -> LogicalVolume:
         try:
             lv = self.get(self.pool)
-        except VolumeNotFound as err:
-            raise VolumeGroupNotFound(f"thin pool {self.vg}/{self.pool} not found") from err
+        except LvNotFound as err:
+            raise VolumeGroupMissing(f"thin pool {self.vg}/{self.pool} not found") from err
         if not lv.is_thin_pool:
-            raise FailedPrecondition(f"{self.vg}/{self.pool} is not a thin pool")
+            raise PoolUnusable(f"{self.vg}/{self.pool} is not a thin pool")
         return lv
 
     # writes ----------------------------------------------------------------
@@ -333,13 +335,15 @@ class Lvm:
         return self.get(name)
 
     def remove(self, name: str) -> bool:
-        """Remove an LV; False when it was already gone."""
+        """Remove an LV; False when it was already gone, VolumeInUse when it is open."""
         try:
             self.runner.run(["lvremove", "--yes", f"{self.vg}/{check_name(name)}"])
         except CommandError as err:
             self._raise_if_vg_missing(err)
             if _is_not_found(err):
                 return False
+            if _IN_USE_RE.search(err.stderr):
+                raise VolumeInUse(err.message) from err
             raise
         return True
 
@@ -351,6 +355,24 @@ class Lvm:
         for tag in tags:
             argv += ["--deltag", check_tag(tag)]
         self.runner.run([*argv, f"{self.vg}/{check_name(name)}"])
+
+
+    # the demo backing (csi-local serve --backing-file) ------------------------
+
+    def create_volume_group(self, device: str) -> None:
+        self.runner.run(["vgcreate", "--yes", self.vg, device])
+
+    def activate_volume_group(self) -> None:
+        self.runner.run(["vgchange", "--activate", "y", self.vg])
+
+    def create_thin_pool(self, percent_of_vg: int) -> None:
+        """The thin pool, on `percent_of_vg` of the VG, failing writes at once when
+        it fills (instead of queueing them until someone extends it)."""
+        self.runner.run([
+            "lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{percent_of_vg}%VG",
+            "--name", self.pool, self.vg,
+        ])
+        self.runner.run(["lvchange", "--errorwhenfull", "y", f"{self.vg}/{self.pool}"])
 
 
 def _tag_args(tags: Iterable[str]) -> list[str]:

@@ -7,6 +7,7 @@ mountinfo is the kernel's own answer.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -120,26 +121,36 @@ def mount_node(mount: Mount) -> str | None:
     return None
 
 
-def mount_is_device(mount: Mount, major: int, minor: int) -> bool:
+def mount_is_device(
+    mount: Mount, major: int, minor: int, *,
+    numbers: Callable[[str], tuple[int, int]] | None = None,
+    backing: Callable[[str], str | None] | None = None,
+) -> bool:
     """True when `mount` shows the block device major:minor: as a file system
     mounted from it, as the device node bind-mounted onto a file, or as a
-    (read-only) loop device over that node bind-mounted onto a file."""
+    (read-only) loop device over that node bind-mounted onto a file.
+
+    `numbers` and `backing` answer for device nodes and loop devices (OSError
+    from `numbers` when there is no such node); a fake host passes its own.
+    """
+    numbers = numbers or device_numbers
+    backing = backing or loop_backing
     if (mount.major, mount.minor) == (major, minor):
         return True
     if mount.major == 0 and mount.source.startswith("/dev/"):
         # btrfs shows an anonymous device number (0:N) in mountinfo; its source
         # names the device it was mounted from.
         try:
-            return device_numbers(mount.source) == (major, minor)
+            return numbers(mount.source) == (major, minor)
         except OSError:
             return False
     node = mount_node(mount)
     if node is None:
         return False
     try:
-        if device_numbers(node) == (major, minor):
+        if numbers(node) == (major, minor):
             return True
-        backing = loop_backing(node)
-        return backing is not None and device_numbers(backing) == (major, minor)
+        file = backing(node)
+        return file is not None and numbers(file) == (major, minor)
     except OSError:
         return False

@@ -1,4 +1,8 @@
-"""CSI Node service: stage (activate, mkfs once, mount), publish (bind), stats, expand."""
+"""CSI Node service: stage (activate, mkfs once, mount), publish (bind), stats, expand.
+
+Thin, like the controller: requests are validated, the volume layer and the
+file-system layer do the work, and the Host answers what is mounted.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,21 @@ from typing import NamedTuple
 
 import grpc
 
-from csi_local import mounts
-from csi_local import validation as v
+from csi_local import validation
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.context import Context
-from csi_local.controller import grow_volume, volume_condition
-from csi_local.errors import (
+from csi_local.backend import Backend
+from csi_local.locks import volume_key
+from csi_local.lvm import LogicalVolume
+from csi_local.mounts import mount_node
+from csi_local.rpc import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
 )
-from csi_local.fs import block_device_size, wait_for_device
-from csi_local.lvm import LogicalVolume
-from csi_local.state import Publish, Staging, VolumeRecord
+from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 
 log = logging.getLogger(__name__)
 NodeCap = pb.NodeServiceCapability.RPC
@@ -50,54 +53,52 @@ class Device(NamedTuple):
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.config = ctx.config
+    def __init__(self, backend: Backend) -> None:
+        self.config = backend.config
+        self.lvm = backend.lvm
+        self.pool = backend.pool
+        self.fs = backend.fs
+        self.host = backend.host
+        self.state = backend.state
+        self.locks = backend.locks
 
     def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
-        return self.ctx.locks.hold(f"volume:{volume_id}")
+        return self.locks.hold(volume_key(volume_id))
 
     def _volume(self, volume_id: str) -> LogicalVolume:
-        lv = self.ctx.lvm.find(volume_id) if vols.is_volume_id(volume_id) else None
-        if lv is None or not vols.is_csi_volume(lv):
-            raise NotFound(f"volume {volume_id!r} not found")
-        return lv
+        return vols.get_volume(self.lvm, volume_id)
 
     def _device_mounted_at(self, dev: Device, path: str) -> bool:
         """True when the device is what is mounted at `path` (file system or node bind)."""
-        top = mounts.top_mount(path)
-        if top is None or dev.major < 0:
-            return False
-        return mounts.mount_is_device(top, dev.major, dev.minor)
+        return self.host.device_mounted_at(path, dev.major, dev.minor)
 
     def _staged_device(self, volume_id: str) -> Device:
         """The device of a staged volume, from its node under /dev: a staged volume
         is active, and a stat costs nothing where an `lvs` costs a process.
         Falls back to LVM (NOT_FOUND when the LV is gone)."""
-        path = os.path.join("/dev", self.ctx.lvm.vg, volume_id)
-        try:
-            st = os.stat(path)
-        except OSError:
+        path = os.path.join("/dev", self.lvm.vg, volume_id)
+        numbers = self.host.device_numbers(path)
+        if numbers is None:
             return Device.of(self._volume(volume_id))
-        return Device(path, os.major(st.st_rdev), os.minor(st.st_rdev))
+        return Device(path, *numbers)
 
     # stage ---------------------------------------------------------------
 
     def NodeStageVolume(self, request: pb.NodeStageVolumeRequest,
                         context: grpc.ServicerContext) -> pb.NodeStageVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        staging_path = validation.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
-        cap = v.capability(request.volume_capability, self.config.default_fs_type)
+        cap = validation.capability(request.volume_capability, self.config.default_fs_type)
         with self._lock(volume_id):
             lv = self._volume(volume_id)
-            rec = self.ctx.state.get(volume_id)
+            rec = self.state.get(volume_id)
             if rec.staging is not None:
                 s = rec.staging
                 if s.path != staging_path:
                     raise AlreadyExists(f"volume {volume_id} is already staged at {s.path}")
-                wanted_fs = cap.fs_type if cap.access_type == "mount" else ""
+                wanted_fs = cap.fs_type if cap.access_type is AccessType.MOUNT else ""
                 flags_differ = s.flags_known and s.mount_flags != cap.mount_flags
                 if s.access_type != cap.access_type or flags_differ or (
                     request.volume_capability.mount.fs_type and s.fs_type != wanted_fs
@@ -105,24 +106,24 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     raise AlreadyExists(
                         f"volume {volume_id} is staged at {s.path} with another capability"
                     )
-            lv = self.ctx.lvm.activate(lv)
-            wait_for_device(lv.path)
-            if cap.access_type == "block":
+            lv = self.lvm.activate(lv)
+            self.host.wait_for_device(lv.path)
+            if cap.access_type is AccessType.BLOCK:
                 staging = self._stage_block(lv, staging_path, cap)
             else:
                 staging = self._stage_mount(lv, staging_path, cap)
             if rec.staging != staging:
-                self.ctx.state.set_staging(volume_id, staging)
+                self.state.set_staging(volume_id, staging)
         return pb.NodeStageVolumeResponse()
 
     def _mark_used(self, lv: LogicalVolume) -> None:
         """Drop the `fresh` tag before the volume is handed to anything that
         writes: from then on it is never formatted again."""
         if vols.TAG_FRESH in lv.tags:
-            self.ctx.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
+            self.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
 
     def _stage_block(self, lv: LogicalVolume, staging_path: str,
-                     cap: v.Capability) -> Staging:
+                     cap: validation.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
         if not self._device_mounted_at(Device.of(lv), target):
@@ -130,39 +131,39 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             if not os.path.exists(target):
                 with open(target, "a"):
                     pass
-            self.ctx.fs.bind(lv.path, target, readonly=False)
+            self.fs.bind(lv.path, target, readonly=False)
         # A grow-fs tag stays for the first stage as a file system (nothing to grow here).
-        return Staging(path=staging_path, access_type="block", access_mode=cap.mode)
+        return Staging(path=staging_path, access_type=AccessType.BLOCK, access_mode=cap.mode)
 
     def _stage_mount(self, lv: LogicalVolume, staging_path: str,
-                     cap: v.Capability) -> Staging:
+                     cap: validation.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
         if self._device_mounted_at(Device.of(lv), staging_path):
-            top = mounts.top_mount(staging_path)
+            top = self.host.top_mount(staging_path)
             assert top is not None
             fs_type = top.fs_type
         else:
-            fs_type = self.ctx.fs.ensure_filesystem(
+            fs_type = self.fs.ensure_filesystem(
                 lv.path, cap.fs_type, fresh=vols.TAG_FRESH in lv.tags, name=lv.name)
             self._mark_used(lv)
             if vols.TAG_NEW_FSID in lv.tags:
                 # The origin is on this node too, most likely mounted.
-                self.ctx.fs.new_fsid(lv.path, fs_type)
-                self.ctx.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
-            self.ctx.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
+                self.fs.new_fsid(lv.path, fs_type)
+                self.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
+            self.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
         if vols.TAG_GROW_FS in lv.tags:
-            self.ctx.fs.grow(lv.path, staging_path, fs_type)
-            self.ctx.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
-        return Staging(path=staging_path, access_type="mount", fs_type=fs_type,
+            self.fs.grow(lv.path, staging_path, fs_type)
+            self.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
+        return Staging(path=staging_path, access_type=AccessType.MOUNT, fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
 
     def NodeUnstageVolume(self, request: pb.NodeUnstageVolumeRequest,
                           context: grpc.ServicerContext) -> pb.NodeUnstageVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        staging_path = validation.path(request.staging_target_path, "staging_target_path")
         with self._lock(volume_id):
-            rec = self.ctx.state.get(volume_id)
+            rec = self.state.get(volume_id)
             if rec.publishes:
                 raise FailedPrecondition(
                     f"volume {volume_id} is still published at {', '.join(sorted(rec.publishes))}"
@@ -174,38 +175,38 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 return pb.NodeUnstageVolumeResponse()  # never ours: nothing to undo
             # Without a record (a stage killed before its state write), LVM says
             # whether what is mounted there is this volume.
-            lv = self.ctx.lvm.find(volume_id) if rec.staging is None else None
+            lv = self.lvm.find(volume_id) if rec.staging is None else None
             block_file = block_stage_file(staging_path, volume_id)
-            block_staged = rec.staging is not None and rec.staging.access_type == "block"
+            block_staged = (rec.staging is not None
+                            and rec.staging.access_type is AccessType.BLOCK)
             dev = Device.of(lv) if lv is not None else None
             if block_staged or (dev is not None and self._device_mounted_at(dev, block_file)):
                 # Only a file this plugin made and bound its device onto is removed.
-                self.ctx.fs.umount(block_file)
+                self.fs.umount(block_file)
                 if os.path.isfile(block_file) and not os.path.islink(block_file):
                     os.unlink(block_file)
-            top = mounts.top_mount(staging_path)
-            if top is not None and (
-                (rec.staging is not None and rec.staging.access_type == "mount")
+            if self.host.is_mount_point(staging_path) and (
+                (rec.staging is not None and rec.staging.access_type is AccessType.MOUNT)
                 or (dev is not None and self._device_mounted_at(dev, staging_path))
             ):
-                self.ctx.fs.umount(staging_path)
+                self.fs.umount(staging_path)
             if rec.staging is not None:
-                self.ctx.state.set_staging(volume_id, None)
+                self.state.set_staging(volume_id, None)
         return pb.NodeUnstageVolumeResponse()
 
     # publish -------------------------------------------------------------
 
     def NodePublishVolume(self, request: pb.NodePublishVolumeRequest,
                           context: grpc.ServicerContext) -> pb.NodePublishVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        target = v.path(request.target_path, "target_path")
-        staging_path = v.path(request.staging_target_path, "staging_target_path")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        target = validation.path(request.target_path, "target_path")
+        staging_path = validation.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
-        cap = v.capability(request.volume_capability, self.config.default_fs_type)
+        cap = validation.capability(request.volume_capability, self.config.default_fs_type)
         readonly = request.readonly or cap.read_only_mode
         with self._lock(volume_id):
-            rec = self.ctx.state.get(volume_id)
+            rec = self.state.get(volume_id)
             if rec.staging is None or rec.staging.path != staging_path:
                 self._volume(volume_id)  # NOT_FOUND first, for a volume that does not exist
                 raise FailedPrecondition(f"volume {volume_id} is not staged at {staging_path}")
@@ -234,12 +235,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                         f"writer at {writers[0]}"
                     )
             if self._device_mounted_at(dev, target):
-                top = mounts.top_mount(target)
+                top = self.host.top_mount(target)
                 if top is not None and top.read_only != readonly:
                     # A publish interrupted between the bind and its remount.
-                    self.ctx.fs.remount_bind(target, readonly=readonly)
+                    self.fs.remount_bind(target, readonly=readonly)
             else:
-                if cap.access_type == "block":
+                if cap.access_type is AccessType.BLOCK:
                     os.makedirs(os.path.dirname(target), exist_ok=True)
                     if not os.path.exists(target):
                         with open(target, "a"):
@@ -247,48 +248,48 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     self._publish_block(dev.path, target, readonly)
                 else:
                     os.makedirs(target, exist_ok=True)
-                    self.ctx.fs.bind(staging_path, target, readonly=readonly,
-                                     flags=cap.mount_flags)
+                    self.fs.bind(staging_path, target, readonly=readonly,
+                                 flags=cap.mount_flags)
             if have is None:
                 try:
-                    self.ctx.state.add_publish(volume_id, target, want)
+                    self.state.add_publish(volume_id, target, want)
                 except BaseException:
                     self._unmount_target(target)  # and its read-only loop device
                     raise
             elif have != want:
-                self.ctx.state.add_publish(volume_id, target, want)
+                self.state.add_publish(volume_id, target, want)
         return pb.NodePublishVolumeResponse()
 
     def _publish_block(self, device: str, target: str, readonly: bool) -> None:
         if not readonly:
-            self.ctx.fs.bind(device, target, readonly=False)
+            self.fs.bind(device, target, readonly=False)
             return
-        loop = self.ctx.fs.readonly_loop(device)
+        loop = self.fs.readonly_loop(device)
         try:
-            self.ctx.fs.bind(loop, target, readonly=True)
+            self.fs.bind(loop, target, readonly=True)
         except BaseException:
-            self.ctx.fs.detach_loop(loop)
+            self.fs.detach_loop(loop)
             raise
 
     def _unmount_target(self, target: str) -> None:
         """Unmount a publish target, detaching the read-only loop device under it."""
-        loops = [node for m in mounts.mounts_at(target)
-                 if (node := mounts.mount_node(m)) and mounts.loop_backing(node)]
-        self.ctx.fs.umount(target)
+        loops = [node for m in self.host.mounts_at(target)
+                 if (node := mount_node(m)) and self.host.loop_backing(node)]
+        self.fs.umount(target)
         for node in loops:
-            self.ctx.fs.detach_loop(node)
+            self.fs.detach_loop(node)
 
     def NodeUnpublishVolume(self, request: pb.NodeUnpublishVolumeRequest,
                             context: grpc.ServicerContext) -> pb.NodeUnpublishVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        target = v.path(request.target_path, "target_path")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        target = validation.path(request.target_path, "target_path")
         with self._lock(volume_id):
-            rec = self.ctx.state.get(volume_id)
+            rec = self.state.get(volume_id)
             # Without a record (a publish killed before its state write), LVM says
             # whether what is mounted there is this volume.
             ours = target in rec.publishes
-            if not ours and vols.is_volume_id(volume_id) and mounts.is_mount_point(target):
-                lv = self.ctx.lvm.find(volume_id)
+            if not ours and vols.is_volume_id(volume_id) and self.host.is_mount_point(target):
+                lv = self.lvm.find(volume_id)
                 ours = lv is not None and self._device_mounted_at(Device.of(lv), target)
             if ours:
                 self._unmount_target(target)
@@ -298,7 +299,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 elif os.path.isfile(target):
                     os.unlink(target)
             if target in rec.publishes:
-                self.ctx.state.remove_publish(volume_id, target)
+                self.state.remove_publish(volume_id, target)
         return pb.NodeUnpublishVolumeResponse()
 
     # stats and expansion ---------------------------------------------------
@@ -313,7 +314,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         malformed) is NOT_FOUND as well, not INVALID_ARGUMENT.
         """
         try:
-            path = v.path(raw, "volume_path")
+            path = validation.path(raw, "volume_path")
         except InvalidArgument:
             path = None
         if (rec.staging is None or path is None
@@ -323,32 +324,32 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodeGetVolumeStats(self, request: pb.NodeGetVolumeStatsRequest,
                            context: grpc.ServicerContext) -> pb.NodeGetVolumeStatsResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        raw_path = v.required(request.volume_path, "volume_path")
-        rec = self.ctx.state.get(volume_id)
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        raw_path = validation.required(request.volume_path, "volume_path")
+        rec = self.state.get(volume_id)
         path = self._volume_path(rec, raw_path)
         assert rec.staging is not None
-        lvs = self.ctx.lvm.list()
+        lvs = self.lvm.list()
         lv = next((x for x in lvs if x.name == volume_id and vols.is_csi_volume(x)), None)
-        pool = next((x for x in lvs if x.name == self.ctx.lvm.pool), None)
-        condition = volume_condition(self.ctx, lv, pool)
+        pool = next((x for x in lvs if x.name == self.lvm.pool), None)
+        condition = vols.condition(lv, pool, self.pool.name)
         problems = [condition.message] if condition.abnormal else []
         resp = pb.NodeGetVolumeStatsResponse()
-        block = rec.staging.access_type == "block"
+        block = rec.staging.access_type is AccessType.BLOCK
         check = block_stage_file(path, volume_id) if block and path == rec.staging.path else path
-        top = mounts.top_mount(check)
-        mounted = top is not None and lv is not None and mounts.mount_is_device(
+        top = self.host.top_mount(check)
+        mounted = top is not None and lv is not None and self.host.shows_device(
             top, lv.kernel_major, lv.kernel_minor)
         if not mounted:
             problems.append(f"{path} is not mounted")
         if block:
             if lv is not None and lv.active:
                 resp.usage.append(pb.VolumeUsage(unit=pb.VolumeUsage.BYTES,
-                                                 total=block_device_size(lv.path)))
+                                                 total=self.host.device_size(lv.path)))
         elif mounted and top is not None:
             if top.fs_read_only and "ro" not in rec.staging.mount_flags:
                 problems.append("file system is read-only (I/O errors?)")
-            u = self.ctx.fs.usage(path)
+            u = self.fs.usage(path)
             resp.usage.extend([
                 pb.VolumeUsage(unit=pb.VolumeUsage.BYTES, total=u.total_bytes,
                                used=u.used_bytes, available=u.available_bytes),
@@ -364,17 +365,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
 
     def NodeExpandVolume(self, request: pb.NodeExpandVolumeRequest,
                          context: grpc.ServicerContext) -> pb.NodeExpandVolumeResponse:
-        volume_id = v.object_id(request.volume_id, "volume_id")
-        raw_path = v.required(request.volume_path, "volume_path")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        raw_path = validation.required(request.volume_path, "volume_path")
         with self._lock(volume_id):
             lv = self._volume(volume_id)
-            rec = self.ctx.state.get(volume_id)
+            rec = self.state.get(volume_id)
             self._volume_path(rec, raw_path)
             assert rec.staging is not None
             if request.HasField("capacity_range"):
-                lv = grow_volume(self.ctx, lv, request.capacity_range)
-            if rec.staging.access_type == "mount":
-                self.ctx.fs.grow(lv.path, rec.staging.path, rec.staging.fs_type)
+                rng = request.capacity_range
+                lv = self.pool.grow(lv, rng.required_bytes, rng.limit_bytes)
+            if rec.staging.access_type is AccessType.MOUNT:
+                self.fs.grow(lv.path, rec.staging.path, rec.staging.fs_type)
         return pb.NodeExpandVolumeResponse(capacity_bytes=lv.size)
 
     # info ------------------------------------------------------------------

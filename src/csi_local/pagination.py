@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from csi_local.errors import Aborted, InvalidArgument
+from csi_local.rpc import Aborted, InvalidArgument
 
 T = TypeVar("T")
 

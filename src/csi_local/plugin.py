@@ -1,23 +1,26 @@
-"""Wires one plugin process together: runner, LVM, file systems, locks, state,
-and the three CSI services."""
+"""Wires one CSI plugin process together: runner, LVM, pool, file systems, the
+host, locks, state, and the three CSI services."""
 
 from __future__ import annotations
 
 import logging
 import os
 
+from csi_local.atomic import write_atomic
+from csi_local.backend import Backend
 from csi_local.config import Config
-from csi_local.context import Context
 from csi_local.controller import ControllerServicer
 from csi_local.fs import Filesystems
+from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
 from csi_local.lvm import Lvm
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
+from csi_local.pool import Pool
 from csi_local.recovery import rebuild_state, reconcile_state
 from csi_local.runner import ShRunner
-from csi_local.state import StateStore, write_atomic
+from csi_local.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +40,25 @@ def _token_key(state_dir: str) -> bytes:
     return key
 
 
-class Plugin:
+class CsiPlugin:
+    """The CSI plugin of one node: its backend and its three servicers."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         runner = ShRunner(timeout=config.command_timeout)
+        host = Host()
         lvm = Lvm(runner, config.volume_group, config.thin_pool)
-        fs = Filesystems(runner)
-        state = StateStore(config.state_dir, rebuild=lambda: rebuild_state(lvm),
-                           reconcile=lambda records: reconcile_state(lvm, records))
-        self.ctx = Context(
-            config=config, lvm=lvm, fs=fs, state=state, locks=Locks(config.lock_dir),
+        locks = Locks(config.lock_dir)
+        state = StateStore(config.state_dir, rebuild=lambda: rebuild_state(lvm, host),
+                           reconcile=lambda records: reconcile_state(lvm, host, records))
+        self.backend = Backend(
+            config=config, lvm=lvm, pool=Pool(lvm, locks, config.overprovision_ratio),
+            fs=Filesystems(runner, host), host=host, state=state, locks=locks,
             paginator=Paginator(_token_key(config.state_dir)),
         )
         self.identity = IdentityServicer(config, lvm)
-        self.controller = ControllerServicer(self.ctx)
-        self.node = NodeServicer(self.ctx)
+        self.controller = ControllerServicer(self.backend)
+        self.node = NodeServicer(self.backend)
 
     def close(self) -> None:
-        self.ctx.state.close()
+        self.backend.state.close()

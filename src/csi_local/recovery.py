@@ -18,11 +18,12 @@ import os
 import re
 from dataclasses import replace
 
-from csi_local import mounts
 from csi_local import volumes as vols
-from csi_local.errors import CsiError
+from csi_local.errors import StorageError
+from csi_local.host import Host
 from csi_local.lvm import LogicalVolume, Lvm
-from csi_local.state import Publish, Staging, VolumeRecord
+from csi_local.mounts import Mount, mount_node
+from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,12 @@ def classify(path: str, *, block_node: bool, volume_id: str) -> str:
     return UNKNOWN
 
 
-def _device_mounts(lv: LogicalVolume, table: list[mounts.Mount]) -> list[mounts.Mount]:
-    return [m for m in table if mounts.mount_is_device(m, lv.kernel_major, lv.kernel_minor)]
-
-
-def _record_from_mounts(lv: LogicalVolume, found: list[mounts.Mount]) -> VolumeRecord | None:
+def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord | None:
     staging: Staging | None = None
     pubs: dict[str, Publish] = {}
-    unknown: list[tuple[mounts.Mount, bool]] = []
+    unknown: list[tuple[Mount, bool]] = []
     for m in found:
-        block_node = mounts.mount_node(m) is not None  # the device node bound onto a file
+        block_node = mount_node(m) is not None  # the device node bound onto a file
         if not block_node and m.root != "/":
             continue  # a bind of a subdirectory (a subPath): never a CO request to us
         kind = classify(m.mount_point, block_node=block_node, volume_id=lv.name)
@@ -101,37 +98,37 @@ def _record_from_mounts(lv: LogicalVolume, found: list[mounts.Mount]) -> VolumeR
     return VolumeRecord(lv.name, staging, pubs)
 
 
-def _staging(m: mounts.Mount, block_node: bool) -> Staging:
+def _staging(m: Mount, block_node: bool) -> Staging:
     if block_node:
-        return Staging(path=os.path.dirname(m.mount_point), access_type="block")
-    return Staging(path=m.mount_point, access_type="mount", fs_type=m.fs_type,
+        return Staging(path=os.path.dirname(m.mount_point), access_type=AccessType.BLOCK)
+    return Staging(path=m.mount_point, access_type=AccessType.MOUNT, fs_type=m.fs_type,
                    flags_known=False)
 
 
 def _csi_lvs(lvm: Lvm) -> list[LogicalVolume] | None:
     try:
         return [lv for lv in lvm.list() if vols.is_csi_volume(lv)]
-    except CsiError as err:
+    except StorageError as err:
         log.error("cannot list LVs to recover the node state: %s", err.message)
         return None
 
 
-def rebuild_state(lvm: Lvm, table: list[mounts.Mount] | None = None) -> dict[str, VolumeRecord]:
+def rebuild_state(lvm: Lvm, host: Host) -> dict[str, VolumeRecord]:
     """Staging and publish records recovered from the kernel's mount table."""
-    table = mounts.read_mounts() if table is None else table
+    table = host.mounts()
     lvs = _csi_lvs(lvm)
     records: dict[str, VolumeRecord] = {}
     for lv in lvs or []:
         if lv.kernel_major < 0:
             continue
-        rec = _record_from_mounts(lv, _device_mounts(lv, table))
+        rec = _record_from_mounts(lv, host.mounts_of(lv.kernel_major, lv.kernel_minor, table))
         if rec is not None:
             records[lv.name] = rec
     return records
 
 
-def reconcile_state(lvm: Lvm, records: dict[str, VolumeRecord],
-                    table: list[mounts.Mount] | None = None) -> dict[str, VolumeRecord]:
+def reconcile_state(lvm: Lvm, host: Host,
+                    records: dict[str, VolumeRecord]) -> dict[str, VolumeRecord]:
     """The records of a surviving state file, less what is no longer mounted.
 
     After a reboot (or an unmount behind the plugin's back) a record may name
@@ -140,7 +137,7 @@ def reconcile_state(lvm: Lvm, records: dict[str, VolumeRecord],
     device is still mounted where it says. When LVM cannot be read the
     records are kept as they are: nothing can be verified, and nothing is lost.
     """
-    table = mounts.read_mounts() if table is None else table
+    table = host.mounts()
     lvs = _csi_lvs(lvm)
     if lvs is None:
         return records
@@ -152,12 +149,12 @@ def reconcile_state(lvm: Lvm, records: dict[str, VolumeRecord],
             continue  # the LV is gone or inactive: nothing of it can be mounted
 
         def mounted(path: str, lv: LogicalVolume = lv) -> bool:
-            return any(mounts.mount_is_device(m, lv.kernel_major, lv.kernel_minor)
-                       for m in mounts.mounts_at(path, table))
+            return any(host.shows_device(m, lv.kernel_major, lv.kernel_minor)
+                       for m in host.mounts_at(path, table))
 
         staging = rec.staging
         if staging is not None:
-            where = (os.path.join(staging.path, vid) if staging.access_type == "block"
+            where = (os.path.join(staging.path, vid) if staging.access_type is AccessType.BLOCK
                      else staging.path)
             if not mounted(where):
                 staging = None

@@ -19,9 +19,9 @@ from google.protobuf.message import Message
 from csi_local._gen import csi_pb2_grpc
 from csi_local.backing import ensure_backing
 from csi_local.config import Config
-from csi_local.errors import CsiError
-from csi_local.locks import LockDirError
-from csi_local.plugin import Plugin
+from csi_local.errors import LockDirError, StorageError
+from csi_local.plugin import CsiPlugin
+from csi_local.rpc import RpcError, status_of
 from csi_local.state import StateLocked
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def redact(request: Message) -> str:
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
-    """Maps CsiError to its status code (the one place that does) and logs calls."""
+    """Turns errors into status codes (through rpc.status_of, the one table) and
+    logs every call with its outcome and time."""
 
     def intercept_service(
         self,
@@ -59,13 +60,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             log.debug("%s request: %s", method, redact(request))
             try:
                 reply = inner(request, context)
-            except CsiError as err:
-                log.info("%s -> %s: %s (%.3fs)", method, err.code, err.message,
+            except (RpcError, StorageError) as err:
+                code, message = status_of(method, err)
+                log.info("%s -> %s: %s (%.3fs)", method, code, message,
                          time.monotonic() - started)
-                context.abort(grpc.StatusCode[err.code], err.message)
+                context.abort(grpc.StatusCode[code], message)
             except Exception as err:
                 log.exception("%s failed unexpectedly", method)
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {err}")
+                code, message = status_of(method, err)
+                context.abort(grpc.StatusCode[code], message)
             log.info("%s -> OK (%.3fs)", method, time.monotonic() - started)
             return reply
 
@@ -94,7 +97,7 @@ def _claim_socket(path: str) -> None:
     raise ServerError(f"another server is already listening on {path}; refusing to start")
 
 
-def build_server(plugin: Plugin, socket_file: str, workers: int = 16) -> grpc.Server:
+def build_server(plugin: CsiPlugin, socket_file: str, workers: int = 16) -> grpc.Server:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
         interceptors=[ErrorInterceptor()],
@@ -113,7 +116,7 @@ def serve(config: Config) -> None:
     if config.backing_file is not None and config.backing_size is not None:
         ensure_backing(config)
     try:
-        plugin = Plugin(config)
+        plugin = CsiPlugin(config)
     except (StateLocked, LockDirError) as err:
         raise ServerError(str(err)) from None
     server = build_server(plugin, path)

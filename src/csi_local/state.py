@@ -16,6 +16,9 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from csi_local.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,13 @@ def _holder(lock_path: str) -> str:
     return f" (pid {pid}: {cmd[:200]})"
 
 
+class AccessType(StrEnum):
+    """How a volume is staged and published: a mounted file system or the raw device."""
+
+    MOUNT = "mount"
+    BLOCK = "block"
+
+
 @dataclass(frozen=True)
 class Publish:
     readonly: bool = False
@@ -50,7 +60,7 @@ class Publish:
 @dataclass(frozen=True)
 class Staging:
     path: str
-    access_type: str  # "mount" or "block"
+    access_type: AccessType
     fs_type: str = ""
     mount_flags: tuple[str, ...] = ()
     access_mode: int = 0
@@ -86,7 +96,7 @@ def _to_json(rec: VolumeRecord) -> dict[str, object]:
         s = rec.staging
         out["staging"] = {
             "path": s.path,
-            "access_type": s.access_type,
+            "access_type": str(s.access_type),
             "fs_type": s.fs_type,
             "mount_flags": list(s.mount_flags),
             "access_mode": s.access_mode,
@@ -105,7 +115,7 @@ def _from_json(volume_id: str, data: object) -> VolumeRecord:
     if isinstance(raw, dict):
         staging = Staging(
             path=str(raw["path"]),
-            access_type=str(raw["access_type"]),
+            access_type=AccessType(str(raw["access_type"])),
             fs_type=str(raw.get("fs_type", "")),
             mount_flags=tuple(str(f) for f in raw.get("mount_flags", [])),
             access_mode=int(raw.get("access_mode", 0)),
@@ -140,29 +150,6 @@ def parse(text: str) -> dict[str, VolumeRecord]:
 def render(records: dict[str, VolumeRecord]) -> str:
     vols = {vid: _to_json(r) for vid, r in sorted(records.items()) if not r.empty}
     return json.dumps({"version": VERSION, "volumes": vols}, indent=1, sort_keys=True) + "\n"
-
-
-def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text`: temp file, fsync, rename, fsync of the directory."""
-    directory = os.path.dirname(path) or "."
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class StateStore:

@@ -1,4 +1,9 @@
-"""Request fields to plain values. Everything a command will see is checked here first."""
+"""Request fields to plain values. Everything a command will see is checked here first.
+
+The RPC edge: this module knows the protobuf types and raises the RPC's own
+errors (INVALID_ARGUMENT, OUT_OF_RANGE); what it returns is plain Python,
+so nothing below the servicers sees a transport type.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from csi_local import fsrules, sizes
 from csi_local._gen import csi_pb2 as pb
-from csi_local.errors import InvalidArgument, OutOfRange, ResourceExhausted
-from csi_local.fs import SUPPORTED_FS, check_mount_flags
-from csi_local.lvm import round_up
+from csi_local.errors import MountOptionError, SizeOutOfRange
+from csi_local.fsrules import SUPPORTED_FS
+from csi_local.rpc import InvalidArgument, OutOfRange, ResourceExhausted
+from csi_local.state import AccessType
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 SINGLE_NODE_MODES = frozenset({
@@ -31,7 +38,7 @@ FORBIDDEN_TREES = ("/dev", "/proc", "/sys", "/etc")
 
 @dataclass(frozen=True)
 class Capability:
-    access_type: str  # "mount" or "block"
+    access_type: AccessType
     fs_type: str  # "" for block; resolved to the default otherwise
     mount_flags: tuple[str, ...]
     mode: int
@@ -102,9 +109,9 @@ def capability(cap: pb.VolumeCapability, default_fs: str) -> Capability:
     kind = cap.WhichOneof("access_type")
     mode = cap.access_mode.mode
     if kind == "block":
-        return Capability("block", "", (), mode)
+        return Capability(AccessType.BLOCK, "", (), mode)
     fs_type = cap.mount.fs_type or default_fs
-    return Capability("mount", fs_type, tuple(cap.mount.mount_flags), mode)
+    return Capability(AccessType.MOUNT, fs_type, tuple(cap.mount.mount_flags), mode)
 
 
 def capability_problem(cap: pb.VolumeCapability, default_fs: str) -> str | None:
@@ -125,9 +132,9 @@ def capability_problem(cap: pb.VolumeCapability, default_fs: str) -> str | None:
         if not fs_available(fs_type):
             return f"fs type {fs_type!r} is not supported on this node: mkfs.{fs_type} is missing"
         try:
-            check_mount_flags(list(cap.mount.mount_flags))
-        except InvalidArgument as err:
-            return err.message
+            fsrules.check(cap.mount.mount_flags)
+        except MountOptionError as err:
+            return f"mount flag refused: {err.message}"
     return None
 
 
@@ -152,29 +159,16 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
 def size_for(
     rng: pb.CapacityRange | None, extent: int, *, minimum: int = 0, default: int = DEFAULT_SIZE
 ) -> int:
-    """The size to make: `required` rounded up to whole extents, within `limit`.
-
-    `minimum` is a floor the volume must reach (a source's size, xfs's
-    300 MiB); OUT_OF_RANGE when the range cannot be met.
-    """
+    """The size to make for a capacity range (sizes.size_for's rule);
+    OUT_OF_RANGE when the range cannot be met."""
     req = rng.required_bytes if rng is not None else 0
     lim = rng.limit_bytes if rng is not None else 0
     if req < 0 or lim < 0:
         raise InvalidArgument("capacity_range bytes must not be negative")
-    if lim and req > lim:
-        raise OutOfRange(f"required_bytes {req} exceeds limit_bytes {lim}")
-    if req:
-        size = round_up(max(req, minimum), extent)
-    elif lim:
-        size = max(min(default, lim // extent * extent), round_up(minimum, extent))
-    else:
-        size = round_up(max(default, minimum), extent)
-    if lim and size > lim:
-        raise OutOfRange(
-            f"no size in the range [{req}, {lim}] bytes: sizes are whole extents of "
-            f"{extent} bytes" + (f" and at least {minimum} bytes" if minimum else "")
-        )
-    return size
+    try:
+        return sizes.size_for(req, lim, extent, default=default, minimum=minimum)
+    except SizeOutOfRange as err:
+        raise OutOfRange(err.message) from None
 
 
 def in_range(size: int, rng: pb.CapacityRange | None) -> bool:

@@ -1,4 +1,7 @@
-"""What a CSI volume or snapshot is in LVM terms: names, tags and capacity.
+"""The CSI volume layer: what a CSI volume or snapshot is in LVM terms (names
+and tags), how one is looked up, and how healthy it is. Below both CSI
+servicers; the pool's room and growth are in pool.py, shared with the host
+volume plugin.
 
 LVM is the source of truth. The volume ID is the LV name, derived from the
 CO's request name, so the name-to-LV mapping survives restarts and the loss of
@@ -10,12 +13,12 @@ plugin lists or deletes the other's volumes.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
-from csi_local.errors import FailedPrecondition, ResourceExhausted
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, VolumeGroupNotFound
+from csi_local.errors import LvNotFound
+from csi_local.lvm import LogicalVolume, Lvm
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
@@ -24,7 +27,7 @@ _ID_RE = re.compile(r"^csi-[vs]-[0-9a-f]{32}$")
 TAG_KIND = "csi-local.kind"
 KIND_VOLUME = "volume"
 KIND_SNAPSHOT = "snapshot"
-TAG_SOURCE = "csi-local.source"  # "volume:<id>" or "snapshot:<id>"
+TAG_SOURCE = "csi-local.source"  # "<SourceKind>:<id>"
 TAG_SIZE = "csi-local.size"  # the size CreateVolume settled on, for convergent retries
 TAG_FRESH = "csi-local.fresh"  # never staged: stray signatures may be wiped
 TAG_GROW_FS = "csi-local.grow-fs"  # grown past its source: grow the fs at first stage
@@ -65,9 +68,16 @@ def is_csi_snapshot(lv: LogicalVolume) -> bool:
     return kind(lv) == KIND_SNAPSHOT and is_snapshot_id(lv.name)
 
 
+class SourceKind(StrEnum):
+    """What a volume was made from (a snapshot is always of a volume)."""
+
+    VOLUME = "volume"
+    SNAPSHOT = "snapshot"
+
+
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "volume" or "snapshot"
+    kind: SourceKind
     id: str
 
     def tag(self) -> str:
@@ -79,7 +89,10 @@ def source_of(lv: LogicalVolume) -> Source | None:
     if not raw or ":" not in raw:
         return None
     k, _, i = raw.partition(":")
-    return Source(k, i)
+    try:
+        return Source(SourceKind(k), i)
+    except ValueError:
+        return None
 
 
 def requested_size(lv: LogicalVolume) -> int:
@@ -87,45 +100,55 @@ def requested_size(lv: LogicalVolume) -> int:
     return int(raw) if raw and raw.isdigit() else lv.size
 
 
+def get_volume(lvm: Lvm, volume_id: str) -> LogicalVolume:
+    """The LV of a CSI volume; LvNotFound for an ID that is not one of ours,
+    an LV that does not exist, or one that is not a CSI volume."""
+    lv = lvm.find(volume_id) if is_volume_id(volume_id) else None
+    if lv is None or not is_csi_volume(lv):
+        raise LvNotFound(f"volume {volume_id!r} not found")
+    return lv
+
+
+def get_snapshot(lvm: Lvm, snapshot_id: str) -> LogicalVolume:
+    """The LV of a CSI snapshot; LvNotFound as for get_volume."""
+    lv = lvm.find(snapshot_id) if is_snapshot_id(snapshot_id) else None
+    if lv is None or not is_csi_snapshot(lv):
+        raise LvNotFound(f"snapshot {snapshot_id!r} not found")
+    return lv
+
+
+def is_source(lv: LogicalVolume | None, source: Source) -> bool:
+    """Whether `lv` is the CSI object `source` names (a snapshot or a volume)."""
+    if lv is None or lv.name != source.id:
+        return False
+    return is_csi_snapshot(lv) if source.kind is SourceKind.SNAPSHOT else is_csi_volume(lv)
+
+
 @dataclass(frozen=True)
-class PoolCapacity:
-    pool_size: int
-    provisioned: int
-    ratio: float
-    extent_size: int
+class Condition:
+    """A volume's health, as VolumeCondition says it (no transport types here)."""
 
-    @property
-    def available(self) -> int:
-        """Bytes a new volume may still take, a whole number of extents."""
-        room = math.floor(self.pool_size * self.ratio) - self.provisioned
-        return max(0, room // self.extent_size * self.extent_size)
+    abnormal: bool
+    message: str
 
 
-def capacity_of(report: VgReport, pool_name: str, ratio: float) -> PoolCapacity:
-    """The arithmetic GetCapacity, CreateVolume, CreateSnapshot and expansion
-    share (and the host volume plugin): the pool's size times the
-    over-provisioning ratio, less every thin LV's virtual size (volumes,
-    snapshots and other users of the pool alike)."""
-    pool = report.find(pool_name)
+def condition(lv: LogicalVolume | None, pool: LogicalVolume | None,
+              pool_name: str) -> Condition:
+    """Abnormal, with a reason, when the LV or its thin pool cannot serve I/O."""
+    problems = []
+    if lv is None:
+        problems.append("logical volume is missing")
+    elif not lv.active:
+        problems.append("logical volume is not active")
     if pool is None:
-        raise VolumeGroupNotFound(f"thin pool {pool_name} not found in the volume group")
-    if not pool.is_thin_pool:
-        raise FailedPrecondition(f"LV {pool_name} is not a thin pool")
-    provisioned = sum(lv.size for lv in report.lvs if lv.pool == pool_name and lv.is_thin_volume)
-    return PoolCapacity(pool.size, provisioned, ratio, report.extent_size)
-
-
-def pool_capacity(lvm: Lvm, ratio: float) -> PoolCapacity:
-    """capacity_of a fresh report (one `lvs` call)."""
-    return capacity_of(lvm.report(), lvm.pool, ratio)
-
-
-def require_room(report: VgReport, lvm: Lvm, ratio: float, size: int) -> None:
-    """RESOURCE_EXHAUSTED unless `size` more bytes fit the pool. Hold the pool
-    lock, with `report` read under it, until the LV is made or grown."""
-    cap = capacity_of(report, lvm.pool, ratio)
-    if size > cap.available:
-        raise ResourceExhausted(
-            f"thin pool {lvm.vg}/{lvm.pool} has room for {cap.available} bytes, {size} "
-            f"requested (over-provisioning ratio {ratio})"
-        )
+        problems.append(f"thin pool {pool_name} is missing")
+    else:
+        if pool.health:
+            problems.append(f"thin pool health is {pool.health}")
+        if pool.data_percent is not None and pool.data_percent >= 100.0:
+            problems.append("thin pool is out of data space")
+        if pool.metadata_percent is not None and pool.metadata_percent >= 100.0:
+            problems.append("thin pool is out of metadata space")
+    if problems:
+        return Condition(True, "; ".join(problems))
+    return Condition(False, "volume is healthy")

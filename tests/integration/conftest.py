@@ -24,7 +24,15 @@ from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 
-pytestmark = pytest.mark.integration
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark every test under this directory `integration`, so the VM harness
+    takes it even where its module forgets `pytestmark` (a `pytestmark` in a
+    conftest has no effect)."""
+    if Path(str(item.path)).is_relative_to(Path(__file__).parent):
+        item.add_marker(pytest.mark.integration)
+
+
 SCRATCH = Path("/run/csi-local-tests")
 
 
@@ -107,7 +115,7 @@ def vg(session_vg: LoopVG) -> Iterator[LoopVG]:
 
 
 @dataclass
-class Plugin:
+class PluginProcess:
     """A csi-local server process and clients for its three services."""
 
     vg: LoopVG
@@ -218,7 +226,7 @@ def _failed(request: pytest.FixtureRequest) -> bool:
     return bool(getattr(request.node, "rep_call_failed", False))
 
 
-def _discard(plugin: Plugin, show_log: bool) -> None:
+def _discard(plugin: PluginProcess, show_log: bool) -> None:
     plugin.stop()
     if show_log:
         print(f"--- plugin log {plugin.log_path} ---\n{plugin.log()[-20000:]}")
@@ -226,18 +234,19 @@ def _discard(plugin: Plugin, show_log: bool) -> None:
     shutil.rmtree(plugin.workdir, ignore_errors=True)
 
 
-def _new_plugin(vg: LoopVG, extra_args: list[str]) -> Plugin:
+def _new_plugin(vg: LoopVG, extra_args: list[str]) -> PluginProcess:
     workdir = SCRATCH / f"p-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True)
-    return Plugin(vg=vg, workdir=workdir, extra_args=extra_args)
+    return PluginProcess(vg=vg, workdir=workdir, extra_args=extra_args)
 
 
 @pytest.fixture
 def plugin_factory(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Plugins of a test's own (extra flags, another VG); gone after the test."""
-    made: list[Plugin] = []
+    made: list[PluginProcess] = []
 
-    def factory(*extra_args: str, target_vg: LoopVG | None = None, start: bool = True) -> Plugin:
+    def factory(*extra_args: str, target_vg: LoopVG | None = None,
+                start: bool = True) -> PluginProcess:
         plugin = _new_plugin(target_vg or vg, list(extra_args))
         made.append(plugin)
         if start:
@@ -249,7 +258,7 @@ def plugin_factory(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Any]:
         _discard(plugin, _failed(request))
 
 
-def _reset(plugin: Plugin) -> bool:
+def _reset(plugin: PluginProcess) -> bool:
     """Undo a test's node work through the plugin's own RPCs; False if that failed."""
     try:
         state_file = plugin.state_dir / "state.json"
@@ -269,11 +278,11 @@ def _reset(plugin: Plugin) -> bool:
     return not left and not stray
 
 
-_shared: dict[str, Plugin] = {}
+_shared: dict[str, PluginProcess] = {}
 
 
 @pytest.fixture
-def plugin(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[Plugin]:
+def plugin(vg: LoopVG, request: pytest.FixtureRequest) -> Iterator[PluginProcess]:
     """A running csi-local on the session VG's pool.
 
     Starting Python with grpc under software emulation costs seconds, so one

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, mount_cap, run
+from tests.integration.conftest import LoopVG, PluginProcess, mount_cap, run
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 
 pytestmark = [pytest.mark.integration, pytest.mark.report]
@@ -24,7 +24,7 @@ def timed(fn: object, *args: object) -> float:
     return time.perf_counter() - t0
 
 
-def test_rpc_latency_against_raw_commands(plugin: Plugin, vg: LoopVG) -> None:
+def test_rpc_latency_against_raw_commands(plugin: PluginProcess, vg: LoopVG) -> None:
     raw: dict[str, list[float]] = {"lvcreate": [], "mkfs.ext4": [], "mount": [],
                                    "mount --bind": []}
     rpc: dict[str, list[float]] = {"CreateVolume": [], "NodeStageVolume": [],

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, block_cap, expect_code, mount_cap
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap
 from tests.integration.test_node import create, publish, stage, state, unpublish, unstage
 from tests.integration.test_snapshots import restore, snap, write
 
@@ -22,7 +22,7 @@ Code = grpc.StatusCode
 UNKNOWN_ID = "csi-v-" + "9" * 32
 
 
-def test_not_found_for_volume_not_at_path(plugin: Plugin) -> None:
+def test_not_found_for_volume_not_at_path(plugin: PluginProcess) -> None:
     """csi-sanity sends `volume_path: "some/path"`; the spec's tables say NOT_FOUND.
     (Before: the relative path was INVALID_ARGUMENT first.)"""
     stats, expand = plugin.node.NodeGetVolumeStats, plugin.node.NodeExpandVolume
@@ -47,7 +47,7 @@ def test_not_found_for_volume_not_at_path(plugin: Plugin) -> None:
 def test_repeat_publish_after_state_rebuild(plugin_factory: Any) -> None:
     """A publish recorded by a rebuild (access mode unknown) accepts the CO's repeat.
     (Before: ALREADY_EXISTS.)"""
-    p: Plugin = plugin_factory()
+    p: PluginProcess = plugin_factory()
     vid = create(p, "again")
     staging, target = p.path("s-again"), p.path("t-again")
     stage(p, vid, staging)
@@ -63,7 +63,7 @@ def test_repeat_publish_after_state_rebuild(plugin_factory: Any) -> None:
     unstage(p, vid, staging)
 
 
-def test_btrfs_rounds_up_to_its_minimum(plugin: Plugin) -> None:
+def test_btrfs_rounds_up_to_its_minimum(plugin: PluginProcess) -> None:
     """mkfs.btrfs needs >= 114 MiB. (Before: a 64 MiB volume was made, then stage INTERNAL.)"""
     vol = plugin.controller.CreateVolume(pb.CreateVolumeRequest(
         name="tiny-btrfs", capacity_range=pb.CapacityRange(required_bytes=64 * MiB),
@@ -83,7 +83,7 @@ def _fs_bytes(path: str) -> int:
     return st.f_blocks * st.f_frsize
 
 
-def test_block_stage_keeps_the_grow_fs_tag(plugin: Plugin) -> None:
+def test_block_stage_keeps_the_grow_fs_tag(plugin: PluginProcess) -> None:
     """A clone grown past its source, staged first as block and then as a file system,
     gets its file system grown. (Before: the block stage dropped the tag.)"""
     vid = create(plugin, "grow-src", size=64 * MiB)
@@ -103,7 +103,7 @@ def test_block_stage_keeps_the_grow_fs_tag(plugin: Plugin) -> None:
 
 
 @pytest.mark.parametrize("fs_type", ["xfs", "btrfs"])
-def test_restore_and_clone_mount_beside_their_origin(plugin: Plugin, vg: LoopVG,
+def test_restore_and_clone_mount_beside_their_origin(plugin: PluginProcess, vg: LoopVG,
                                                       fs_type: str) -> None:
     """xfs refuses a second file system with a mounted one's UUID, and btrfs takes it
     for a device of the mounted one. Restores and clones get an identity of their own.

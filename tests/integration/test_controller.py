@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, block_cap, expect_code, mount_cap, run
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -18,7 +18,7 @@ RPC = pb.ControllerServiceCapability.RPC
 KEY = "topology.lvm.csi-local.dev/node"
 
 
-def create(p: Plugin, name: str, size: int = 16 * MiB, **kw: object) -> pb.Volume:
+def create(p: PluginProcess, name: str, size: int = 16 * MiB, **kw: object) -> pb.Volume:
     req = pb.CreateVolumeRequest(
         name=name, capacity_range=pb.CapacityRange(required_bytes=size),
         volume_capabilities=[kw.pop("cap", mount_cap())], **kw,  # type: ignore[arg-type]
@@ -30,7 +30,7 @@ def lv_names(vg: LoopVG) -> list[str]:
     return vg.lv_names()
 
 
-def test_create_is_idempotent_and_rounds_to_extents(plugin: Plugin, vg: LoopVG) -> None:
+def test_create_is_idempotent_and_rounds_to_extents(plugin: PluginProcess, vg: LoopVG) -> None:
     vol = create(plugin, "pvc-a", size=5 * MiB + 1)
     assert vol.capacity_bytes == 8 * MiB  # 4 MiB extents
     assert vol.volume_id in lv_names(vg)
@@ -43,7 +43,7 @@ def test_create_is_idempotent_and_rounds_to_extents(plugin: Plugin, vg: LoopVG) 
     assert lv_names(vg) == [vol.volume_id]
 
 
-def test_name_mapping_survives_restart_and_state_loss(plugin: Plugin) -> None:
+def test_name_mapping_survives_restart_and_state_loss(plugin: PluginProcess) -> None:
     vol = create(plugin, "pvc-persist")
     plugin.kill()
     (plugin.state_dir / "state.json").unlink(missing_ok=True)
@@ -51,14 +51,14 @@ def test_name_mapping_survives_restart_and_state_loss(plugin: Plugin) -> None:
     assert create(plugin, "pvc-persist").volume_id == vol.volume_id
 
 
-def test_concurrent_identical_creates_yield_one_lv(plugin: Plugin, vg: LoopVG) -> None:
+def test_concurrent_identical_creates_yield_one_lv(plugin: PluginProcess, vg: LoopVG) -> None:
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         vols = list(pool.map(lambda _: create(plugin, "pvc-race"), range(6)))
     assert len({v.volume_id for v in vols}) == 1
     assert lv_names(vg) == [vols[0].volume_id]
 
 
-def test_capacity_range_errors(plugin: Plugin, vg: LoopVG) -> None:
+def test_capacity_range_errors(plugin: PluginProcess, vg: LoopVG) -> None:
     def with_range(req: int, lim: int) -> object:
         return plugin.controller.CreateVolume(pb.CreateVolumeRequest(
             name="pvc-range", capacity_range=pb.CapacityRange(required_bytes=req, limit_bytes=lim),
@@ -70,7 +70,7 @@ def test_capacity_range_errors(plugin: Plugin, vg: LoopVG) -> None:
     assert vol.capacity_bytes == 8 * MiB
 
 
-def test_request_validation(plugin: Plugin, vg: LoopVG) -> None:
+def test_request_validation(plugin: PluginProcess, vg: LoopVG) -> None:
     expect_code(Code.INVALID_ARGUMENT, plugin.controller.CreateVolume,
                 pb.CreateVolumeRequest(name="", volume_capabilities=[mount_cap()]))
     expect_code(Code.INVALID_ARGUMENT, plugin.controller.CreateVolume,
@@ -84,7 +84,7 @@ def test_request_validation(plugin: Plugin, vg: LoopVG) -> None:
     assert lv_names(vg) == [vol.volume_id]
 
 
-def test_topology(plugin: Plugin, vg: LoopVG) -> None:
+def test_topology(plugin: PluginProcess, vg: LoopVG) -> None:
     other = pb.TopologyRequirement(requisite=[pb.Topology(segments={KEY: "node-2"})])
     expect_code(Code.RESOURCE_EXHAUSTED, create, plugin, "t", accessibility_requirements=other)
     here = pb.TopologyRequirement(requisite=[pb.Topology(segments={KEY: "node-2"}),
@@ -94,7 +94,7 @@ def test_topology(plugin: Plugin, vg: LoopVG) -> None:
     assert dict(info.accessible_topology.segments) == {KEY: "node-1"}
 
 
-def test_capacity_gates_creation_and_matches_getcapacity(plugin: Plugin, vg: LoopVG) -> None:
+def test_capacity_gates_creation_and_matches_getcapacity(plugin: PluginProcess, vg: LoopVG) -> None:
     cap = plugin.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
     pool_size = int(run("lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size",
                         f"{vg.name}/{vg.pool}").stdout)
@@ -118,7 +118,7 @@ def test_overprovisioning_ratio(plugin_factory: object, vg: LoopVG) -> None:
     assert create(p, "big", size=pool_size + 64 * MiB).capacity_bytes >= pool_size
 
 
-def test_delete_volume(plugin: Plugin, vg: LoopVG) -> None:
+def test_delete_volume(plugin: PluginProcess, vg: LoopVG) -> None:
     vol = create(plugin, "del")
     plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
     assert lv_names(vg) == []
@@ -127,7 +127,7 @@ def test_delete_volume(plugin: Plugin, vg: LoopVG) -> None:
     expect_code(Code.INVALID_ARGUMENT, plugin.controller.DeleteVolume, pb.DeleteVolumeRequest())
 
 
-def test_delete_refused_while_staged(plugin: Plugin, vg: LoopVG) -> None:
+def test_delete_refused_while_staged(plugin: PluginProcess, vg: LoopVG) -> None:
     vol = create(plugin, "busy")
     staging = plugin.path("stage-busy")
     plugin.node.NodeStageVolume(pb.NodeStageVolumeRequest(
@@ -141,7 +141,7 @@ def test_delete_refused_while_staged(plugin: Plugin, vg: LoopVG) -> None:
     assert lv_names(vg) == []
 
 
-def test_list_volumes_pagination(plugin: Plugin) -> None:
+def test_list_volumes_pagination(plugin: PluginProcess) -> None:
     ids = sorted(create(plugin, f"list-{i}", size=4 * MiB).volume_id for i in range(5))
     first = plugin.controller.ListVolumes(pb.ListVolumesRequest(max_entries=2))
     assert len(first.entries) == 2 and first.next_token
@@ -167,7 +167,7 @@ def test_list_volumes_pagination(plugin: Plugin) -> None:
                 pb.ListVolumesRequest(starting_token="not-a-token"))
 
 
-def test_controller_get_volume_and_condition(plugin: Plugin, vg: LoopVG) -> None:
+def test_controller_get_volume_and_condition(plugin: PluginProcess, vg: LoopVG) -> None:
     vol = create(plugin, "cond")
     got = plugin.controller.ControllerGetVolume(
         pb.ControllerGetVolumeRequest(volume_id=vol.volume_id))
@@ -182,7 +182,7 @@ def test_controller_get_volume_and_condition(plugin: Plugin, vg: LoopVG) -> None
                 pb.ControllerGetVolumeRequest(volume_id="csi-v-" + "0" * 32))
 
 
-def test_validate_volume_capabilities(plugin: Plugin) -> None:
+def test_validate_volume_capabilities(plugin: PluginProcess) -> None:
     vol = create(plugin, "val")
     ok = plugin.controller.ValidateVolumeCapabilities(pb.ValidateVolumeCapabilitiesRequest(
         volume_id=vol.volume_id, volume_capabilities=[mount_cap(), block_cap()]))

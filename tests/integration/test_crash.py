@@ -13,13 +13,13 @@ import pytest
 
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, mount_cap
+from tests.integration.conftest import LoopVG, PluginProcess, mount_cap
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
 
 
-def kill_during(plugin: Plugin, method: str, call: Callable[[], Any], delay: float) -> None:
+def kill_during(plugin: PluginProcess, method: str, call: Callable[[], Any], delay: float) -> None:
     """Start `call`, SIGKILL the plugin `delay` s after it logs the request
     arriving, and restart it."""
     mark = len(plugin.log())
@@ -40,13 +40,13 @@ def kill_during(plugin: Plugin, method: str, call: Callable[[], Any], delay: flo
     plugin.start()
 
 
-def state_volumes(p: Plugin) -> dict[str, Any]:
+def state_volumes(p: PluginProcess) -> dict[str, Any]:
     path = p.state_dir / "state.json"
     return json.loads(path.read_text())["volumes"] if path.exists() else {}  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.3, 1.0])
-def test_kill_at_every_step_then_retry_converges(plugin: Plugin, vg: LoopVG,
+def test_kill_at_every_step_then_retry_converges(plugin: PluginProcess, vg: LoopVG,
                                                  delay: float) -> None:
     name = f"crash-{int(delay * 10)}"
     cap = mount_cap()

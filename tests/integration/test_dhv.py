@@ -23,10 +23,10 @@ import pytest
 from csi_local import mounts
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.dhv_spec import lv_name_for
+from csi_local.dhv.request import lv_name_for
 from csi_local.locks import Locks
 from csi_local.lvm import LV_FIELDS, LogicalVolume, parse_lvs
-from tests.integration.conftest import SCRATCH, LoopVG, Plugin, mount_cap, run, unmount_under
+from tests.integration.conftest import SCRATCH, LoopVG, PluginProcess, mount_cap, run, unmount_under
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -195,7 +195,8 @@ def test_fingerprint_is_fast_and_light(dhv: Dhv) -> None:
                 if line.startswith("import time:")}
     assert "csi_local.dhv" in imported
     heavy = {m for m in imported if m.split(".")[0] in {"grpc", "google", "pyudev", "sh"}}
-    heavy |= {"csi_local.dhv_ops", "csi_local.lvm", "csi_local.errors"} & imported
+    heavy |= {"csi_local.dhv.plugin", "csi_local.dhv.request", "csi_local.lvm",
+              "csi_local.errors"} & imported
     assert not heavy, heavy
 
 
@@ -351,7 +352,7 @@ def test_shares_the_pool_lock_with_the_csi_plugin(dhv: Dhv) -> None:
     assert dhv.lv(vid) is not None
 
 
-def test_coexists_with_csi_volumes(dhv: Dhv, plugin: Plugin) -> None:
+def test_coexists_with_csi_volumes(dhv: Dhv, plugin: PluginProcess) -> None:
     # both plugins on one pool, sharing one lock directory
     dhv.install(lock_dir=plugin.workdir / "locks")
     csi = plugin.controller.CreateVolume(pb.CreateVolumeRequest(

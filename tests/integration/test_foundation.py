@@ -12,9 +12,11 @@ import pytest
 from csi_local import __version__, mounts
 from csi_local._gen import csi_pb2 as pb
 from csi_local.fs import Filesystems
-from csi_local.lvm import Lvm, round_up
+from csi_local.host import Host
+from csi_local.lvm import Lvm
 from csi_local.runner import ShRunner
-from tests.integration.conftest import LoopVG, Plugin, make_vg
+from csi_local.sizes import round_up
+from tests.integration.conftest import LoopVG, PluginProcess, make_vg
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +26,7 @@ def test_thin_lv_filesystem_roundtrip(vg: LoopVG, tmp_path_factory: pytest.TempP
                                       fs_type: str) -> None:
     runner = ShRunner(timeout=60)
     lvm = Lvm(runner, vg.name, vg.pool)
-    fs = Filesystems(runner)
+    fs = Filesystems(runner, Host())
     extent = lvm.volume_group().extent_size
     size = round_up(320 << 20, extent)  # mkfs.xfs refuses < 300 MiB
     lv = lvm.create_thin(f"found-{fs_type}", size, ["csi-local.kind=test"])
@@ -56,7 +58,7 @@ def test_thin_lv_filesystem_roundtrip(vg: LoopVG, tmp_path_factory: pytest.TempP
     assert lvm.find(lv.name) is None
 
 
-def test_identity_over_socket(plugin: Plugin) -> None:
+def test_identity_over_socket(plugin: PluginProcess) -> None:
     info = plugin.identity.GetPluginInfo(pb.GetPluginInfoRequest())
     assert info.name == "lvm.csi-local.dev"
     assert info.vendor_version == __version__
@@ -82,7 +84,7 @@ def test_probe_not_ready_without_pool(plugin_factory: object) -> None:
         other.destroy()
 
 
-def test_second_server_refused_and_stale_socket_replaced(plugin: Plugin) -> None:
+def test_second_server_refused_and_stale_socket_replaced(plugin: PluginProcess) -> None:
     proc = subprocess.run(plugin.argv(), capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "already listening" in proc.stderr
@@ -93,7 +95,7 @@ def test_second_server_refused_and_stale_socket_replaced(plugin: Plugin) -> None
     assert plugin.identity.Probe(pb.ProbeRequest()).ready.value
 
 
-def test_sigterm_lets_inflight_rpc_finish(plugin: Plugin) -> None:
+def test_sigterm_lets_inflight_rpc_finish(plugin: PluginProcess) -> None:
     import threading
 
     results: list[object] = []
@@ -121,7 +123,7 @@ def test_cli_version_and_module_entry() -> None:
     assert out.strip() == f"csi-local {__version__}"
 
 
-def test_probe_command(plugin: Plugin) -> None:
+def test_probe_command(plugin: PluginProcess) -> None:
     out = subprocess.run([sys.executable, "-m", "csi_local", "probe", "--endpoint",
                           plugin.endpoint], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == '{"ready": true}'

@@ -12,7 +12,7 @@ import pytest
 
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, block_cap, expect_code, mount_cap, run
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -20,34 +20,34 @@ Code = grpc.StatusCode
 Mode = pb.VolumeCapability.AccessMode
 
 
-def create(p: Plugin, name: str, size: int = 32 * MiB,
+def create(p: PluginProcess, name: str, size: int = 32 * MiB,
            cap: pb.VolumeCapability | None = None) -> str:
     return p.controller.CreateVolume(pb.CreateVolumeRequest(
         name=name, capacity_range=pb.CapacityRange(required_bytes=size),
         volume_capabilities=[cap or mount_cap()])).volume.volume_id
 
 
-def stage(p: Plugin, vid: str, path: str, cap: pb.VolumeCapability | None = None) -> None:
+def stage(p: PluginProcess, vid: str, path: str, cap: pb.VolumeCapability | None = None) -> None:
     p.node.NodeStageVolume(pb.NodeStageVolumeRequest(
         volume_id=vid, staging_target_path=path, volume_capability=cap or mount_cap()))
 
 
-def unstage(p: Plugin, vid: str, path: str) -> None:
+def unstage(p: PluginProcess, vid: str, path: str) -> None:
     p.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vid, staging_target_path=path))
 
 
-def publish(p: Plugin, vid: str, staging: str, target: str,
+def publish(p: PluginProcess, vid: str, staging: str, target: str,
             cap: pb.VolumeCapability | None = None, readonly: bool = False) -> None:
     p.node.NodePublishVolume(pb.NodePublishVolumeRequest(
         volume_id=vid, staging_target_path=staging, target_path=target,
         volume_capability=cap or mount_cap(), readonly=readonly))
 
 
-def unpublish(p: Plugin, vid: str, target: str) -> None:
+def unpublish(p: PluginProcess, vid: str, target: str) -> None:
     p.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=vid, target_path=target))
 
 
-def state(p: Plugin) -> dict[str, object]:
+def state(p: PluginProcess) -> dict[str, object]:
     return json.loads((p.state_dir / "state.json").read_text())["volumes"]  # type: ignore[no-any-return]
 
 
@@ -62,7 +62,7 @@ def test_node_info_and_capabilities(plugin_factory: object) -> None:
             R.SINGLE_NODE_MULTI_WRITER, R.EXPAND_VOLUME} <= caps
 
 
-def test_mount_lifecycle_keeps_data(plugin: Plugin) -> None:
+def test_mount_lifecycle_keeps_data(plugin: PluginProcess) -> None:
     vid = create(plugin, "life")
     staging, target = plugin.path("stage-life"), plugin.path("pod", "life")
     stage(plugin, vid, staging, mount_cap(flags=("noatime",)))
@@ -98,7 +98,7 @@ def test_mount_lifecycle_keeps_data(plugin: Plugin) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_incompatible_restage_and_unstaged_publish(plugin: Plugin) -> None:
+def test_incompatible_restage_and_unstaged_publish(plugin: PluginProcess) -> None:
     vid = create(plugin, "compat")
     staging = plugin.path("stage-compat")
     expect_code(Code.FAILED_PRECONDITION, publish, plugin, vid, staging, plugin.path("t0"))
@@ -111,7 +111,7 @@ def test_incompatible_restage_and_unstaged_publish(plugin: Plugin) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_never_reformats_another_fs(plugin: Plugin) -> None:
+def test_never_reformats_another_fs(plugin: PluginProcess) -> None:
     vid = create(plugin, "nofmt", size=320 * MiB)
     staging = plugin.path("stage-nofmt")
     stage(plugin, vid, staging, mount_cap("ext4"))
@@ -127,7 +127,7 @@ def test_never_reformats_another_fs(plugin: Plugin) -> None:
 
 
 @pytest.mark.parametrize("fs_type", ["xfs", "btrfs"])
-def test_other_filesystems(plugin: Plugin, fs_type: str) -> None:
+def test_other_filesystems(plugin: PluginProcess, fs_type: str) -> None:
     vid = create(plugin, f"fs-{fs_type}", size=320 * MiB, cap=mount_cap(fs_type))
     staging, target = plugin.path(f"s-{fs_type}"), plugin.path(f"t-{fs_type}")
     stage(plugin, vid, staging, mount_cap(fs_type))
@@ -139,7 +139,7 @@ def test_other_filesystems(plugin: Plugin, fs_type: str) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_block_volume_io_through_target(plugin: Plugin, vg: LoopVG) -> None:
+def test_block_volume_io_through_target(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "blk", cap=block_cap())
     staging, target = plugin.path("stage-blk"), plugin.path("dev", "blk")
     stage(plugin, vid, staging, block_cap())
@@ -178,7 +178,7 @@ def test_block_volume_io_through_target(plugin: Plugin, vg: LoopVG) -> None:
     assert not mounts.is_mount_point(os.path.join(staging, vid))
 
 
-def test_single_writer_and_multi_node_refused(plugin: Plugin) -> None:
+def test_single_writer_and_multi_node_refused(plugin: PluginProcess) -> None:
     cap = mount_cap(mode=Mode.SINGLE_NODE_SINGLE_WRITER)
     vid = create(plugin, "sw", cap=cap)
     staging = plugin.path("stage-sw")
@@ -194,7 +194,7 @@ def test_single_writer_and_multi_node_refused(plugin: Plugin) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_volume_stats_and_condition(plugin: Plugin) -> None:
+def test_volume_stats_and_condition(plugin: PluginProcess) -> None:
     vid = create(plugin, "stats")
     staging, target = plugin.path("stage-stats"), plugin.path("t-stats")
     stage(plugin, vid, staging)
@@ -219,7 +219,7 @@ def test_volume_stats_and_condition(plugin: Plugin) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_concurrent_publishes_of_different_volumes(plugin: Plugin) -> None:
+def test_concurrent_publishes_of_different_volumes(plugin: PluginProcess) -> None:
     vids = [create(plugin, f"par-{i}") for i in range(4)]
     stagings = [plugin.path(f"stage-par-{i}") for i in range(4)]
     targets = [plugin.path(f"t-par-{i}") for i in range(4)]
@@ -235,7 +235,7 @@ def test_concurrent_publishes_of_different_volumes(plugin: Plugin) -> None:
     assert state(plugin) == {}
 
 
-def test_state_rebuilt_when_lost_or_corrupt(plugin: Plugin) -> None:
+def test_state_rebuilt_when_lost_or_corrupt(plugin: PluginProcess) -> None:
     vid = create(plugin, "rebuild")
     staging, target = plugin.path("stage-rb"), plugin.path("t-rb")
     flagged = mount_cap(flags=("noatime",))
@@ -265,7 +265,7 @@ def test_state_rebuilt_when_lost_or_corrupt(plugin: Plugin) -> None:
     assert not mounts.is_mount_point(staging)
 
 
-def test_second_process_cannot_take_the_state_dir(plugin: Plugin) -> None:
+def test_second_process_cannot_take_the_state_dir(plugin: PluginProcess) -> None:
     import subprocess
 
     argv = plugin.argv()

@@ -16,7 +16,7 @@ from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
 from tests.integration.conftest import (
     LoopVG,
-    Plugin,
+    PluginProcess,
     block_cap,
     expect_code,
     make_vg,
@@ -32,7 +32,7 @@ Code = grpc.StatusCode
 PATTERN = b"csi-local raw block data, not a file system signature\n" * 80
 
 
-def test_volume_used_as_block_is_never_formatted(plugin: Plugin) -> None:
+def test_volume_used_as_block_is_never_formatted(plugin: PluginProcess) -> None:
     """Raw data written through a block publish survives a later stage as a file
     system: the stage is refused. (Before: blkid found nothing, so mkfs ran.)"""
     vid = create(plugin, "raw", cap=block_cap())
@@ -57,7 +57,7 @@ def test_volume_used_as_block_is_never_formatted(plugin: Plugin) -> None:
         assert dev.read(len(PATTERN)) == PATTERN
 
 
-def test_snapshot_counts_against_the_pool(plugin: Plugin, vg: LoopVG) -> None:
+def test_snapshot_counts_against_the_pool(plugin: PluginProcess, vg: LoopVG) -> None:
     """With ratio 1.0 a snapshot that could outgrow the pool is RESOURCE_EXHAUSTED,
     and leaves no LV. (Before: CreateSnapshot took no pool lock and checked nothing.)"""
     cap = plugin.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
@@ -71,7 +71,7 @@ def test_snapshot_counts_against_the_pool(plugin: Plugin, vg: LoopVG) -> None:
     assert snap(plugin, "small-snap", small).ready_to_use  # what fits still works
 
 
-def _kubelet_paths(p: Plugin) -> tuple[str, str, str]:
+def _kubelet_paths(p: PluginProcess) -> tuple[str, str, str]:
     root = p.workdir / "kubelet" / "plugins" / "kubernetes.io" / "csi" / "volumeDevices"
     return (str(root / "staging" / "pvc-1"), str(root / "publish" / "pvc-1" / "uid-1"),
             str(root / "pvc-1" / "dev" / "uid-1"))
@@ -81,7 +81,7 @@ def test_rebuilt_state_ignores_kubelets_own_device_bind(plugin_factory: Any) -> 
     """After a state loss, kubelet's own bind of a block device (volumeDevices/<pv>/dev/<uid>)
     is not a publish, so unstage and delete work once the CO's publish is gone.
     (Before: it was recorded as a publish nobody ever unpublishes: unstage refused forever.)"""
-    p: Plugin = plugin_factory()
+    p: PluginProcess = plugin_factory()
     vid = create(p, "kblk", cap=block_cap())
     staging, target, own = _kubelet_paths(p)
     stage(p, vid, staging, block_cap())
@@ -104,7 +104,7 @@ def test_rebuilt_state_ignores_kubelets_own_device_bind(plugin_factory: Any) -> 
 def test_stale_state_after_reboot_does_not_block_delete(plugin_factory: Any) -> None:
     """A state file naming mounts that are gone (a reboot) is reconciled at start.
     (Before: its records refused DeleteVolume forever.)"""
-    p: Plugin = plugin_factory()
+    p: PluginProcess = plugin_factory()
     vid = create(p, "stale")
     staging, target = p.path("s-stale"), p.path("t-stale")
     stage(p, vid, staging)
@@ -125,7 +125,7 @@ def test_missing_vg_is_unavailable_and_forgets_nothing(plugin_factory: Any) -> N
     (Before: DeleteVolume and DeleteSnapshot said OK, CreateVolume NOT_FOUND.)"""
     other = make_vg(size=1 << 30)
     try:
-        p: Plugin = plugin_factory(target_vg=other)
+        p: PluginProcess = plugin_factory(target_vg=other)
         vid = create(p, "keep")
         sid = snap(p, "keep-snap", vid).snapshot_id
         run("vgrename", other.name, other.name + "x")
@@ -153,7 +153,7 @@ def test_missing_vg_is_unavailable_and_forgets_nothing(plugin_factory: Any) -> N
         other.destroy()
 
 
-def test_unstage_with_traversal_id_touches_nothing(plugin: Plugin) -> None:
+def test_unstage_with_traversal_id_touches_nothing(plugin: PluginProcess) -> None:
     """The Nomad case: volume_id "../victim-file" joined to the staging path.
     (Before: NodeUnstageVolume unlinked the victim.)"""
     staging = plugin.path("co", "staging")
@@ -167,7 +167,7 @@ def test_unstage_with_traversal_id_touches_nothing(plugin: Plugin) -> None:
     assert open(victim).read() == "precious"
 
 
-def test_symlinked_targets(plugin: Plugin) -> None:
+def test_symlinked_targets(plugin: PluginProcess) -> None:
     """A target that is a symlink is refused (before: mounted at the link's destination);
     a target under a symlinked directory is mounted and unmounted at its real path
     (before: unpublish missed it and leaked the mount); /etc is refused."""
@@ -197,7 +197,7 @@ def test_symlinked_targets(plugin: Plugin) -> None:
 def test_failed_readonly_block_publish_detaches_its_loop_device(plugin_factory: Any) -> None:
     """When the state write fails after a read-only block publish, the rollback unmounts
     and detaches the read-only loop device. (Before: the loop device leaked.)"""
-    p: Plugin = plugin_factory()
+    p: PluginProcess = plugin_factory()
     vid = create(p, "loopy", cap=block_cap())
     staging, target = p.path("s-loopy"), p.path("t-loopy")
     stage(p, vid, staging, block_cap())

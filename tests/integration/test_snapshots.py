@@ -10,7 +10,7 @@ import pytest
 
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
-from tests.integration.conftest import LoopVG, Plugin, block_cap, expect_code, mount_cap, run
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 
 pytestmark = pytest.mark.integration
@@ -18,12 +18,12 @@ MiB = 1 << 20
 Code = grpc.StatusCode
 
 
-def snap(p: Plugin, name: str, source: str) -> pb.Snapshot:
+def snap(p: PluginProcess, name: str, source: str) -> pb.Snapshot:
     return p.controller.CreateSnapshot(pb.CreateSnapshotRequest(
         name=name, source_volume_id=source)).snapshot
 
 
-def restore(p: Plugin, name: str, *, snapshot: str = "", volume: str = "",
+def restore(p: PluginProcess, name: str, *, snapshot: str = "", volume: str = "",
             size: int = 32 * MiB, limit: int = 0,
             cap: pb.VolumeCapability | None = None) -> pb.Volume:
     src = pb.VolumeContentSource()
@@ -44,7 +44,7 @@ def write(path: str, data: str) -> None:
 
 
 @pytest.mark.report
-def test_snapshot_restore_holds_exactly_the_first_data(plugin: Plugin, vg: LoopVG) -> None:
+def test_snapshot_restore_holds_exactly_the_first_data(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "origin")
     staging, target = plugin.path("s-origin"), plugin.path("t-origin")
     stage(plugin, vid, staging)
@@ -84,7 +84,7 @@ def test_snapshot_restore_holds_exactly_the_first_data(plugin: Plugin, vg: LoopV
         unstage(plugin, v, st)
 
 
-def test_list_get_delete_snapshots(plugin: Plugin) -> None:
+def test_list_get_delete_snapshots(plugin: PluginProcess) -> None:
     a, b = create(plugin, "la"), create(plugin, "lb")
     snaps = [snap(plugin, f"ls-{i}", a if i < 3 else b) for i in range(4)]
     got = plugin.controller.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snaps[0].snapshot_id))
@@ -117,7 +117,7 @@ def test_list_get_delete_snapshots(plugin: Plugin) -> None:
     expect_code(Code.NOT_FOUND, snap, plugin, "orphan", "csi-v-" + "3" * 32)
 
 
-def test_origin_deleted_then_restore(plugin: Plugin, vg: LoopVG) -> None:
+def test_origin_deleted_then_restore(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "doomed", cap=block_cap())
     run("dd", "if=/dev/urandom", "of=/run/csi-local-tests/doomed.bin", "bs=1M", "count=2")
     blob = open("/run/csi-local-tests/doomed.bin", "rb").read()
@@ -138,7 +138,7 @@ def test_origin_deleted_then_restore(plugin: Plugin, vg: LoopVG) -> None:
         assert f.seek(0, os.SEEK_END) == 64 * MiB
 
 
-def test_clone_of_live_mounted_volume(plugin: Plugin) -> None:
+def test_clone_of_live_mounted_volume(plugin: PluginProcess) -> None:
     vid = create(plugin, "live")
     staging, target = plugin.path("s-live"), plugin.path("t-live")
     stage(plugin, vid, staging)
@@ -155,7 +155,7 @@ def test_clone_of_live_mounted_volume(plugin: Plugin) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_restore_and_clone_errors(plugin: Plugin, vg: LoopVG) -> None:
+def test_restore_and_clone_errors(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "src", size=64 * MiB)
     s = snap(plugin, "src-snap", vid)
     expect_code(Code.OUT_OF_RANGE, restore, plugin, "small", snapshot=s.snapshot_id,
@@ -168,7 +168,8 @@ def test_restore_and_clone_errors(plugin: Plugin, vg: LoopVG) -> None:
     assert first.content_source.snapshot.snapshot_id == s.snapshot_id
 
 
-def test_kill_during_create_snapshot_then_retry_converges(plugin: Plugin, vg: LoopVG) -> None:
+def test_kill_during_create_snapshot_then_retry_converges(plugin: PluginProcess,
+                                                          vg: LoopVG) -> None:
     vid = create(plugin, "k-src")
     staging = plugin.path("s-k")
     stage(plugin, vid, staging)
@@ -194,7 +195,7 @@ def test_kill_during_create_snapshot_then_retry_converges(plugin: Plugin, vg: Lo
 
 
 @pytest.mark.parametrize("fs_type", ["ext4", "xfs"])
-def test_online_expansion_while_published(plugin: Plugin, fs_type: str) -> None:
+def test_online_expansion_while_published(plugin: PluginProcess, fs_type: str) -> None:
     size = 320 * MiB
     cap = mount_cap(fs_type)
     vid = create(plugin, f"grow-{fs_type}", size=size, cap=cap)
@@ -234,7 +235,7 @@ def test_online_expansion_while_published(plugin: Plugin, fs_type: str) -> None:
     unstage(plugin, vid, staging)
 
 
-def test_block_volume_growth(plugin: Plugin, vg: LoopVG) -> None:
+def test_block_volume_growth(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "grow-blk", cap=block_cap())
     staging, target = plugin.path("s-gb"), plugin.path("dev", "gb")
     stage(plugin, vid, staging, block_cap())

@@ -4,7 +4,7 @@ import re
 import grpc
 import pytest
 
-from csi_local import errors
+from csi_local import errors, rpc
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser, config_from_args
 from csi_local.config import ConfigError, parse_size
@@ -62,9 +62,25 @@ def test_parse_size() -> None:
         parse_size("lots")
 
 
+def _all_subclasses(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += _all_subclasses(sub)
+    return out
+
+
 def test_every_error_maps_to_a_grpc_status() -> None:
-    for cls in [errors.CsiError, *errors.CsiError.__subclasses__()]:
+    # Every RPC error's own code, and every storage error's code through the one
+    # table (rpc.CODES), is a real gRPC status; a storage error class without an
+    # entry of its own would fall back to its base's code silently, so each one
+    # must be listed.
+    for cls in _all_subclasses(rpc.RpcError):
         assert isinstance(grpc.StatusCode[cls.code], grpc.StatusCode)
+    for cls in _all_subclasses(errors.StorageError):
+        assert cls in rpc.CODES, f"{cls.__name__} has no status code in rpc.CODES"
+        assert isinstance(grpc.StatusCode[rpc.CODES[cls]], grpc.StatusCode)
+    for (_method, cls), code in rpc.PER_RPC.items():
+        assert cls in rpc.CODES and isinstance(grpc.StatusCode[code], grpc.StatusCode)
 
 
 def test_secrets_never_reach_the_log() -> None:

@@ -9,6 +9,7 @@ import ast
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import dhv, dhv_ops, dhv_spec, mounts
-from csi_local.dhv_spec import DhvError, Request
+import csi_local
+from csi_local import dhv, mounts, sizes
+from csi_local.dhv import config as dhv_config
+from csi_local.dhv import install as dhv_install
+from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import request as dhv_request
+from csi_local.dhv import tags as dhv_tags
+from csi_local.dhv.request import DhvError, Request
+from csi_local.errors import SizeOutOfRange
+from csi_local.holders import VolumeUsers, volume_users
 from csi_local.lvm import LogicalVolume, parse_lvs
 from csi_local.runner import Result
 from tests.unit.conftest import FakeRunner
@@ -49,34 +58,34 @@ def create_env(**extra: str) -> dict[str, str]:
 
 
 def test_create_request_from_nomads_environment() -> None:
-    req = dhv_spec.parse_request("create", create_env())
+    req = dhv_request.parse_request("create", create_env())
     assert req.volume_id == VOL_ID
     assert req.path == f"/opt/nomad/data/host_volumes/{VOL_ID}"
     assert req.capacity_min == 100 * MIB and req.capacity_max == 200 * MIB
-    assert req.parameters == dhv_spec.Parameters("xfs", ("noatime", "nodev"))
-    assert req.lv_name.startswith("dhv-") and dhv_spec.is_dhv_lv_name(req.lv_name)
+    assert req.parameters == dhv_request.Parameters("xfs", ("noatime", "nodev"))
+    assert req.lv_name.startswith("dhv-") and dhv_request.is_dhv_lv_name(req.lv_name)
 
 
 def test_delete_request_needs_no_capacity_and_ignores_parameters() -> None:
     env = create_env(DHV_OPERATION="delete", DHV_PARAMETERS='{"whatever":"x"}',
                      DHV_CREATED_PATH=f"/opt/nomad/data/host_volumes/{VOL_ID}")
     del env["DHV_CAPACITY_MIN_BYTES"], env["DHV_CAPACITY_MAX_BYTES"]
-    req = dhv_spec.parse_request("delete", env)
+    req = dhv_request.parse_request("delete", env)
     assert req.parameters is None
     assert req.created_path.endswith(VOL_ID)
-    assert req.lv_name == dhv_spec.parse_request("create", create_env()).lv_name
+    assert req.lv_name == dhv_request.parse_request("create", create_env()).lv_name
 
 
 @pytest.mark.parametrize("bad_id", ["", "../etc", "a/b", "-x", "a b", "x" * 129, "a..b", "é"])
 def test_volume_ids_that_could_escape_are_refused(bad_id: str) -> None:
     with pytest.raises(DhvError, match="DHV_VOLUME_ID"):
-        dhv_spec.parse_request("create", create_env(DHV_VOLUME_ID=bad_id))
+        dhv_request.parse_request("create", create_env(DHV_VOLUME_ID=bad_id))
 
 
 def test_lv_name_is_a_hash_of_the_id_not_the_id() -> None:
-    name = dhv_spec.lv_name_for(VOL_ID)
+    name = dhv_request.lv_name_for(VOL_ID)
     assert VOL_ID not in name and len(name) == len("dhv-") + 32
-    assert name != dhv_spec.lv_name_for(VOL_ID.upper())
+    assert name != dhv_request.lv_name_for(VOL_ID.upper())
     assert not name.startswith("csi-")
 
 
@@ -90,28 +99,28 @@ def test_lv_name_is_a_hash_of_the_id_not_the_id() -> None:
 ])
 def test_bad_environment_values(key: str, value: str) -> None:
     with pytest.raises(DhvError, match=key):
-        dhv_spec.parse_request("create", create_env(**{key: value}))
+        dhv_request.parse_request("create", create_env(**{key: value}))
 
 
 def test_min_above_max_is_refused() -> None:
     with pytest.raises(DhvError, match="exceeds"):
-        dhv_spec.parse_request("create", create_env(DHV_CAPACITY_MIN_BYTES=str(300 * MIB)))
+        dhv_request.parse_request("create", create_env(DHV_CAPACITY_MIN_BYTES=str(300 * MIB)))
 
 
 def test_operation_argument_and_variable_must_agree() -> None:
     with pytest.raises(DhvError, match="disagree"):
-        dhv_spec.parse_request("delete", create_env())
+        dhv_request.parse_request("delete", create_env())
     with pytest.raises(DhvError, match="unknown operation"):
-        dhv_spec.parse_request("resize", create_env(DHV_OPERATION=""))
+        dhv_request.parse_request("resize", create_env(DHV_OPERATION=""))
 
 
 def test_plugin_dir_falls_back_to_the_executables_directory() -> None:
     env = create_env()
     del env["DHV_PLUGIN_DIR"]
-    req = dhv_spec.parse_request("create", env, "/plugins/csi-local-dhv")
+    req = dhv_request.parse_request("create", env, "/plugins/csi-local-dhv")
     assert req.plugin_dir == "/plugins"
     with pytest.raises(DhvError, match="DHV_PLUGIN_DIR"):
-        dhv_spec.parse_request("create", env, "csi-local-dhv")
+        dhv_request.parse_request("create", env, "csi-local-dhv")
 
 
 # --- parameters -------------------------------------------------------------------
@@ -119,7 +128,7 @@ def test_plugin_dir_falls_back_to_the_executables_directory() -> None:
 
 @pytest.mark.parametrize("raw", ["", "null", "{}"])
 def test_no_parameters(raw: str) -> None:
-    assert dhv_spec.parse_parameters(raw) == dhv_spec.Parameters(None, ())
+    assert dhv_request.parse_parameters(raw) == dhv_request.Parameters(None, ())
 
 
 @pytest.mark.parametrize("raw,message", [
@@ -135,11 +144,11 @@ def test_no_parameters(raw: str) -> None:
 ])
 def test_bad_parameters(raw: str, message: str) -> None:
     with pytest.raises(DhvError, match=message):
-        dhv_spec.parse_parameters(raw)
+        dhv_request.parse_parameters(raw)
 
 
 def test_mount_options_split_and_trimmed() -> None:
-    params = dhv_spec.parse_parameters('{"mount_options":" noatime , ,discard "}')
+    params = dhv_request.parse_parameters('{"mount_options":" noatime , ,discard "}')
     assert params.mount_options == ("noatime", "discard")
 
 
@@ -147,7 +156,7 @@ def test_mount_options_split_and_trimmed() -> None:
 
 
 def test_config_defaults() -> None:
-    cfg = dhv_spec.parse_config('{"volume_group":"vg0","thin_pool":"pool"}')
+    cfg = dhv_config.parse_config('{"volume_group":"vg0","thin_pool":"pool"}')
     assert cfg.fs_type == "ext4"
     assert cfg.lock_dir == "/run/lock/csi-local"  # the CSI plugin's: shared locks
     assert cfg.overprovision_ratio == 1.0 and cfg.default_size == 1 << 30
@@ -155,13 +164,13 @@ def test_config_defaults() -> None:
 
 
 def test_config_full_and_sizes() -> None:
-    cfg = dhv_spec.parse_config(json.dumps({
+    cfg = dhv_config.parse_config(json.dumps({
         "volume_group": "vg0", "thin_pool": "pool", "fs_type": "xfs",
         "lock_dir": "/run/lock/x", "overprovision_ratio": 2, "default_size": "512M",
         "timeout_seconds": 30,
     }))
     assert cfg.default_size == 512 * MIB and cfg.fs_type == "xfs"
-    assert dhv_spec.parse_config(json.dumps(cfg.to_json())) == cfg
+    assert dhv_config.parse_config(json.dumps(cfg.to_json())) == cfg
 
 
 @pytest.mark.parametrize("data,message", [
@@ -178,62 +187,62 @@ def test_config_full_and_sizes() -> None:
 ])
 def test_bad_config(data: dict[str, object], message: str) -> None:
     with pytest.raises(DhvError, match=message):
-        dhv_spec.parse_config(json.dumps(data), "/plugins/csi-local-dhv.json")
+        dhv_config.parse_config(json.dumps(data), "/plugins/csi-local-dhv.json")
 
 
 def test_config_file_is_named_after_the_plugin_id(tmp_path: Path) -> None:
     (tmp_path / "csi-local-dhv.json").write_text('{"volume_group":"a","thin_pool":"p"}')
     (tmp_path / "fast-pool.json").write_text('{"volume_group":"b","thin_pool":"p"}')
-    assert dhv_spec.load_config(str(tmp_path), str(tmp_path / "fast-pool")).volume_group == "b"
-    assert dhv_spec.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv")).volume_group \
+    assert dhv_config.load_config(str(tmp_path), str(tmp_path / "fast-pool")).volume_group == "b"
+    assert dhv_config.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv")).volume_group \
         == "a"
     # another name without its own file falls back to csi-local-dhv.json
-    assert dhv_spec.load_config(str(tmp_path), str(tmp_path / "other")).volume_group == "a"
+    assert dhv_config.load_config(str(tmp_path), str(tmp_path / "other")).volume_group == "a"
 
 
 def test_missing_config_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DhvError, match=r"no configuration at .*csi-local-dhv\.json"):
-        dhv_spec.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv"))
+        dhv_config.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv"))
 
 
 # --- tags and sizes ------------------------------------------------------------------
 
 
 def test_tags_are_in_their_own_namespace() -> None:
-    req = dhv_spec.parse_request("create", create_env(DHV_VOLUME_NAME="my vol/ü"))
-    tags = dhv_spec.volume_tags(req, "xfs")
+    req = dhv_request.parse_request("create", create_env(DHV_VOLUME_NAME="my vol/ü"))
+    tags = dhv_tags.volume_tags(req, "xfs")
     assert all(t.startswith("csi-local-dhv.") for t in tags)
     assert not any(t.startswith("csi-local.") for t in tags)
     assert f"csi-local-dhv.id={VOL_ID}" in tags and "csi-local-dhv.fs=xfs" in tags
     name_tag = next(t for t in tags if t.startswith("csi-local-dhv.name="))
-    assert dhv_spec.decode_hex_tag(name_tag.split("=", 1)[1]) == "my vol/ü"
+    assert dhv_tags.decode_hex_tag(name_tag.split("=", 1)[1]) == "my vol/ü"
     from csi_local.lvm import check_tag
 
     for tag in tags:
         check_tag(tag)  # every tag is one LVM accepts
 
 
-def test_size_for_new_volume() -> None:
-    assert dhv_spec.size_for_new(100 * MIB + 1, 0, EXTENT, default=1 << 30) == 104 * MIB
-    assert dhv_spec.size_for_new(0, 0, EXTENT, default=1 << 30) == 1 << 30
-    assert dhv_spec.size_for_new(0, 200 * MIB, EXTENT, default=1 << 30) == 200 * MIB
-    assert dhv_spec.size_for_new(10 * MIB, 0, EXTENT, default=1 << 30,
+def test_size_for_a_new_volume() -> None:
+    assert sizes.size_for(100 * MIB + 1, 0, EXTENT, default=1 << 30) == 104 * MIB
+    assert sizes.size_for(0, 0, EXTENT, default=1 << 30) == 1 << 30
+    assert sizes.size_for(0, 200 * MIB, EXTENT, default=1 << 30) == 200 * MIB
+    assert sizes.size_for(10 * MIB, 0, EXTENT, default=1 << 30,
                                  minimum=300 * MIB) == 300 * MIB
-    with pytest.raises(DhvError, match="no size between"):
-        dhv_spec.size_for_new(10 * MIB, 100 * MIB, EXTENT, default=1 << 30, minimum=300 * MIB)
-    with pytest.raises(DhvError, match="whole extents"):
-        dhv_spec.size_for_new(MIB, 2 * MIB, EXTENT, default=1 << 30)
+    with pytest.raises(SizeOutOfRange, match="no size in the range"):
+        sizes.size_for(10 * MIB, 100 * MIB, EXTENT, default=1 << 30, minimum=300 * MIB)
+    with pytest.raises(SizeOutOfRange, match="whole extents"):
+        sizes.size_for(MIB, 2 * MIB, EXTENT, default=1 << 30)
 
 
-def test_resize_target() -> None:
+def test_grow_target() -> None:
     cur = 400 * MIB
-    assert dhv_spec.resize_target(cur, 100 * MIB, 0, EXTENT) == cur
-    assert dhv_spec.resize_target(cur, cur, cur, EXTENT) == cur
-    assert dhv_spec.resize_target(cur, 500 * MIB + 1, 0, EXTENT) == 504 * MIB
-    with pytest.raises(DhvError, match="shrinking a volume is not supported"):
-        dhv_spec.resize_target(cur, 100 * MIB, 200 * MIB, EXTENT)
-    with pytest.raises(DhvError, match="within capacity_max"):
-        dhv_spec.resize_target(cur, 500 * MIB + 1, 502 * MIB, EXTENT)
+    assert sizes.grow_target(cur, 100 * MIB, 0, EXTENT) == cur
+    assert sizes.grow_target(cur, cur, cur, EXTENT) == cur
+    assert sizes.grow_target(cur, 500 * MIB + 1, 0, EXTENT) == 504 * MIB
+    with pytest.raises(SizeOutOfRange, match="shrinking a volume is not supported"):
+        sizes.grow_target(cur, 100 * MIB, 200 * MIB, EXTENT)
+    with pytest.raises(SizeOutOfRange, match="within the limit"):
+        sizes.grow_target(cur, 500 * MIB + 1, 502 * MIB, EXTENT)
 
 
 # --- the executable's entry point ---------------------------------------------------
@@ -253,7 +262,9 @@ def test_fingerprint_prints_a_version(monkeypatch: pytest.MonkeyPatch) -> None:
                        {"DHV_OPERATION": "fingerprint"})
     assert rc == 0
     version = json.loads(out)["version"]
-    assert [int(x) for x in version.split(".")]  # go-version accepts it
+    assert version == csi_local.__version__
+    # Nomad parses it with go-version: dot-separated numbers.
+    assert re.fullmatch(r"\d+(\.\d+){1,2}", version), version
 
 
 def test_fingerprint_path_does_not_load_the_heavy_modules() -> None:
@@ -294,16 +305,16 @@ def test_install_writes_shim_and_config(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert os.stat(shim).st_mode & 0o777 == 0o755
     conf = tmp_path / "csi-local-dhv.json"
     assert os.stat(conf).st_mode & 0o111 == 0  # Nomad fingerprints every executable
-    cfg = dhv_spec.load_config(str(tmp_path), str(shim))
+    cfg = dhv_config.load_config(str(tmp_path), str(shim))
     assert (cfg.volume_group, cfg.thin_pool, cfg.fs_type) == ("vg0", "pool", "xfs")
     assert sorted(os.listdir(tmp_path)) == ["csi-local-dhv", "csi-local-dhv.json"]
 
 
 def test_install_refuses_an_interpreter_a_shebang_cannot_hold() -> None:
     with pytest.raises(DhvError):
-        dhv.shim_text("/opt/my python/bin/python3", "csi-local-dhv")
+        dhv_install.shim_text("/opt/my python/bin/python3", "csi-local-dhv")
     with pytest.raises(DhvError):
-        dhv.shim_text("python3", "csi-local-dhv")
+        dhv_install.shim_text("python3", "csi-local-dhv")
 
 
 # --- delete: what holds a volume ----------------------------------------------------
@@ -415,7 +426,7 @@ def test_what_holds_a_volume_is_named(fake: FakeProc) -> None:
         (fake.root / "sys" / "block" / loop / "loop").mkdir(parents=True)
         (fake.root / "sys" / "block" / loop / "loop" / "backing_file").write_text(backing)
 
-    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
     assert users.holders == (
         f"process 200 (sleep) holds it: working directory {vol}/sub",
         f"process 300 (python3) holds it: open file {vol}/data",
@@ -442,11 +453,11 @@ def test_copies_that_umount_propagation_removes_do_not_hold(fake: FakeProc) -> N
     fake.process(501, "chronyd", 5, mountinfo=SLAVE_MOUNTS.replace(
         "shared:50 master:1", "master:50").replace("shared:51 master:7", "master:51"))
     fake.process(502, "sleep", 1, cwd="/proc", fds=("/dev/null",))
-    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
-    assert users == dhv_ops.VolumeUsers((), ())
+    users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    assert users == VolumeUsers((), ())
     # the same copy under a private "/" would stay behind: it holds the volume
     fake.process(503, "sh", 6, mountinfo=SLAVE_MOUNTS.replace(" shared:50 master:1", ""))
-    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
     assert users.holders == (
         f"it is mounted at {VOL_PATH} in the mount namespace of process 503 (sh)",)
 
@@ -459,17 +470,17 @@ def test_long_lists_are_cut(fake: FakeProc) -> None:
     fake.process(200, "a", 1, fds=files)
     for pid in range(300, 310):
         fake.process(pid, "b", 1, cwd=str(fake.vol))
-    users = dhv_ops.volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
+    users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
     assert users.holders[0] == (f"process 200 (a) holds it: open files {files[0]}, {files[1]}, "
                                 f"{files[2]} and 2 more")
     assert len(users.holders) == 11
-    req = dhv_spec.parse_request("delete", create_env(DHV_OPERATION="delete"))
+    req = dhv_request.parse_request("delete", create_env(DHV_OPERATION="delete"))
     lv = parse_lvs_one()
-    message = dhv_ops._in_use_message(req, lv, users.holders)
+    message = dhv_plugin._in_use_message(req, lv, users.holders)
     assert message.count("holds it:") == 8 and "; and 3 more. Stop what holds it" in message
 
 
-LV_NAME = dhv_spec.lv_name_for(VOL_ID)
+LV_NAME = dhv_request.lv_name_for(VOL_ID)
 LVS_JSON = json.dumps({"report": [{"lv": [{
     "lv_name": LV_NAME, "vg_name": "vg0", "lv_size": str(64 * MIB),
     "lv_tags": f"csi-local-dhv.kind=volume,csi-local-dhv.id={VOL_ID},csi-local-dhv.fs=ext4",
@@ -500,14 +511,14 @@ class MountingRunner(FakeRunner):
 
 
 def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                  users: Callable[..., dhv_ops.VolumeUsers],
-                  ) -> tuple[dhv_ops.Plugin, Request, MountingRunner]:
+                  users: Callable[..., VolumeUsers],
+                  ) -> tuple[dhv_plugin.HostVolumePlugin, Request, MountingRunner]:
     """A plugin whose commands and mount table are fakes: the volume is mounted
     at its path; umount, mount and lvremove succeed unless a test says otherwise."""
-    config = dhv_spec.PluginConfig(volume_group="vg0", thin_pool="pool",
+    config = dhv_config.PluginConfig(volume_group="vg0", thin_pool="pool",
                                    lock_dir=str(tmp_path / "locks"))
     env = create_env(DHV_OPERATION="delete", DHV_VOLUMES_DIR=str(tmp_path / "volumes"))
-    req = dhv_spec.parse_request("delete", env)
+    req = dhv_request.parse_request("delete", env)
     runner = MountingRunner()
     runner.table = mounts.parse_mountinfo(
         f"20 1 253:7 / {req.path} rw,nodev,noatime shared:7 - ext4 /dev/vg0/{LV_NAME} rw")
@@ -516,18 +527,18 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     runner.on(["mount"])
     monkeypatch.setattr(mounts, "read_mounts", lambda path="": list(runner.table))
     # raising=False: the same test shows what the code without the check does
-    monkeypatch.setattr(dhv_ops, "volume_users", users, raising=False)
-    monkeypatch.setattr(dhv_ops, "_SETTLE", (0.0,), raising=False)
-    return dhv_ops.Plugin(config, runner), req, runner
+    monkeypatch.setattr(dhv_plugin, "volume_users", users, raising=False)
+    monkeypatch.setattr(dhv_plugin, "_SETTLE", (0.0,), raising=False)
+    return dhv_plugin.HostVolumePlugin(config, runner), req, runner
 
 
 def test_delete_of_a_volume_in_use_unmounts_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, int, list[str]]] = []
 
-    def users(major: int, minor: int, targets: Sequence[str]) -> dhv_ops.VolumeUsers:
+    def users(major: int, minor: int, targets: Sequence[str]) -> VolumeUsers:
         seen.append((major, minor, list(targets)))
-        return dhv_ops.VolumeUsers(("process 42 (sleep) holds it: working directory /data",),
+        return VolumeUsers(("process 42 (sleep) holds it: working directory /data",),
                                    ())
 
     plugin, req, runner = delete_plugin(tmp_path, monkeypatch, users)
@@ -546,7 +557,7 @@ def test_delete_of_a_volume_in_use_unmounts_nothing(
 def test_delete_mounts_the_volume_again_when_lvremove_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plugin, req, runner = delete_plugin(
-        tmp_path, monkeypatch, lambda *a, **k: dhv_ops.VolumeUsers((), ("/run/pin",)))
+        tmp_path, monkeypatch, lambda *a, **k: VolumeUsers((), ("/run/pin",)))
     runner.on(["lvremove"], rc=5, stderr=f"  Logical volume vg0/{LV_NAME} contains a "
                                           "filesystem in use.\n")
     with pytest.raises(Exception) as err:

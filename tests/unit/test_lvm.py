@@ -4,8 +4,8 @@ import pytest
 
 from csi_local import lvm as lvm_mod
 from csi_local import volumes as vols
-from csi_local.errors import VolumeNotFound
-from csi_local.lvm import Lvm, VolumeGroupNotFound, parse_lvs, parse_vgs
+from csi_local.errors import LvNotFound, VolumeGroupMissing
+from csi_local.lvm import Lvm, parse_lvs, parse_vgs
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"
@@ -38,14 +38,14 @@ def test_parse_vgs() -> None:
 def test_not_found_is_mapped_once(runner: FakeRunner) -> None:
     runner.on(["lvs"], rc=5, stderr='  Failed to find logical volume "vg0/nope"\n')
     lvm = Lvm(runner, "vg0", "pool")
-    with pytest.raises(VolumeNotFound):
+    with pytest.raises(LvNotFound):
         lvm.get("nope")
     assert lvm.find("nope") is None
 
 
 def test_missing_vg(runner: FakeRunner) -> None:
     runner.on(["vgs"], rc=5, stderr='  Volume group "vg0" not found\n')
-    with pytest.raises(VolumeGroupNotFound):
+    with pytest.raises(VolumeGroupMissing):
         Lvm(runner, "vg0", "pool").volume_group()
 
 
@@ -61,7 +61,7 @@ def test_create_thin_argv(runner: FakeRunner) -> None:
     runner.on(["lvcreate"])
     runner.on(["lvs"], stdout=lvs_json())
     lvm = Lvm(runner, "vg0", "pool")
-    with pytest.raises(VolumeNotFound):  # the canned report lacks "new"
+    with pytest.raises(LvNotFound):  # the canned report lacks "new"
         lvm.create_thin("new", 8 << 20, ["csi-local.kind=volume"])
     argv = runner.calls[0]
     assert argv[:4] == ("lvcreate", "--yes", "--thin", "vg0/pool")

@@ -1,4 +1,5 @@
 from csi_local import mounts
+from csi_local.host import Host
 from csi_local.lvm import Lvm
 from csi_local.recovery import rebuild_state
 from csi_local.state import Publish, Staging
@@ -29,17 +30,19 @@ TABLE = f"""\
 """
 
 
-def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner, monkeypatch: object) -> None:
-    runner.on(["lvs"], stdout=LVS)
-    table = mounts.parse_mountinfo(TABLE)
-    import csi_local.mounts as m
+class TableHost(Host):
+    """The mount table above; /dev/dm-5 is the block volume's node."""
 
-    real = m.device_numbers
-    m.device_numbers = lambda dev: (253, 5) if dev == "/dev/dm-5" else real(dev)  # type: ignore[assignment]
-    try:
-        recs = rebuild_state(Lvm(runner, "vg0", "pool"), table)
-    finally:
-        m.device_numbers = real  # type: ignore[assignment]
+    def mounts(self) -> list[mounts.Mount]:
+        return mounts.parse_mountinfo(TABLE)
+
+    def device_numbers(self, path: str) -> tuple[int, int] | None:
+        return (253, 5) if path == "/dev/dm-5" else None
+
+
+def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner) -> None:
+    runner.on(["lvs"], stdout=LVS)
+    recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
     assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs", flags_known=False)
     assert recs[VOL].publishes == {"/k/pods/x": Publish(False), "/k/pods/y": Publish(True)}
     assert recs[BLK].staging == Staging("/k/blk/staging", "block")

@@ -15,20 +15,28 @@ from typing import Any
 
 import pytest
 
-from csi_local import fsrules, mounts
-from csi_local import validation as v
+from csi_local import fsrules, mounts, validation
 from csi_local._gen import csi_pb2 as pb
+from csi_local.backend import Backend
 from csi_local.config import Config
-from csi_local.context import Context
 from csi_local.controller import ControllerServicer
-from csi_local.dhv_spec import DhvError, parse_mount_options
-from csi_local.errors import CommandError, CsiError, FailedPrecondition, InvalidArgument
-from csi_local.fs import Filesystems, check_mount_flags
-from csi_local.locks import LockDirError, Locks
-from csi_local.lvm import Lvm, VolumeGroupNotFound
+from csi_local.dhv.request import DhvError, parse_mount_options
+from csi_local.errors import (
+    CommandError,
+    FormatRefused,
+    LockDirError,
+    MountOptionError,
+    VolumeGroupMissing,
+)
+from csi_local.fs import Filesystems
+from csi_local.host import Host
+from csi_local.locks import Locks
+from csi_local.lvm import Lvm
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
+from csi_local.pool import Pool
 from csi_local.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
+from csi_local.rpc import InvalidArgument, status_of
 from csi_local.state import Publish, StateStore
 from tests.unit.conftest import FakeRunner
 
@@ -41,8 +49,8 @@ VG_MISSING = '  Volume group "vg0" not found\n  Cannot process volume group vg0\
 
 def test_blkid_nothing_found_on_used_volume_never_formats(runner: FakeRunner) -> None:
     runner.on(["blkid"], rc=2)
-    with pytest.raises(FailedPrecondition, match="used before"):
-        Filesystems(runner).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
+    with pytest.raises(FormatRefused, match="used before"):
+        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
     assert not [c for c in runner.calls if c[0].startswith(("mkfs", "wipefs"))]
 
 
@@ -50,15 +58,15 @@ def test_blkid_exit_2_on_unreadable_fresh_device_never_formats(
         runner: FakeRunner, tmp_path: Path) -> None:
     # blkid exits 2 for "cannot open/read" as for "nothing found".
     runner.on(["blkid"], rc=2)
-    with pytest.raises(FailedPrecondition, match="cannot read"):
-        Filesystems(runner).ensure_filesystem(str(tmp_path / "gone"), "ext4", fresh=True)
+    with pytest.raises(FormatRefused, match="cannot read"):
+        Filesystems(runner, Host()).ensure_filesystem(str(tmp_path / "gone"), "ext4", fresh=True)
     assert not [c for c in runner.calls if c[0].startswith("mkfs")]
 
 
 def test_blkid_timeout_never_formats(runner: FakeRunner) -> None:
     runner.replies[("blkid",)] = [CommandError(("blkid",), -9, "", "timed out", timed_out=True)]
     with pytest.raises(CommandError):
-        Filesystems(runner).ensure_filesystem("/dev/vg0/x", "ext4", fresh=True)
+        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=True)
     assert not [c for c in runner.calls if c[0].startswith("mkfs")]
 
 
@@ -67,14 +75,14 @@ def test_fresh_readable_blank_device_is_formatted(runner: FakeRunner, tmp_path: 
     dev.write_bytes(b"\0" * 4096)
     runner.on(["blkid"], rc=2)
     runner.on(["mkfs.ext4"])
-    assert Filesystems(runner).ensure_filesystem(str(dev), "ext4", fresh=True) == "ext4"
+    assert Filesystems(runner, Host()).ensure_filesystem(str(dev), "ext4", fresh=True) == "ext4"
     assert runner.calls[-1][0] == "mkfs.ext4"
 
 
 def test_conflicting_signatures_on_used_volume_refused(runner: FakeRunner) -> None:
     runner.on(["blkid"], rc=8)
-    with pytest.raises(FailedPrecondition, match="conflicting"):
-        Filesystems(runner).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
+    with pytest.raises(FormatRefused, match="conflicting"):
+        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
     assert len(runner.calls) == 1
 
 
@@ -87,9 +95,9 @@ def test_missing_vg_is_unavailable_not_not_found(runner: FakeRunner, call: str) 
         runner.on([cmd], rc=5, stderr=VG_MISSING)
     lvm = Lvm(runner, "vg0", "pool")
     fn: Any = getattr(lvm, call)
-    with pytest.raises(VolumeGroupNotFound) as info:
+    with pytest.raises(VolumeGroupMissing) as info:
         fn(VOL) if call in ("get", "find", "remove") else fn()
-    assert info.value.code == "UNAVAILABLE"
+    assert status_of("DeleteVolume", info.value)[0] == "UNAVAILABLE"
 
 
 def test_missing_lv_is_still_not_found(runner: FakeRunner) -> None:
@@ -155,9 +163,14 @@ KUBELET_TABLE = f"""\
 def test_rebuild_ignores_kubelets_own_device_bind(runner: FakeRunner,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     runner.on(["lvs"], stdout=LVS)
-    monkeypatch.setattr(mounts, "device_numbers",
-                        lambda dev: (253, 7) if dev == "/dev/dm-7" else (8, 0))
-    recs = rebuild_state(Lvm(runner, "vg0", "pool"), mounts.parse_mountinfo(KUBELET_TABLE))
+    class TableHost(Host):
+        def mounts(self) -> list[mounts.Mount]:
+            return mounts.parse_mountinfo(KUBELET_TABLE)
+
+        def device_numbers(self, path: str) -> tuple[int, int] | None:
+            return (253, 7) if path == "/dev/dm-7" else (8, 0)
+
+    recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
     rec = recs[VOL]
     assert rec.staging is not None and rec.staging.path == f"{K}/staging/pvc-1"
     assert rec.publishes == {f"{K}/publish/pvc-1/uid-1": Publish(readonly=False)}
@@ -173,10 +186,13 @@ def _servicers(tmp_path: Path, runner: FakeRunner) -> tuple[ControllerServicer, 
     config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n1", volume_group="vg0",
                     thin_pool="pool", state_dir=str(tmp_path / "state"),
                     lock_dir=str(tmp_path / "locks"))
-    ctx = Context(config=config, lvm=Lvm(runner, "vg0", "pool"), fs=Filesystems(runner),
-                  state=StateStore(config.state_dir), locks=Locks(config.lock_dir),
-                  paginator=Paginator(b"k" * 32))
-    return ControllerServicer(ctx), NodeServicer(ctx)
+    lvm = Lvm(runner, "vg0", "pool")
+    locks = Locks(config.lock_dir)
+    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, 1.0),
+                      fs=Filesystems(runner, Host()), host=Host(),
+                      state=StateStore(config.state_dir), locks=locks,
+                      paginator=Paginator(b"k" * 32))
+    return ControllerServicer(backend), NodeServicer(backend)
 
 
 def _requests(vid: str, base: Path) -> list[tuple[str, str, Any]]:
@@ -245,26 +261,26 @@ def test_symlinked_path_refused(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(InvalidArgument, match="symbolic link"):
-        v.path(str(tmp_path / "link"), "target_path")
+        validation.path(str(tmp_path / "link"), "target_path")
 
 
 def test_symlinked_parent_resolves(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "real")
-    got = v.path(str(tmp_path / "alias" / "pod"), "target_path")
+    got = validation.path(str(tmp_path / "alias" / "pod"), "target_path")
     assert got == os.path.join(os.path.realpath(tmp_path / "real"), "pod")
 
 
 @pytest.mark.parametrize("bad", ["/etc/x", "/dev/sda", "/proc/1/root", "/sys/kernel", "/etc", "/"])
 def test_system_trees_refused(bad: str) -> None:
     with pytest.raises(InvalidArgument):
-        v.path(bad, "target_path")
+        validation.path(bad, "target_path")
 
 
 def test_link_into_system_tree_refused(tmp_path: Path) -> None:
     (tmp_path / "alias").symlink_to("/etc")
     with pytest.raises(InvalidArgument, match="/etc"):
-        v.path(str(tmp_path / "alias" / "cron.d"), "target_path")
+        validation.path(str(tmp_path / "alias" / "cron.d"), "target_path")
 
 
 # 8. lock directory and files -------------------------------------------------------------
@@ -304,7 +320,7 @@ def test_planted_lock_file_symlink_not_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.symlink(victim, locks._path("pool"))
-    with pytest.raises(CsiError), locks.hold("pool"):
+    with pytest.raises(LockDirError), locks.hold("pool"):
         pass
     assert victim.read_text() == "precious"
 
@@ -314,7 +330,8 @@ def test_lock_file_of_another_user_refused(tmp_path: Path) -> None:
     path = locks._path("pool")
     Path(path).write_text("")
     os.chown(path, 4242, 4242)
-    with pytest.raises(CsiError, match="not a regular file of this user"), locks.hold("pool"):
+    with pytest.raises(LockDirError, match="not a regular file of this user"), \
+            locks.hold("pool"):
         pass
 
 
@@ -324,17 +341,16 @@ def test_lock_file_of_another_user_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("flag", ["remount", "bind", "rbind", "move", "noatime,bind",
                                   "loop", "X-mount.mkdir", "rshared", "offset=0"])
 def test_mount_flags_that_change_the_operation_are_refused_by_both(flag: str) -> None:
-    with pytest.raises(InvalidArgument):
-        check_mount_flags([flag])
+    with pytest.raises(MountOptionError):
+        fsrules.check([flag])
     cap = pb.VolumeCapability(
         mount=pb.VolumeCapability.MountVolume(fs_type="ext4", mount_flags=[flag]),
         access_mode=pb.VolumeCapability.AccessMode(mode=1))
-    assert v.capability_problem(cap, "ext4") is not None or not v.fs_available("ext4")
+    assert (validation.capability_problem(cap, "ext4") is not None
+            or not validation.fs_available("ext4"))
     with pytest.raises(DhvError):
         parse_mount_options(flag)
-    with pytest.raises(fsrules.MountOptionError):
-        fsrules.check([flag])
 
 
 def test_ordinary_mount_flags_pass() -> None:
-    assert check_mount_flags(["noatime", "discard,nodev"]) == ["noatime", "discard", "nodev"]
+    assert fsrules.check(["noatime", "discard,nodev"]) == ["noatime", "discard", "nodev"]

@@ -1,8 +1,8 @@
 import pytest
 
-from csi_local import validation as v
+from csi_local import validation
 from csi_local._gen import csi_pb2 as pb
-from csi_local.errors import InvalidArgument, OutOfRange, ResourceExhausted
+from csi_local.rpc import InvalidArgument, OutOfRange, ResourceExhausted
 
 MiB = 1 << 20
 EXTENT = 4 * MiB
@@ -24,24 +24,24 @@ def rng(req: int = 0, lim: int = 0) -> pb.CapacityRange:
     ],
 )
 def test_size_rounds_up_to_extents(req: int, lim: int, minimum: int, want: int) -> None:
-    assert v.size_for(rng(req, lim), EXTENT, minimum=minimum) == want
+    assert validation.size_for(rng(req, lim), EXTENT, minimum=minimum) == want
 
 
 @pytest.mark.parametrize(("req", "lim"), [(5 * MiB, 6 * MiB), (10, 5), (0, MiB)])
 def test_unmeetable_range_is_out_of_range(req: int, lim: int) -> None:
     with pytest.raises(OutOfRange):
-        v.size_for(rng(req, lim), EXTENT)
+        validation.size_for(rng(req, lim), EXTENT)
 
 
 def test_negative_bytes_invalid() -> None:
     with pytest.raises(InvalidArgument):
-        v.size_for(rng(-1, 0), EXTENT)
+        validation.size_for(rng(-1, 0), EXTENT)
 
 
 def test_parameters_accept_co_keys_and_name_unknown_key() -> None:
-    assert v.parameters({"csi.storage.k8s.io/pvc/name": "x"}) == {}
+    assert validation.parameters({"csi.storage.k8s.io/pvc/name": "x"}) == {}
     with pytest.raises(InvalidArgument, match="'colour'"):
-        v.parameters({"colour": "blue"})
+        validation.parameters({"colour": "blue"})
 
 
 def mount(fs: str = "ext4", mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
@@ -53,40 +53,41 @@ def mount(fs: str = "ext4", mode: int = pb.VolumeCapability.AccessMode.SINGLE_NO
 
 
 def test_capability_defaults_fs_and_refuses_multi_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(v, "fs_available", lambda fs: True)
-    cap = v.capability(mount(fs=""), "xfs")
+    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    cap = validation.capability(mount(fs=""), "xfs")
     assert (cap.access_type, cap.fs_type) == ("mount", "xfs")
     with pytest.raises(InvalidArgument, match="MULTI_NODE_MULTI_WRITER"):
-        v.capability(mount(mode=pb.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER), "ext4")
+        validation.capability(
+            mount(mode=pb.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER), "ext4")
     with pytest.raises(InvalidArgument, match="vfat"):
-        v.capability(mount(fs="vfat"), "ext4")
+        validation.capability(mount(fs="vfat"), "ext4")
     with pytest.raises(InvalidArgument, match="mount flag"):
-        v.capability(mount(flags=("a b",)), "ext4")
+        validation.capability(mount(flags=("a b",)), "ext4")
     with pytest.raises(InvalidArgument, match="access mode"):
-        v.capability(pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume()), "ext4")
+        validation.capability(pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume()), "ext4")
 
 
 def test_missing_mkfs_makes_fs_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(v, "fs_available", lambda fs: fs != "btrfs")
-    assert v.capability_problem(mount(fs="btrfs"), "ext4") is not None
-    assert v.capability_problem(mount(fs="ext4"), "ext4") is None
+    monkeypatch.setattr(validation, "fs_available", lambda fs: fs != "btrfs")
+    assert validation.capability_problem(mount(fs="btrfs"), "ext4") is not None
+    assert validation.capability_problem(mount(fs="ext4"), "ext4") is None
 
 
 @pytest.mark.parametrize("bad", ["relative/path", "/a/../b", "/a\x00b", ""])
 def test_paths_must_be_absolute_and_clean(bad: str) -> None:
     with pytest.raises(InvalidArgument):
-        v.path(bad, "target_path")
+        validation.path(bad, "target_path")
 
 
 def test_path_normalised() -> None:
-    assert v.path("/a//b/./c/", "p") == "/a/b/c"
+    assert validation.path("/a//b/./c/", "p") == "/a/b/c"
 
 
 def test_topology_requisite() -> None:
     key = "topology.x/node"
     here = pb.TopologyRequirement(requisite=[pb.Topology(segments={key: "n1"})])
-    v.topology_allows(here, key, "n1")
-    v.topology_allows(None, key, "n1")
+    validation.topology_allows(here, key, "n1")
+    validation.topology_allows(None, key, "n1")
     elsewhere = pb.TopologyRequirement(requisite=[pb.Topology(segments={key: "n2"})])
     with pytest.raises(ResourceExhausted):
-        v.topology_allows(elsewhere, key, "n1")
+        validation.topology_allows(elsewhere, key, "n1")

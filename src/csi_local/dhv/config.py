@@ -1,0 +1,122 @@
+"""The host volume plugin's configuration file: <plugin dir>/<plugin id>.json,
+written by `csi-local-dhv install`. No processes, no LVM."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from csi_local import fsrules
+from csi_local.dhv.request import DhvError
+from csi_local.locks import DEFAULT_LOCK_DIR
+from csi_local.lvm import check_name
+from csi_local.sizes import parse_size as _parse_size
+
+PLUGIN_ID = "csi-local-dhv"
+CONFIG_SUFFIX = ".json"
+DEFAULT_SIZE = 1 << 30
+DEFAULT_TIMEOUT = 55.0  # Nomad kills create/delete after 60 s
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    volume_group: str
+    thin_pool: str
+    fs_type: str = "ext4"
+    lock_dir: str = DEFAULT_LOCK_DIR
+    overprovision_ratio: float = 1.0
+    default_size: int = DEFAULT_SIZE
+    timeout_seconds: float = DEFAULT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for key in ("volume_group", "thin_pool"):
+            value = getattr(self, key)
+            try:
+                check_name(value if isinstance(value, str) else "")
+            except ValueError:
+                raise DhvError(f"config: {key} {value!r} is not an LVM name") from None
+        if self.fs_type not in fsrules.SUPPORTED_FS:
+            raise DhvError(f"config: unsupported fs_type {self.fs_type!r}")
+        if not isinstance(self.lock_dir, str) or not os.path.isabs(self.lock_dir):
+            raise DhvError(f"config: lock_dir {self.lock_dir!r} must be an absolute path")
+        ratio = self.overprovision_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not ratio >= 1.0:
+            raise DhvError("config: overprovision_ratio must be a number >= 1.0")
+        if isinstance(self.default_size, bool) or not isinstance(self.default_size, int) \
+                or self.default_size <= 0:
+            raise DhvError("config: default_size must be a positive size")
+        timeout = self.timeout_seconds
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+                or not 0 < timeout <= 3600:
+            raise DhvError("config: timeout_seconds must be a number in (0, 3600]")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "volume_group": self.volume_group,
+            "thin_pool": self.thin_pool,
+            "fs_type": self.fs_type,
+            "lock_dir": self.lock_dir,
+            "overprovision_ratio": self.overprovision_ratio,
+            "default_size": self.default_size,
+            "timeout_seconds": self.timeout_seconds,
+        }
+
+
+def parse_size(value: object) -> int:
+    """Bytes from 1073741824, "1073741824", "512M", "1G" or "1GiB" (sizes.parse_size)."""
+    if not isinstance(value, str | int):
+        raise DhvError(f"invalid size {value!r}")
+    try:
+        return _parse_size(value)
+    except ValueError:
+        raise DhvError(f"invalid size {value!r}") from None
+
+
+def parse_config(text: str, source: str = "config") -> PluginConfig:
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise DhvError(f"{source} is not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise DhvError(f"{source} must hold a JSON object")
+    allowed = set(PluginConfig.__dataclass_fields__)
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise DhvError(f"{source}: unknown key(s) {', '.join(map(repr, unknown))}")
+    missing = sorted({"volume_group", "thin_pool"} - set(data))
+    if missing:
+        raise DhvError(f"{source}: missing {', '.join(missing)}")
+    if "default_size" in data:
+        data["default_size"] = parse_size(data["default_size"])
+    try:
+        return PluginConfig(**data)
+    except DhvError as err:
+        raise DhvError(f"{source}: {err}".replace("config: ", "")) from None
+
+
+def config_path(plugin_dir: str, argv0: str) -> str:
+    """<plugin dir>/<plugin id>.json, the plugin ID being the executable's name
+    (so two installs under different names may drive different pools)."""
+    name = os.path.basename(argv0) if argv0 else ""
+    if not name or name.startswith(".") or "\0" in name:
+        name = PLUGIN_ID
+    return os.path.join(plugin_dir, name + CONFIG_SUFFIX)
+
+
+def load_config(plugin_dir: str, argv0: str) -> PluginConfig:
+    path = config_path(plugin_dir, argv0)
+    if not os.path.exists(path) and os.path.basename(path) != PLUGIN_ID + CONFIG_SUFFIX:
+        path = os.path.join(plugin_dir, PLUGIN_ID + CONFIG_SUFFIX)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise DhvError(
+            f"no configuration at {path}: run `csi-local-dhv install` or write it"
+        ) from None
+    except OSError as err:
+        raise DhvError(f"cannot read {path}: {err.strerror}") from None
+    return parse_config(text, path)
+
+

@@ -1,0 +1,86 @@
+"""`csi-local-dhv install`: the plugin executable (a shim that runs this
+package's entry point) and its configuration, written into Nomad's host
+volume plugin directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from csi_local.atomic import write_atomic
+from csi_local.dhv.config import DEFAULT_TIMEOUT, PLUGIN_ID, PluginConfig, parse_size
+from csi_local.dhv.request import DhvError
+from csi_local.fsrules import SUPPORTED_FS
+from csi_local.locks import DEFAULT_LOCK_DIR
+
+SHIM = """\
+#!{python} -I
+# Nomad dynamic host volume plugin "{plugin_id}", written by `csi-local-dhv install`.
+# Configuration: {plugin_id}.json in this directory. -I: ignore the environment
+# and keep this directory off sys.path.
+import sys
+
+from csi_local.dhv import main
+
+sys.exit(main())
+"""
+
+
+def shim_text(python: str, plugin_id: str) -> str:
+    if not os.path.isabs(python) or any(c.isspace() for c in python) or len(python) > 200:
+        raise DhvError(f"interpreter path {python!r} cannot go in a #! line")
+    return SHIM.format(python=python, plugin_id=plugin_id)
+
+
+def install(args: list[str]) -> int:
+
+    parser = argparse.ArgumentParser(
+        prog="csi-local-dhv install",
+        description="Write the plugin executable and its configuration into Nomad's "
+        "host volume plugin directory (client host_volume_plugin_dir).",
+    )
+    parser.add_argument("--plugin-dir", required=True, help="Nomad's host_volume_plugin_dir")
+    parser.add_argument("--volume-group", required=True)
+    parser.add_argument("--thin-pool", required=True)
+    parser.add_argument("--fs-type", default="ext4", choices=SUPPORTED_FS,
+                        help="file system when a volume's parameters name none")
+    parser.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR,
+                        help="must be the CSI plugin's --lock-dir when both share a pool")
+    parser.add_argument("--overprovision-ratio", type=float, default=1.0)
+    parser.add_argument("--default-size", default="1GiB",
+                        help="size when a volume sets no capacity_min/capacity_max")
+    parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--plugin-id", default=PLUGIN_ID,
+                        help="executable name, the volume spec's plugin_id")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter that has csi-local installed (default: this one)")
+    ns = parser.parse_args(args)
+    try:
+        plugin_dir = os.path.abspath(ns.plugin_dir)
+        if not ns.plugin_id or "/" in ns.plugin_id or ns.plugin_id.startswith("."):
+            raise DhvError(f"invalid plugin id {ns.plugin_id!r}")
+        config = PluginConfig(
+            volume_group=ns.volume_group,
+            thin_pool=ns.thin_pool,
+            fs_type=ns.fs_type,
+            lock_dir=ns.lock_dir,
+            overprovision_ratio=ns.overprovision_ratio,
+            default_size=parse_size(ns.default_size),
+            timeout_seconds=ns.timeout_seconds,
+        )
+        shim = shim_text(ns.python, ns.plugin_id)
+    except DhvError as err:
+        parser.error(str(err))
+    os.makedirs(plugin_dir, mode=0o755, exist_ok=True)
+    exe = os.path.join(plugin_dir, ns.plugin_id)
+    conf = exe + ".json"
+    _write(conf, json.dumps(config.to_json(), indent=2) + "\n", 0o644)
+    _write(exe, shim, 0o755)
+    sys.stdout.write(json.dumps({"plugin": exe, "config": conf}) + "\n")
+    return 0
+
+
+def _write(path: str, text: str, mode: int) -> None:
+    write_atomic(path, text, mode)

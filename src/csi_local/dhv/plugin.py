@@ -1,0 +1,347 @@
+"""create and delete of the Nomad dynamic host volume plugin: a thin LV with a
+file system, mounted at DHV_VOLUMES_DIR/<volume id>.
+
+The CSI plugin's layers do the work: the same pool (room and the pool lock),
+the same lock keys and order (the volume's key outside, the pool's inside),
+the same formatting rule and mount-option rule. Only Nomad's request and
+answer are the host volume plugin's own.
+
+Everything here is imported lazily by csi_local.dhv, off the fingerprint path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+
+from csi_local import fsrules, sizes
+from csi_local.dhv.config import PluginConfig
+from csi_local.dhv.request import DhvError, Request
+from csi_local.dhv.tags import (
+    KIND_VOLUME,
+    TAG_FRESH,
+    TAG_FS,
+    TAG_GROW_FS,
+    TAG_ID,
+    TAG_KIND,
+    volume_tags,
+)
+from csi_local.fs import Filesystems
+from csi_local.holders import VolumeUsers, volume_users
+from csi_local.host import Host
+from csi_local.locks import Locks, volume_key
+from csi_local.lvm import LogicalVolume, Lvm
+from csi_local.mounts import Mount
+from csi_local.pool import Pool
+from csi_local.runner import Result, Runner, ShRunner
+
+log = logging.getLogger("csi_local.dhv")
+
+# Per-mount flags carried over when delete mounts a volume again. Its file
+# system options (mount_options) are not part of a delete request; when a
+# holder made lvremove fail, the superblock it keeps alive still has them.
+_VFS_FLAGS = frozenset({"ro", "rw", "nosuid", "nodev", "noexec", "noatime", "nodiratime",
+                        "relatime", "strictatime", "nosymfollow"})
+_NAMED = 8  # holders named in one error message; the rest are counted
+# Pauses before looking again when something holds a volume: udev's probes
+# (blkid after a change event on the LV) open the device for a moment, and
+# only holders that stay count.
+_SETTLE = (0.2, 0.5)
+_RESERVE = 3.0  # seconds kept back to report a result before Nomad's deadline
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self, reserve: float = _RESERVE) -> float:
+        left = self.end - time.monotonic() - reserve
+        if left <= 0:
+            raise DhvError("ran out of time (Nomad allows create and delete 60 seconds)")
+        return left
+
+
+class DeadlineRunner:
+    """A Runner whose commands never outlive the operation's deadline."""
+
+    def __init__(self, inner: Runner, deadline: Deadline) -> None:
+        self.inner = inner
+        self.deadline = deadline
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        ok_codes: Sequence[int] = (0,),
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        left = self.deadline.left()
+        limit = left if timeout is None else min(timeout, left)
+        return self.inner.run(argv, ok_codes=ok_codes, input=input, timeout=limit)
+
+
+class HostVolumePlugin:
+    """create and delete, on the pool the configuration names."""
+
+    def __init__(self, config: PluginConfig, runner: Runner | None = None,
+                 host: Host | None = None) -> None:
+        self.config = config
+        self.deadline = Deadline(config.timeout_seconds)
+        inner = runner if runner is not None else ShRunner(timeout=config.timeout_seconds)
+        self.runner = DeadlineRunner(inner, self.deadline)
+        self.host = host if host is not None else Host()
+        self.lvm = Lvm(self.runner, config.volume_group, config.thin_pool)
+        self.fs = Filesystems(self.runner, self.host)
+        self.locks = Locks(config.lock_dir)
+        self.pool = Pool(self.lvm, self.locks, config.overprovision_ratio)
+
+    def _lock_timeout(self) -> float:
+        return self.deadline.left(reserve=2 * _RESERVE)
+
+    @contextlib.contextmanager
+    def _hold(self, lv_name: str) -> Iterator[None]:
+        with self.locks.hold(volume_key(lv_name), timeout=self._lock_timeout()):
+            yield
+
+    # create ------------------------------------------------------------------
+
+    def create(self, req: Request) -> tuple[str, int]:
+        """Make (or converge) the volume; returns (path, bytes)."""
+        params = req.parameters
+        if params is None:
+            raise DhvError("create needs the volume's parameters")
+        with self._hold(req.lv_name):
+            lv = self.lvm.find(req.lv_name)
+            created = False
+            if lv is None:
+                fs_type = params.fs_type or self.config.fs_type
+                lv = self._new_lv(req, fs_type)
+                created = True
+                log.info("created LV %s/%s (%d bytes) for volume %s",
+                         lv.vg, lv.name, lv.size, req.volume_id)
+            else:
+                _check_ours(lv, req)
+                fs_type = lv.tag_value(TAG_FS) or ""
+                if not fs_type:
+                    raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
+                if params.fs_type and params.fs_type != fs_type:
+                    raise DhvError(
+                        f"volume {req.volume_id} has a {fs_type} file system; changing "
+                        f"fs_type to {params.fs_type} would need a reformat, which is refused"
+                    )
+            try:
+                lv = self._converge(req, lv, fs_type, params.mount_options)
+            except BaseException:
+                if created:  # a first create that failed leaves nothing behind
+                    self._rollback(req, lv)
+                raise
+            return req.path, lv.size
+
+    def _new_lv(self, req: Request, fs_type: str) -> LogicalVolume:
+        with self.pool.reserved(self._lock_timeout()) as report:
+            size = sizes.size_for(
+                req.capacity_min, req.capacity_max, report.extent_size,
+                default=self.config.default_size, minimum=fsrules.min_size(fs_type),
+            )
+            return self.pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
+
+    def _converge(self, req: Request, lv: LogicalVolume, fs_type: str,
+                  mount_options: Sequence[str]) -> LogicalVolume:
+        if not lv.active:
+            lv = self.lvm.activate(lv)
+        self.host.wait_for_device(lv.path, timeout=min(30.0, self.deadline.left()))
+        self._format(lv, fs_type)
+        lv = self._grow_lv(req, lv)
+        self._mount(req, lv, fs_type, mount_options)
+        if TAG_GROW_FS in lv.tags:
+            self.fs.grow(lv.path, req.path, fs_type)
+            self.lvm.delete_tags(lv.name, [TAG_GROW_FS])
+            lv = self.lvm.get(lv.name)
+            log.info("grew the %s file system of %s to %d bytes", fs_type, lv.name, lv.size)
+        return lv
+
+    def _format(self, lv: LogicalVolume, fs_type: str) -> None:
+        """mkfs a never-formatted LV; never touch one that holds anything (the
+        rule is the CSI plugin's: Filesystems.ensure_filesystem)."""
+        self.fs.ensure_filesystem(lv.path, fs_type, fresh=TAG_FRESH in lv.tags,
+                                  name=f"{lv.vg}/{lv.name}")
+        if TAG_FRESH in lv.tags:  # formatted now, or by a run killed before this step
+            self.lvm.delete_tags(lv.name, [TAG_FRESH])
+
+    def _grow_lv(self, req: Request, lv: LogicalVolume) -> LogicalVolume:
+        """The LV grown to capacity_min (a shrink is refused); the grow-fs tag goes
+        on before lvextend, so a run killed after it still grows the file system."""
+        grown = self.pool.grow(
+            lv, req.capacity_min, req.capacity_max, timeout=self._lock_timeout(),
+            before=lambda: self.lvm.add_tags(lv.name, [TAG_GROW_FS]))
+        if grown.size != lv.size:
+            log.info("extended LV %s to %d bytes", lv.name, grown.size)
+        return grown
+
+    def _mount(self, req: Request, lv: LogicalVolume, fs_type: str,
+               options: Sequence[str]) -> None:
+        os.makedirs(req.volumes_dir, mode=0o711, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(req.path, 0o755)
+        major, minor = self._device_numbers(lv)
+        top = self.host.top_mount(req.path)
+        if top is None:
+            self.fs.mount(lv.path, req.path, fs_type, list(options))
+            log.info("mounted %s at %s", lv.path, req.path)
+        elif not self.host.shows_device(top, major, minor):
+            raise DhvError(
+                f"{req.path} is already a mount point of another device ({top.source}); "
+                "refusing to mount over it"
+            )
+
+    def _rollback(self, req: Request, lv: LogicalVolume) -> None:
+        """Best effort: undo this run's new LV, its mount and its directory."""
+        try:
+            major, minor = self._device_numbers(lv)
+            if self.host.device_mounted_at(req.path, major, minor):
+                self.fs.umount(req.path, device=(major, minor))
+            if not self.host.mounts_of(major, minor):
+                self.lvm.remove(lv.name)
+            if not self.host.is_mount_point(req.path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(req.path)
+        except Exception as err:  # the original error is the one to report
+            log.warning("could not undo the failed create of %s: %s", req.volume_id, err)
+
+    # delete ------------------------------------------------------------------
+
+    def delete(self, req: Request) -> None:
+        """Unmount, lvremove and rmdir; a no-op for what is already gone."""
+        with self._hold(req.lv_name):
+            lv = self.lvm.find(req.lv_name)
+            if lv is not None:
+                _check_ours(lv, req)
+            self._remove(req, lv)
+
+    def _remove(self, req: Request, lv: LogicalVolume | None) -> None:
+        targets = [req.path]
+        created = _created_path(req)
+        if created is not None:
+            targets.append(created)
+        if lv is not None:
+            major, minor = self._device_numbers(lv)
+            # Before any umount: unmounting a volume that something still
+            # holds cannot end in lvremove, and would leave Nomad a registered
+            # volume whose directory is an empty one on the root file system.
+            users = self._users(major, minor, targets)
+            if users.holders:
+                raise DhvError(_in_use_message(req, lv, users.holders))
+            unmounted: list[Mount] = []
+            try:
+                for target in targets:
+                    unmounted += self.fs.umount(target, device=(major, minor))
+                left = [m.mount_point for m in self.host.mounts_of(major, minor)]
+                if left:
+                    raise DhvError(
+                        f"LV {lv.vg}/{lv.name} is still mounted at {', '.join(left)} "
+                        "(in use?); not removing it"
+                    )
+                self.lvm.remove(lv.name)
+            except Exception as err:
+                if not unmounted:
+                    raise
+                # A holder no scan can see (a mount namespace without
+                # processes, a kernel user): put the volume back where Nomad
+                # expects it rather than leave an empty directory there.
+                raise DhvError(self._mount_again(lv, unmounted, err, users)) from err
+            log.info("removed LV %s/%s", lv.vg, lv.name)
+        elif self.host.is_mount_point(req.path):
+            top = self.host.top_mount(req.path)
+            raise DhvError(
+                f"{req.path} is a mount point of {top.source if top else 'something'} that "
+                "is not this volume's LV; leaving it alone"
+            )
+        for target in targets:
+            if self.host.is_mount_point(target):
+                continue
+            try:
+                os.rmdir(target)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                log.warning("%s is not empty; left in place", target)
+
+    def _users(self, major: int, minor: int, targets: Sequence[str]) -> VolumeUsers:
+        users = volume_users(major, minor, targets)
+        for delay in _SETTLE:
+            if not users.holders:
+                break
+            time.sleep(delay)
+            users = volume_users(major, minor, targets)
+        return users
+
+    def _device_numbers(self, lv: LogicalVolume) -> tuple[int, int]:
+        """The LV's major:minor, from the report or else from its device node."""
+        if lv.kernel_major >= 0 and lv.kernel_minor >= 0:
+            return lv.kernel_major, lv.kernel_minor
+        found = self.host.device_numbers(lv.path)
+        if found is None:
+            raise DhvError(f"LV {lv.vg}/{lv.name} has no device node at {lv.path} "
+                           "(inactive?)")
+        return found
+
+    def _mount_again(self, lv: LogicalVolume, unmounted: Sequence[Mount],
+                     err: Exception, users: VolumeUsers) -> str:
+        """Mount the LV again where delete unmounted it; returns the error to report."""
+        reason = getattr(err, "message", None) or str(err)
+        points = list(dict.fromkeys(m.mount_point for m in reversed(unmounted)))
+        restored: list[str] = []
+        try:
+            for mount in reversed(unmounted):
+                if mount.mount_point in restored:
+                    continue
+                flags = sorted(mount.options & _VFS_FLAGS)
+                self.fs.mount(lv.path, mount.mount_point, mount.fs_type, flags)
+                restored.append(mount.mount_point)
+        except Exception as again:
+            log.error("could not mount %s again at %s: %s", lv.path, points, again)
+            lost = [p for p in points if p not in restored]
+            return (f"LV {lv.vg}/{lv.name} was unmounted but could not be removed ({reason}), "
+                    f"and mounting it again at {', '.join(lost)} failed too ({again}); "
+                    "run create for the volume to mount it again")
+        hint = ""
+        if users.pinned:
+            hint = (f"; mount namespaces that no process is in, pinned at "
+                    f"{', '.join(users.pinned)}, may hold it")
+        return (f"LV {lv.vg}/{lv.name} could not be removed ({reason}); it is mounted again "
+                f"at {', '.join(restored)}, as before the delete{hint}")
+
+
+def _check_ours(lv: LogicalVolume, req: Request) -> None:
+    if lv.tag_value(TAG_KIND) != KIND_VOLUME or lv.tag_value(TAG_ID) != req.volume_id:
+        raise DhvError(
+            f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
+            "made by this plugin; leaving it alone"
+        )
+
+
+def _created_path(req: Request) -> str | None:
+    """DHV_CREATED_PATH when it names this volume's directory somewhere else
+    (the volumes directory moved); never the volumes directory itself."""
+    raw = req.created_path
+    if not raw or "\0" in raw or not os.path.isabs(raw):
+        return None
+    path = os.path.normpath(raw)
+    if path == req.path or os.path.basename(path) != req.volume_id:
+        return None
+    return path
+
+
+def _in_use_message(req: Request, lv: LogicalVolume, holders: Sequence[str]) -> str:
+    named = "; ".join(holders[:_NAMED])
+    if len(holders) > _NAMED:
+        named += f"; and {len(holders) - _NAMED} more"
+    return (f"volume {req.volume_id} (LV {lv.vg}/{lv.name}) is in use, so nothing was "
+            f"unmounted or removed: {named}. Stop what holds it, then delete again")

@@ -1,0 +1,195 @@
+"""The request Nomad hands the host volume plugin in its environment, and the
+volume's parameters, validated. No processes, no LVM.
+
+Nomad (client/hostvolumemanager/host_volume_plugin.go) runs the plugin with
+`$1` = fingerprint|create|delete and an environment holding only DHV_*
+variables. Create gets DHV_OPERATION, DHV_VOLUMES_DIR, DHV_PLUGIN_DIR,
+DHV_NODE_POOL, DHV_NAMESPACE, DHV_VOLUME_NAME, DHV_VOLUME_ID, DHV_NODE_ID,
+DHV_CAPACITY_MIN_BYTES, DHV_CAPACITY_MAX_BYTES and DHV_PARAMETERS (JSON of a
+string map, "null" when empty); delete gets the same without the capacities,
+plus DHV_CREATED_PATH (the path create reported; on the clean-up after a
+failed client state write it is the volumes directory itself, so it is never
+trusted as "the volume").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from csi_local import fsrules
+from csi_local.errors import MountOptionError
+
+OPERATIONS = ("fingerprint", "create", "delete")
+LV_PREFIX = "dhv-"
+PARAMETERS = ("fs_type", "mount_options")
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_LV_RE = re.compile(r"^dhv-[0-9a-f]{32}$")
+_INT_RE = re.compile(r"^[0-9]{1,20}$")
+
+
+class DhvError(Exception):
+    """A failure reported to Nomad as {"error": message} with a non-zero exit."""
+
+
+@dataclass(frozen=True)
+class Parameters:
+    fs_type: str | None  # None: the configured default (or the existing volume's)
+    mount_options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    operation: str
+    volume_id: str
+    volumes_dir: str
+    plugin_dir: str
+    volume_name: str
+    namespace: str
+    node_id: str
+    node_pool: str
+    capacity_min: int
+    capacity_max: int
+    parameters: Parameters | None  # None on delete: never needed, never validated
+    created_path: str
+
+    @property
+    def lv_name(self) -> str:
+        return lv_name_for(self.volume_id)
+
+    @property
+    def path(self) -> str:
+        """Where the volume is mounted: DHV_VOLUMES_DIR/<volume id>."""
+        return os.path.join(self.volumes_dir, self.volume_id)
+
+
+def check_volume_id(volume_id: str) -> str:
+    if not _ID_RE.match(volume_id) or ".." in volume_id:
+        raise DhvError(
+            f"DHV_VOLUME_ID {volume_id!r} is not a volume ID "
+            "(letters, digits, '.', '_' and '-', at most 128)"
+        )
+    return volume_id
+
+
+def lv_name_for(volume_id: str) -> str:
+    """The LV name: a hash of the (validated) Nomad volume ID."""
+    digest = hashlib.sha256(check_volume_id(volume_id).encode()).hexdigest()[:32]
+    return LV_PREFIX + digest
+
+
+def is_dhv_lv_name(name: str) -> bool:
+    return bool(_LV_RE.match(name))
+
+
+def _abs_dir(env: Mapping[str, str], key: str) -> str:
+    raw = env.get(key, "")
+    if not raw:
+        raise DhvError(f"{key} is not set")
+    if "\0" in raw or not os.path.isabs(raw):
+        raise DhvError(f"{key} must be an absolute path, not {raw!r}")
+    norm = os.path.normpath(raw)
+    if norm == "/":
+        raise DhvError(f"{key} must not be /")
+    return norm
+
+
+def _bytes(env: Mapping[str, str], key: str) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return 0
+    if not _INT_RE.match(raw):
+        raise DhvError(f"{key} must be a whole number of bytes, not {raw!r}")
+    return int(raw)
+
+
+def parse_mount_options(text: str) -> tuple[str, ...]:
+    opts = [o.strip() for o in text.split(",") if o.strip()]
+    try:
+        return tuple(fsrules.check(opts))
+    except MountOptionError as err:
+        raise DhvError(err.message) from None
+
+
+def parse_parameters(raw: str) -> Parameters:
+    """DHV_PARAMETERS: a JSON object of strings ("null" or empty: none)."""
+    text = raw.strip()
+    data: object = None
+    if text:
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise DhvError(f"DHV_PARAMETERS is not JSON: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise DhvError("DHV_PARAMETERS must be a JSON object")
+    unknown = sorted(set(data) - set(PARAMETERS))
+    if unknown:
+        raise DhvError(
+            f"unknown parameter(s) {', '.join(map(repr, unknown))}; "
+            f"supported: {', '.join(PARAMETERS)}"
+        )
+    for key, value in data.items():
+        if not isinstance(value, str):
+            raise DhvError(f"parameter {key!r} must be a string")
+    fs_type = data.get("fs_type") or None
+    if fs_type is not None and fs_type not in fsrules.SUPPORTED_FS:
+        raise DhvError(f"unsupported fs_type {fs_type!r}; "
+                       f"supported: {', '.join(fsrules.SUPPORTED_FS)}")
+    return Parameters(fs_type=fs_type, mount_options=parse_mount_options(
+        data.get("mount_options", "")))
+
+
+def parse_request(operation: str, env: Mapping[str, str], argv0: str = "") -> Request:
+    """The create/delete request from Nomad's environment (validated)."""
+    if operation not in ("create", "delete"):
+        raise DhvError(f"unknown operation {operation!r}; expected one of {OPERATIONS}")
+    env_op = env.get("DHV_OPERATION", "")
+    if env_op and env_op != operation:
+        raise DhvError(f"argument {operation!r} and DHV_OPERATION {env_op!r} disagree")
+    volume_id = check_volume_id(env.get("DHV_VOLUME_ID", ""))
+    volumes_dir = _abs_dir(env, "DHV_VOLUMES_DIR")
+    if env.get("DHV_PLUGIN_DIR"):
+        plugin_dir = _abs_dir(env, "DHV_PLUGIN_DIR")
+    elif argv0 and os.path.isabs(argv0):
+        plugin_dir = os.path.dirname(argv0)
+    else:
+        raise DhvError("DHV_PLUGIN_DIR is not set")
+    cap_min = cap_max = 0
+    params: Parameters | None = None
+    if operation == "create":
+        cap_min = _bytes(env, "DHV_CAPACITY_MIN_BYTES")
+        cap_max = _bytes(env, "DHV_CAPACITY_MAX_BYTES")
+        if cap_max and cap_min > cap_max:
+            raise DhvError(
+                f"DHV_CAPACITY_MIN_BYTES {cap_min} exceeds DHV_CAPACITY_MAX_BYTES {cap_max}"
+            )
+        params = parse_parameters(env.get("DHV_PARAMETERS", ""))
+    return Request(
+        operation=operation,
+        volume_id=volume_id,
+        volumes_dir=volumes_dir,
+        plugin_dir=plugin_dir,
+        volume_name=env.get("DHV_VOLUME_NAME", ""),
+        namespace=env.get("DHV_NAMESPACE", ""),
+        node_id=env.get("DHV_NODE_ID", ""),
+        node_pool=env.get("DHV_NODE_POOL", ""),
+        capacity_min=cap_min,
+        capacity_max=cap_max,
+        parameters=params,
+        created_path=env.get("DHV_CREATED_PATH", ""),
+    )
+
+
+def ok_json(path: str, size: int) -> str:
+    return json.dumps({"path": path, "bytes": size})
+
+
+def error_json(message: str) -> str:
+    return json.dumps({"error": message})

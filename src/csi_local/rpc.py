@@ -1,0 +1,110 @@
+"""The RPC edge: errors that carry a gRPC status code, and the one table that
+turns storage errors into codes.
+
+Servicers raise `RpcError`s for what only a request can be wrong about (a
+missing field, a path the volume is not at). Everything below them raises
+`csi_local.errors.StorageError`s, and `status_of` chooses the code here,
+per RPC where the CSI spec's error tables differ. The server's interceptor
+is the only caller. Codes are names, not grpc objects, so this module and
+its tests need no grpc.
+"""
+
+from __future__ import annotations
+
+from csi_local import errors
+
+
+class RpcError(Exception):
+    """An error with a defined CSI status code."""
+
+    code: str = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(RpcError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(RpcError):
+    code = "NOT_FOUND"
+
+
+class AlreadyExists(RpcError):
+    code = "ALREADY_EXISTS"
+
+
+class OutOfRange(RpcError):
+    code = "OUT_OF_RANGE"
+
+
+class ResourceExhausted(RpcError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class FailedPrecondition(RpcError):
+    code = "FAILED_PRECONDITION"
+
+
+class Aborted(RpcError):
+    code = "ABORTED"
+
+
+class Unavailable(RpcError):
+    code = "UNAVAILABLE"
+
+
+class Unimplemented(RpcError):
+    code = "UNIMPLEMENTED"
+
+
+class Internal(RpcError):
+    code = "INTERNAL"
+
+
+# The code of each storage error, whatever the RPC. The most specific class
+# wins (the table is searched along the exception's MRO).
+CODES: dict[type[errors.StorageError], str] = {
+    errors.StorageError: "INTERNAL",
+    errors.CommandError: "INTERNAL",
+    # A CO retries UNAVAILABLE and forgets nothing: a VG that is not attached
+    # yet must never make a volume look deleted.
+    errors.VolumeGroupMissing: "UNAVAILABLE",
+    errors.LvNotFound: "NOT_FOUND",
+    errors.PoolUnusable: "FAILED_PRECONDITION",
+    errors.NoRoom: "RESOURCE_EXHAUSTED",
+    errors.SizeOutOfRange: "OUT_OF_RANGE",
+    errors.LockBusy: "ABORTED",  # the spec's "operation pending for volume"
+    errors.LockDirError: "FAILED_PRECONDITION",
+    errors.VolumeInUse: "FAILED_PRECONDITION",
+    errors.DeviceMissing: "FAILED_PRECONDITION",
+    errors.FormatRefused: "FAILED_PRECONDITION",
+    errors.StillMounted: "FAILED_PRECONDITION",
+    errors.MountOptionError: "INVALID_ARGUMENT",
+    errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
+}
+
+# Where an RPC's error table says otherwise.
+PER_RPC: dict[tuple[str, type[errors.StorageError]], str] = {
+    # The expansion tables have no RESOURCE_EXHAUSTED: a capacity the plugin
+    # cannot give is "Unsupported capacity", OUT_OF_RANGE.
+    ("ControllerExpandVolume", errors.NoRoom): "OUT_OF_RANGE",
+    ("NodeExpandVolume", errors.NoRoom): "OUT_OF_RANGE",
+}
+
+
+def status_of(method: str, err: Exception) -> tuple[str, str]:
+    """(code name, message) for an error raised by RPC `method`; INTERNAL for
+    anything that is neither an RpcError nor a StorageError."""
+    if isinstance(err, RpcError):
+        return err.code, err.message
+    if isinstance(err, errors.StorageError):
+        for cls in type(err).__mro__:
+            if not (isinstance(cls, type) and issubclass(cls, errors.StorageError)):
+                continue
+            code = PER_RPC.get((method, cls)) or CODES.get(cls)
+            if code is not None:
+                return code, err.message
+    return "INTERNAL", f"internal error: {err}"

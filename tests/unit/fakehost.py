@@ -1,0 +1,791 @@
+"""An in-memory host for unit tests: LVM, block devices, file systems, loop
+devices and the mount table, behind both seams the plugin has (the Runner that
+runs commands and the Host that reads the kernel's view).
+
+Why a simulation and not canned replies: the servicers run many commands per
+RPC and then read back what those commands did (`lvs` after `lvcreate`, the
+mount table after `mount`). Canned replies make every test restate that
+sequence; a model that answers like the real tools lets a test say only what
+is special about it (a device with stray signatures, a busy LV, one failing
+command) and run every RPC in milliseconds.
+
+Fidelity rules, each the real behaviour the plugin must cope with:
+- exit codes and stderr are those of LVM, util-linux and mkfs (the plugin maps
+  them with regular expressions); anything not simulated is an AssertionError
+  naming the argv, so a test never passes on an unknown command;
+- a device-node bind shows a devtmpfs mount whose root is "/dm-N" (or
+  "/loopN"), and a loop device's backing file is the resolved node
+  ("/dev/dm-N"), as /sys shows it; btrfs mounts show an anonymous 0:N device;
+- an LV is open (lvremove and deactivation refuse) while a file system on it
+  is mounted, a loop device is attached over it, or a test marks it busy; a
+  bind of its *node* does not open it, just as on Linux;
+- mkfs.xfs and mkfs.btrfs (no -f) refuse a device with a signature, mkfs
+  refuses a mounted one, and the kernel refuses a second xfs (without
+  nouuid) or btrfs with a mounted one's UUID.
+Directories and files are real (under a pytest tmp_path); only the table of
+what is mounted on them is simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from csi_local import mounts
+from csi_local.errors import CommandError
+from csi_local.host import Host
+from csi_local.mounts import Mount
+from csi_local.runner import Result
+
+try:
+    from csi_local.errors import DeviceMissing
+except ImportError:  # pragma: no cover - only while errors.py is being refactored
+    class DeviceMissing(Exception):  # type: ignore[no-redef]
+        """Stand-in until csi_local.errors defines it."""
+
+GiB = 1 << 30
+MiB = 1 << 20
+DM_MAJOR = 253
+LOOP_MAJOR = 7
+DEVTMPFS = (0, 5)  # devtmpfs's own (anonymous) device numbers, as mountinfo shows them
+HOST_FS = (0, 30)  # the file system tmp_path lives on, for binds of unmounted directories
+_VFS_FLAGS = frozenset({"ro", "rw", "nosuid", "nodev", "noexec", "noatime", "nodiratime",
+                        "relatime", "strictatime"})
+_MIN_FS = {"xfs": 300 * MiB, "btrfs": 114 * MiB}
+_WRONG_FS = ("mount: {t}: wrong fs type, bad option, bad superblock on {d}, missing codepage "
+             "or helper program, or other error.")
+
+
+class _Fail(Exception):
+    """A simulated non-zero exit; run() turns it into a Result or CommandError."""
+
+    def __init__(self, rc: int, stderr: str, stdout: str = "") -> None:
+        super().__init__(stderr)
+        self.rc, self.stderr, self.stdout = rc, stderr, stdout
+
+
+@dataclass
+class Content:
+    """What blkid would find on a device. fs None: blank."""
+
+    fs: str | None = None
+    uuid: str = ""
+    fs_size: int = 0  # bytes the file system spans (grows only with resize2fs & co.)
+    ambivalent: bool = False  # stray/conflicting signatures: blkid exits 8
+    unreadable: bool = False  # reads fail: blkid finds nothing, read_error says why
+
+
+@dataclass
+class FakeLv:
+    """One logical volume: a thin pool ("pool") or a thin volume ("thin")."""
+
+    name: str
+    size: int
+    kind: str
+    tags: set[str] = field(default_factory=set)
+    active: bool = True
+    skip: bool = False  # LVM's activation-skip flag (attr[9] 'k')
+    pool: str = ""
+    origin: str = ""
+    minor: int = -1  # dm minor while active
+    created: int = 0
+    data_percent: float = 0.0
+    metadata_percent: float = 0.0
+    busy: bool = False  # held open by something the fake does not model (a process)
+    content: Content = field(default_factory=Content)
+
+
+@dataclass
+class FakeLoop:
+    backing: str  # as /sys/block/loopN/loop/backing_file shows it
+    readonly: bool
+    content: Content = field(default_factory=Content)  # used when backed by a plain file
+
+
+@dataclass
+class _Dev:
+    """A block device as a command sees it, resolved from any of its paths."""
+
+    node: str  # /dev/dm-N or /dev/loopN
+    numbers: tuple[int, int]
+    source: str  # what mountinfo shows as the source
+    size: int
+    content: Content
+    readonly: bool
+
+
+@dataclass
+class _Rec:
+    mount: Mount
+    dev_node: str | None  # the device whose file system this mount shows (None: a node bind)
+
+
+def _options(argv: Sequence[str], valued: Iterable[str],
+             flags: Iterable[str] = ()) -> tuple[dict[str, list[str]], list[str]]:
+    """Split argv[1:] into {option: [values]} and positionals; unknown options
+    are not simulated."""
+    valued, flags = set(valued), set(flags)
+    opts: dict[str, list[str]] = {}
+    pos: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in valued and i + 1 < len(argv):
+            opts.setdefault(arg, []).append(argv[i + 1])
+            i += 1
+        elif arg in flags:
+            opts.setdefault(arg, []).append("")
+        elif arg.startswith("-"):
+            raise AssertionError(f"FakeHost does not simulate option {arg!r} in {argv!r}")
+        else:
+            pos.append(arg)
+        i += 1
+    return opts, pos
+
+
+def _size(text: str, argv: Sequence[str]) -> int:
+    m = re.fullmatch(r"(\d+)([bBkmgt]?)", text)
+    if not m:
+        raise AssertionError(f"FakeHost does not simulate size {text!r} in {argv!r}")
+    shift = {"b": 0, "B": 0, "k": 10, "": 20, "m": 20, "g": 30, "t": 40}[m.group(2)]
+    return int(m.group(1)) << shift
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def _one(pos: list[str], argv: Sequence[str], n: int = 1) -> list[str]:
+    if len(pos) != n:
+        raise AssertionError(f"FakeHost expects {n} operand(s) in {argv!r}")
+    return pos
+
+
+class FakeHost(Host):
+    """The host's LVM, devices and mounts in memory; also the Runner."""
+
+    def __init__(self, vg: str = "vg0", pool: str = "pool0", pool_size: int = 10 * GiB,
+                 extent: int = 4 * MiB, *, with_vg: bool = True, with_pool: bool = True,
+                 vg_size: int | None = None) -> None:
+        self.vg = vg
+        self.pool_name = pool
+        self.extent = extent
+        self.vg_present = with_vg
+        self.vg_size = _round_up(vg_size if vg_size is not None else pool_size + GiB, extent)
+        self.lvs: dict[str, FakeLv] = {}
+        self.loops: dict[int, FakeLoop] = {}
+        self.calls: list[tuple[str, ...]] = []
+        self.clock = 1_700_000_000  # lv_time of the next LV; each lvcreate advances it
+        self._loop_nodes: set[int] = set()  # loop nodes ever made (they outlive detach)
+        self._table: list[_Rec] = []
+        self._next_mount_id = 100
+        self._next_anon = 40
+        self._uuids = 0
+        self._failures: list[tuple[tuple[str, ...], _Fail, bool]] = []
+        self._tools: dict[str, Callable[[Sequence[str]], str]] = {
+            "lvs": self._lvs, "vgs": self._vgs, "lvcreate": self._lvcreate,
+            "lvextend": self._lvextend, "lvremove": self._lvremove, "lvchange": self._lvchange,
+            "vgcreate": self._vgcreate, "vgchange": self._vgchange, "blkid": self._blkid,
+            "wipefs": self._wipefs, "mkfs.ext4": self._mkfs, "mkfs.xfs": self._mkfs,
+            "mkfs.btrfs": self._mkfs, "resize2fs": self._grow, "xfs_growfs": self._grow,
+            "btrfs": self._grow, "btrfstune": self._btrfstune, "sync": self._sync,
+            "mount": self._mount, "umount": self._umount, "losetup": self._losetup,
+        }
+        if with_vg and with_pool:
+            self._new_lv(FakeLv(pool, _round_up(pool_size, extent), "pool"))
+
+    # test-facing helpers ------------------------------------------------------
+
+    def lv(self, name: str) -> FakeLv:
+        return self.lvs[name]
+
+    def lv_path(self, name: str) -> str:
+        return f"/dev/{self.vg}/{name}"
+
+    def add_lv(self, name: str, size: int, *, tags: Iterable[str] = (), active: bool = True,
+               skip: bool = False, origin: str = "", fs: str | None = None) -> FakeLv:
+        """A thin volume as if made earlier (no lvcreate in `calls`)."""
+        lv = self._new_lv(FakeLv(name, _round_up(size, self.extent), "thin", set(tags),
+                                 active, skip, self.pool_name, origin))
+        if fs is not None:
+            self.set_content(name, fs=fs)
+        return lv
+
+    def set_content(self, name: str, fs: str | None = None, *, ambivalent: bool = False,
+                    unreadable: bool = False, uuid: str | None = None,
+                    fs_size: int | None = None) -> Content:
+        """Replace what the LV's device holds (fs None: blank)."""
+        lv = self.lvs[name]
+        lv.content = Content(fs, uuid or (self._uuid() if fs else ""),
+                             lv.size if fs_size is None else fs_size, ambivalent, unreadable)
+        return lv.content
+
+    def set_busy(self, name: str, busy: bool = True) -> None:
+        self.lvs[name].busy = busy
+
+    def add_mount(self, mount_point: str, *, fs_type: str = "tmpfs", source: str = "tmpfs",
+                  major: int = 0, minor: int = 60, options: Iterable[str] = ("rw",)) -> Mount:
+        """A mount the plugin did not make (something else's, at a path it uses)."""
+        return self._add(mount_point, (major, minor), "/", fs_type, source,
+                         frozenset(options), frozenset({"rw"}), None)
+
+    def fail_next(self, prefix: Sequence[str], rc: int = 1, stderr: str = "boom", *,
+                  stdout: str = "", timed_out: bool = False) -> None:
+        """The next command starting with `prefix` fails once, changing nothing."""
+        self._failures.append((self._norm(prefix), _Fail(rc, stderr, stdout), timed_out))
+
+    def commands(self, name: str) -> list[tuple[str, ...]]:
+        return [c for c in self.calls if c[0] == name]
+
+    # the Runner -----------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | None = None, timeout: float | None = None) -> Result:
+        full = tuple(str(a) for a in argv)
+        call = self._norm(full)
+        self.calls.append(call)
+        for i, (prefix, fail, timed_out) in enumerate(self._failures):
+            if call[:len(prefix)] == prefix:
+                del self._failures[i]
+                if timed_out:
+                    raise CommandError(full, -9, "", "timed out", timed_out=True)
+                return self._result(full, fail.rc, fail.stdout, fail.stderr, ok_codes)
+        tool = self._tools.get(call[0])
+        if tool is None:
+            raise AssertionError(f"FakeHost does not simulate {full!r}")
+        try:
+            return self._result(full, 0, tool(call), "", ok_codes)
+        except _Fail as fail:
+            return self._result(full, fail.rc, fail.stdout, fail.stderr, ok_codes)
+
+    @staticmethod
+    def _norm(argv: Sequence[str]) -> tuple[str, ...]:
+        return (os.path.basename(argv[0]), *argv[1:]) if argv else ()
+
+    @staticmethod
+    def _result(argv: tuple[str, ...], rc: int, out: str, err: str,
+                ok_codes: Sequence[int]) -> Result:
+        if rc not in ok_codes:
+            raise CommandError(argv, rc, out, err)
+        return Result(argv, rc, out, err)
+
+    # the Host primitives ----------------------------------------------------------
+
+    def mounts(self) -> list[Mount]:
+        return [r.mount for r in self._table]
+
+    def device_numbers(self, path: str) -> tuple[int, int] | None:
+        """major:minor of a device node, also through a node bound onto `path`
+        (stat follows the bind). None for anything that is not a block device."""
+        node = self._follow(path)
+        dev = self._device(node)
+        if dev is not None:
+            return dev.numbers
+        m = re.fullmatch(r"/dev/loop(\d+)", node)
+        if m and int(m.group(1)) in self._loop_nodes:
+            return LOOP_MAJOR, int(m.group(1))
+        return None
+
+    def loop_backing(self, node: str) -> str | None:
+        m = re.fullmatch(r"/dev/loop(\d+)", os.path.normpath(node))
+        loop = self.loops.get(int(m.group(1))) if m else None
+        return loop.backing if loop else None
+
+    def device_size(self, path: str) -> int:
+        dev = self._device(self._follow(path))
+        if dev is None:
+            raise FileNotFoundError(path)
+        return dev.size
+
+    def read_error(self, path: str, length: int = 1 << 20) -> str | None:
+        dev = self._device(self._follow(path))
+        if dev is None:
+            return "No such file or directory"
+        return "Input/output error" if dev.content.unreadable else None
+
+    def wait_for_device(self, path: str, timeout: float = 30.0) -> None:
+        if self.device_numbers(path) is None:
+            raise DeviceMissing(f"device {path} did not appear within {timeout:.0f}s")
+
+    # devices ------------------------------------------------------------------------
+
+    def _uuid(self) -> str:
+        self._uuids += 1
+        return f"{self._uuids:08x}-0000-4000-8000-000000000000"
+
+    def _mapper(self, lv: FakeLv) -> str:
+        return f"/dev/mapper/{self.vg.replace('-', '--')}-{lv.name.replace('-', '--')}"
+
+    def _follow(self, path: str) -> str:
+        """The device node a path shows: itself, or the node bound onto it."""
+        path = os.path.normpath(path)
+        top = self.top_mount(path)
+        node = mounts.mount_node(top) if top is not None else None
+        return node or path
+
+    def _active_lv(self, path: str) -> FakeLv | None:
+        for lv in self.lvs.values():
+            names = {f"/dev/dm-{lv.minor}", self._mapper(lv)}
+            if lv.kind == "thin":  # a thin pool has no /dev/VG/LV link
+                names.add(self.lv_path(lv.name))
+            if lv.active and path in names:
+                return lv
+        return None
+
+    def _device(self, path: str) -> _Dev | None:
+        lv = self._active_lv(path)
+        if lv is not None:
+            return _Dev(f"/dev/dm-{lv.minor}", (DM_MAJOR, lv.minor), self._mapper(lv), lv.size,
+                        lv.content, False)
+        m = re.fullmatch(r"/dev/loop(\d+)", path)
+        if m is None or (loop := self.loops.get(int(m.group(1)))) is None:
+            return None
+        if loop.backing.startswith("/dev/"):
+            under = self._device(loop.backing)
+            size, content = (under.size, under.content) if under else (0, loop.content)
+        else:
+            size, content = os.path.getsize(loop.backing), loop.content
+        return _Dev(path, (LOOP_MAJOR, int(m.group(1))), path, size, content, loop.readonly)
+
+    def _need_device(self, path: str, rc: int, message: str) -> _Dev:
+        dev = self._device(self._follow(path))
+        if dev is None:
+            raise _Fail(rc, message.format(d=path) + "\n")
+        return dev
+
+    def _is_open(self, dev_node: str) -> bool:
+        return (any(r.dev_node == dev_node for r in self._table)
+                or any(loop.backing == dev_node for loop in self.loops.values()))
+
+    # LVM ------------------------------------------------------------------------------
+
+    def _new_lv(self, lv: FakeLv) -> FakeLv:
+        lv.created = self.clock
+        self.clock += 1
+        self.lvs[lv.name] = lv
+        if lv.active:
+            self._activate(lv)
+        return lv
+
+    def _activate(self, lv: FakeLv) -> None:
+        used = {x.minor for x in self.lvs.values() if x.active and x is not lv}
+        lv.active, lv.minor = True, min(set(range(len(used) + 1)) - used)
+
+    def _lv_open(self, lv: FakeLv) -> bool:
+        if lv.kind == "pool":
+            return any(x.active and x.pool == lv.name for x in self.lvs.values())
+        return lv.busy or (lv.active and self._is_open(f"/dev/dm-{lv.minor}"))
+
+    def _attr(self, lv: FakeLv) -> str:
+        a = "a" if lv.active else "-"
+        o = "o" if self._lv_open(lv) else "-"
+        if lv.kind == "pool":
+            return f"twi-{a}{o}tz--"
+        return f"Vwi-{a}{o}tz-{'k' if lv.skip else '-'}"
+
+    def _field(self, lv: FakeLv, name: str, argv: Sequence[str]) -> str:
+        thin = lv.kind == "thin"
+        values: dict[str, Callable[[], str]] = {
+            "lv_name": lambda: lv.name, "vg_name": lambda: self.vg,
+            "lv_size": lambda: str(lv.size), "lv_tags": lambda: ",".join(sorted(lv.tags)),
+            "lv_attr": lambda: self._attr(lv), "pool_lv": lambda: lv.pool,
+            "origin": lambda: lv.origin, "lv_path": lambda: self.lv_path(lv.name) if thin else "",
+            "data_percent": lambda: f"{lv.data_percent:.2f}" if lv.active else "",
+            "metadata_percent": lambda: "" if thin else f"{lv.metadata_percent:.2f}",
+            "lv_time": lambda: str(lv.created), "lv_health_status": lambda: "",
+            "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
+            "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
+            "vg_extent_size": lambda: str(self.extent),
+        }
+        if name not in values:
+            raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
+        return values[name]()
+
+    def _vg_fail(self, vg: str) -> _Fail:
+        return _Fail(5, f'  Volume group "{vg}" not found\n  Cannot process volume group {vg}\n')
+
+    def _target(self, target: str, *, must_exist: bool = True) -> tuple[str, FakeLv | None]:
+        """VG/LV -> (name, LV); VG not found and LV not found as LVM says them."""
+        vg, _, name = target.partition("/")
+        if vg != self.vg or not self.vg_present:
+            raise self._vg_fail(vg)
+        lv = self.lvs.get(name)
+        if lv is None and must_exist:
+            raise _Fail(5, f'  Failed to find logical volume "{target}"\n')
+        return name, lv
+
+    def _report(self, argv: Sequence[str]) -> tuple[list[str], str]:
+        opts, pos = _options(argv, {"--reportformat", "--units", "--config", "-o"},
+                             {"--nosuffix"})
+        if (opts.get("--reportformat") != ["json"] or opts.get("--units") != ["b"]
+                or "--nosuffix" not in opts or "-o" not in opts
+                or 'report/time_format="%s"' not in opts.get("--config", [])):
+            raise AssertionError(f"FakeHost only reports JSON in bytes with epoch times: {argv!r}")
+        return opts["-o"][-1].split(","), _one(pos, argv)[0]
+
+    def _lvs(self, argv: Sequence[str]) -> str:
+        fields, target = self._report(argv)
+        if "/" in target:
+            rows = [self._target(target)[1]]
+        else:
+            self._target(target, must_exist=False)
+            rows = [self.lvs[n] for n in sorted(self.lvs)]
+        lv_rows = [{f: self._field(lv, f, argv) for f in fields} for lv in rows if lv]
+        return json.dumps({"report": [{"lv": lv_rows}]}, indent=4) + "\n"
+
+    def _vgs(self, argv: Sequence[str]) -> str:
+        fields, target = self._report(argv)
+        self._target(target, must_exist=False)
+        used = sum(lv.size for lv in self.lvs.values() if lv.kind == "pool")
+        values = {"vg_name": self.vg, "vg_size": str(self.vg_size),
+                  "vg_free": str(self.vg_size - used), "vg_extent_size": str(self.extent)}
+        if not set(fields) <= set(values):
+            raise AssertionError(f"FakeHost does not report {fields!r} in {argv!r}")
+        return json.dumps({"report": [{"vg": [{f: values[f] for f in fields}]}]}) + "\n"
+
+    def _new_name(self, opts: dict[str, list[str]], argv: Sequence[str]) -> str:
+        name = opts.get("--name", [""])[-1]
+        if not name:
+            raise AssertionError(f"FakeHost needs --name in {argv!r}")
+        if name in self.lvs:
+            raise _Fail(5, f'  Logical Volume "{name}" already exists in volume group '
+                           f'"{self.vg}"\n')
+        return name
+
+    def _lvcreate(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--virtualsize", "--name", "--setactivationskip",
+                                    "--activate", "--addtag", "--type", "--extents"},
+                             {"--yes", "--thin", "--snapshot"})
+        (target,) = _one(pos, argv)
+        tags = set(opts.get("--addtag", []))
+        if opts.get("--type") == ["thin-pool"]:
+            self._target(target, must_exist=False)
+            pct = int(opts["--extents"][-1].removesuffix("%VG"))
+            size = self.vg_size * pct // 100 // self.extent * self.extent
+            self._new_lv(FakeLv(self._new_name(opts, argv), size, "pool", tags))
+            return ""
+        if "--thin" in opts and "--virtualsize" in opts:
+            pool_name, pool = self._target(target)
+            if pool is None or pool.kind != "pool":
+                raise _Fail(5, f"  Logical volume {target} is not a thin pool.\n")
+            size = _round_up(_size(opts["--virtualsize"][-1], argv), self.extent)
+            origin, content, default_skip = "", Content(), "n"
+        elif "--snapshot" in opts:
+            _, src = self._target(target)
+            assert src is not None and src.kind == "thin", f"FakeHost: thin snapshots only {argv}"
+            pool_name, size, origin = src.pool, src.size, src.name
+            content, default_skip = dataclasses.replace(src.content), "y"
+        else:
+            raise AssertionError(f"FakeHost does not simulate {argv!r}")
+        skip = opts.get("--setactivationskip", [default_skip])[-1] == "y"
+        # LVM leaves an LV with the skip flag inactive, even with --activate y.
+        active = opts.get("--activate", ["y"])[-1] == "y" and not skip
+        lv = FakeLv(self._new_name(opts, argv), size, "thin", tags, active, skip, pool_name,
+                    origin, content=content)
+        self._new_lv(lv)
+        return f'  Logical volume "{lv.name}" created.\n'
+
+    def _lvextend(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--size"})
+        _, lv = self._target(_one(pos, argv)[0])
+        assert lv is not None and "--size" in opts, f"FakeHost: {argv!r}"
+        new = _round_up(_size(opts["--size"][-1], argv), self.extent)
+        if new <= lv.size:
+            e_new, e_old = new // self.extent, lv.size // self.extent
+            verb = "matches" if new == lv.size else "not larger than"
+            raise _Fail(5, f"  New size ({e_new} extents) {verb} existing size ({e_old} "
+                           "extents).\n")
+        lv.size = new
+        return f"  Logical volume {self.vg}/{lv.name} successfully resized.\n"
+
+    def _lvremove(self, argv: Sequence[str]) -> str:
+        _, pos = _options(argv, (), {"--yes"})
+        name, lv = self._target(_one(pos, argv)[0])
+        assert lv is not None
+        if lv.kind == "pool" and any(x.pool == name for x in self.lvs.values()):
+            raise AssertionError(f"FakeHost does not remove a pool with thin volumes: {argv!r}")
+        if self._lv_open(lv):
+            raise _Fail(5, f"  Logical volume {self.vg}/{name} in use.\n")
+        del self.lvs[name]
+        for other in self.lvs.values():
+            if other.origin == name:
+                other.origin = ""  # a thin snapshot outlives its origin
+        return f'  Logical volume "{name}" successfully removed.\n'
+
+    def _lvchange(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--addtag", "--deltag", "--activate", "--setactivationskip",
+                                    "--errorwhenfull"}, {"--ignoreactivationskip"})
+        name, lv = self._target(_one(pos, argv)[0])
+        assert lv is not None
+        lv.tags |= set(opts.get("--addtag", []))
+        lv.tags -= set(opts.get("--deltag", []))
+        if "--setactivationskip" in opts:
+            lv.skip = opts["--setactivationskip"][-1] == "y"
+        want = opts.get("--activate", [""])[-1]
+        if want == "y" and not lv.active and (not lv.skip or "--ignoreactivationskip" in opts):
+            self._activate(lv)
+        elif want == "n" and lv.active:
+            if self._lv_open(lv):
+                raise _Fail(5, f"  Logical volume {self.vg}/{name} in use.\n")
+            lv.active, lv.minor = False, -1
+        return ""
+
+    def _vgcreate(self, argv: Sequence[str]) -> str:
+        _, pos = _options(argv, (), {"--yes"})
+        vg, device = _one(pos, argv, 2)
+        assert vg == self.vg, f"FakeHost simulates one VG, {self.vg}: {argv!r}"
+        if self.vg_present:
+            raise _Fail(5, f"  A volume group called {vg} already exists.\n")
+        dev = self._need_device(device, 5, "  No device found for {d}.")
+        self.vg_size = dev.size // self.extent * self.extent
+        self.vg_present = True
+        return f'  Volume group "{vg}" successfully created\n'
+
+    def _vgchange(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--activate"})
+        self._target(_one(pos, argv)[0], must_exist=False)
+        assert opts.get("--activate") == ["y"], f"FakeHost: {argv!r}"
+        for lv in self.lvs.values():
+            if not lv.active and not lv.skip:
+                self._activate(lv)
+        return ""
+
+    # file systems ---------------------------------------------------------------------
+
+    def _blkid(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"-o"}, {"-p"})
+        assert "-p" in opts and opts.get("-o") == ["export"], f"FakeHost: {argv!r}"
+        (path,) = _one(pos, argv)
+        dev = self._need_device(path, 2, "error: {d}: No such file or directory")
+        c = dev.content
+        if c.unreadable or (c.fs is None and not c.ambivalent):
+            raise _Fail(2, "")
+        if c.ambivalent:
+            raise _Fail(8, "")
+        return f"DEVNAME={path}\nUUID={c.uuid}\nBLOCK_SIZE=4096\nTYPE={c.fs}\nUSAGE=filesystem\n"
+
+    def _writable(self, path: str, tool: str) -> _Dev:
+        """A device a tool may write: present, readable, not in use."""
+        dev = self._need_device(path, 1, tool + ": cannot open {d}: No such file or directory")
+        if dev.content.unreadable or dev.readonly:
+            why = "Read-only file system" if dev.readonly else "Input/output error"
+            raise _Fail(1, f"{tool}: {path}: {why}\n")
+        if self._is_open(dev.node):
+            raise _Fail(1, f"{tool}: {path} is mounted or in use; will not make a filesystem "
+                           "here!\n")
+        return dev
+
+    def _wipefs(self, argv: Sequence[str]) -> str:
+        _, pos = _options(argv, (), {"--all"})
+        dev = self._writable(_one(pos, argv)[0], "wipefs")
+        dev.content.fs, dev.content.ambivalent, dev.content.uuid = None, False, ""
+        return ""
+
+    def _mkfs(self, argv: Sequence[str]) -> str:
+        fs = argv[0].removeprefix("mkfs.")
+        path = argv[-1]
+        dev = self._writable(path, argv[0])
+        c = dev.content
+        forced = "-F" in argv if fs == "ext4" else "-f" in argv
+        if (c.fs or c.ambivalent) and not forced:
+            raise _Fail(1, f"{argv[0]}: {path} appears to contain an existing filesystem "
+                           f"({c.fs or 'unknown'}).\n")
+        if dev.size < _MIN_FS.get(fs, 0):
+            raise _Fail(1, f"{argv[0]}: {path} is too small to make a usable filesystem\n")
+        c.fs, c.ambivalent, c.uuid, c.fs_size = fs, False, self._uuid(), dev.size
+        return ""
+
+    def _mounted(self, path: str, fs: str, argv: Sequence[str]) -> _Dev:
+        """The device of the `fs` file system mounted at `path` (xfs_growfs, btrfs)."""
+        top = self.top_mount(path)
+        rec = next((r for r in self._table if r.mount == top), None)
+        dev = self._device(rec.dev_node) if rec and rec.dev_node else None
+        if top is None or top.fs_type != fs or dev is None:
+            raise _Fail(1, f"{argv[0]}: {path} is not a mounted {fs} filesystem\n")
+        return dev
+
+    def _grow(self, argv: Sequence[str]) -> str:
+        if argv[0] == "resize2fs" and len(argv) == 2:
+            dev = self._need_device(argv[1], 1, "resize2fs: No such file or directory while "
+                                                "trying to open {d}")
+            if dev.content.fs != "ext4":
+                raise _Fail(1, "resize2fs: Bad magic number in super-block while trying to "
+                               f"open {argv[1]}\n")
+        elif argv[0] == "xfs_growfs" and len(argv) == 2:
+            dev = self._mounted(argv[1], "xfs", argv)
+        elif argv[1:4] == ("filesystem", "resize", "max") and len(argv) == 5:
+            dev = self._mounted(argv[4], "btrfs", argv)
+        else:
+            raise AssertionError(f"FakeHost does not simulate {argv!r}")
+        dev.content.fs_size = dev.size
+        return ""
+
+    def _btrfstune(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, (), {"-f", "-m"})
+        assert "-m" in opts, f"FakeHost: {argv!r}"
+        dev = self._writable(_one(pos, argv)[0], "btrfstune")
+        if dev.content.fs != "btrfs":
+            raise _Fail(1, f"ERROR: {pos[0]} is not a btrfs filesystem\n")
+        dev.content.uuid = self._uuid()
+        return ""
+
+    def _sync(self, argv: Sequence[str]) -> str:
+        _, pos = _options(argv, (), {"--file-system"})
+        if not os.path.exists(_one(pos, argv)[0]):
+            raise _Fail(1, f"sync: error opening '{pos[0]}': No such file or directory\n")
+        return ""
+
+    # mounts ---------------------------------------------------------------------------
+
+    def _add(self, target: str, numbers: tuple[int, int], root: str, fs_type: str, source: str,
+             options: frozenset[str], super_options: frozenset[str],
+             dev_node: str | None) -> Mount:
+        self._next_mount_id += 1
+        m = Mount(self._next_mount_id, 1, *numbers, root, os.path.realpath(target), options,
+                  fs_type, source, super_options)
+        self._table.append(_Rec(m, dev_node))
+        return m
+
+    def _mount(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"-t", "-o"}, {"--bind"})
+        flags = [o for v in opts.get("-o", []) for o in v.split(",")]
+        if "--bind" in opts and not flags and "-t" not in opts:
+            return self._bind(*_one(pos, argv, 2))
+        if flags[:2] == ["remount", "bind"] and "-t" not in opts:
+            return self._remount(_one(pos, argv)[0], flags[2:])
+        if "-t" in opts and "remount" not in flags and "bind" not in flags:
+            device, target = _one(pos, argv, 2)
+            return self._mount_fs(opts["-t"][-1], flags, device, target)
+        raise AssertionError(f"FakeHost does not simulate {argv!r}")
+
+    def _mount_fs(self, fs: str, flags: list[str], device: str, target: str) -> str:
+        if fs not in ("ext4", "xfs", "btrfs"):
+            raise _Fail(32, f"mount: {target}: unknown filesystem type '{fs}'.\n")
+        if not os.path.isdir(target):
+            raise _Fail(32, f"mount: {target}: mount point does not exist.\n")
+        dev = self._need_device(device, 32, f"mount: {target}: special device {{d}} does not "
+                                            "exist.")
+        c, wrong = dev.content, _WRONG_FS.format(t=target, d=device) + "\n"
+        if c.fs != fs or c.ambivalent or c.unreadable:
+            raise _Fail(32, wrong)
+        others = [r for r in self._table if r.dev_node and r.dev_node != dev.node
+                  and r.mount.fs_type == fs and (d := self._device(r.dev_node)) is not None
+                  and d.content.uuid == c.uuid]
+        if others and (fs == "btrfs" or (fs == "xfs" and "nouuid" not in flags)):
+            raise _Fail(32, wrong)  # the kernel: a duplicate UUID is mounted already
+        warning = ""
+        ro = "ro" in flags
+        if dev.readonly and not ro:
+            ro, warning = True, f"mount: {target}: WARNING: source write-protected, mounted " \
+                                "read-only.\n"
+        vfs = {f for f in flags if f in _VFS_FLAGS} - {"ro", "rw"}
+        if not vfs & {"noatime", "strictatime", "relatime"}:
+            vfs.add("relatime")
+        mode = "ro" if ro else "rw"
+        numbers = dev.numbers
+        if fs == "btrfs":  # btrfs shows an anonymous device, shared by its mounts
+            same = [r.mount for r in self._table if r.dev_node == dev.node]
+            if same:
+                numbers = (same[0].major, same[0].minor)
+            else:
+                self._next_anon += 1
+                numbers = (0, self._next_anon)
+        sup = {f for f in flags if f not in _VFS_FLAGS and f != "defaults"}
+        self._add(target, numbers, "/", fs, dev.source, frozenset({mode, *vfs}),
+                  frozenset({mode, *sup}), dev.node)
+        return warning
+
+    def _bind(self, source: str, target: str) -> str:
+        if not os.path.lexists(target):
+            raise _Fail(32, f"mount: {target}: mount point does not exist.\n")
+        if source.startswith("/dev/"):
+            node = self._follow(source)
+            numbers = self.device_numbers(node)
+            if numbers is None:
+                raise _Fail(32, f"mount: {target}: special device {source} does not exist.\n")
+            if os.path.isdir(target):
+                raise _Fail(32, f"mount: {target}: mount(2) system call failed: Not a "
+                                "directory.\n")
+            if numbers[0] == DM_MAJOR:
+                node = f"/dev/dm-{numbers[1]}"  # /dev/VG/LV is a symlink to it
+            self._add(target, DEVTMPFS, "/" + os.path.basename(node), "devtmpfs", "udev",
+                      frozenset({"rw", "nosuid", "relatime"}), frozenset({"rw", "mode=755"}),
+                      None)
+            return ""
+        if not os.path.exists(source):
+            raise _Fail(32, f"mount: {target}: special device {source} does not exist.\n")
+        if os.path.isdir(source) != os.path.isdir(target):
+            raise _Fail(32, f"mount: {target}: mount(2) system call failed: Not a directory.\n")
+        src = os.path.realpath(source)
+        under = [r for r in self._table if src == r.mount.mount_point
+                 or src.startswith(r.mount.mount_point.rstrip("/") + "/")]
+        if not under:
+            self._add(target, HOST_FS, src, "tmpfs", "tmpfs", frozenset({"rw", "relatime"}),
+                      frozenset({"rw"}), None)
+            return ""
+        longest = max(len(r.mount.mount_point) for r in under)
+        rec = [r for r in under if len(r.mount.mount_point) == longest][-1]  # the top one
+        m = rec.mount
+        rel = os.path.relpath(src, m.mount_point)
+        root = m.root if rel == "." else os.path.join(m.root, rel)
+        self._add(target, (m.major, m.minor), root, m.fs_type, m.source, m.options,
+                  m.super_options, rec.dev_node)
+        return ""
+
+    def _remount(self, target: str, flags: list[str]) -> str:
+        top = self.top_mount(target)
+        if top is None:
+            raise _Fail(32, f"mount: {target}: mount point not mounted or bad option.\n")
+        opts = set(top.options)
+        for f in (f for f in flags if f in _VFS_FLAGS):
+            if f in ("ro", "rw"):
+                opts -= {"ro", "rw"}
+            opts.add(f)
+        rec = next(r for r in self._table if r.mount == top)
+        rec.mount = dataclasses.replace(top, options=frozenset(opts))
+        return ""
+
+    def _umount(self, argv: Sequence[str]) -> str:
+        _, pos = _options(argv, ())
+        target = os.path.realpath(_one(pos, argv)[0])
+        top = self.top_mount(target)
+        if top is None:
+            raise _Fail(32, f"umount: {target}: not mounted.\n")
+        i = next(i for i, r in enumerate(self._table) if r.mount == top)
+        if any(r.mount.mount_point.startswith(target.rstrip("/") + "/")
+               for r in self._table[i + 1:]):
+            raise _Fail(32, f"umount: {target}: target is busy.\n")
+        del self._table[i]
+        return ""
+
+    def _losetup(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--detach", "--associated"},
+                             {"--find", "--show", "--read-only", "--direct-io=on"})
+        if "--detach" in opts:
+            node = opts["--detach"][-1]
+            m = re.fullmatch(r"/dev/loop(\d+)", node)
+            if not m or self.loops.pop(int(m.group(1)), None) is None:
+                raise _Fail(1, f"losetup: {node}: detach failed: No such device or address\n")
+            return ""
+        if "--associated" in opts:
+            path = os.path.realpath(opts["--associated"][-1])
+            return "".join(f"/dev/loop{n}: [0]:0 ({lo.backing})\n"
+                           for n, lo in sorted(self.loops.items()) if lo.backing == path)
+        assert "--find" in opts and "--show" in opts, f"FakeHost: {argv!r}"
+        (path,) = _one(pos, argv)
+        if path.startswith("/dev/"):
+            backing = self._need_device(path, 1, "losetup: {d}: failed to set up loop device: "
+                                                  "No such file or directory").node
+        elif os.path.exists(path):
+            backing = os.path.realpath(path)
+        else:
+            raise _Fail(1, f"losetup: {path}: failed to set up loop device: No such file or "
+                           "directory\n")
+        n = min(set(range(len(self.loops) + 1)) - set(self.loops))
+        self.loops[n] = FakeLoop(backing, "--read-only" in opts)
+        self._loop_nodes.add(n)
+        return f"/dev/loop{n}\n"

@@ -1,0 +1,100 @@
+"""The CSI servicers over a FakeHost: a Backend built as the plugin builds its
+own, with every node-touching part faked, and a `call` that answers as the
+wire would (the status code the server's interceptor would send, or the
+reply). Used by the table-driven servicer tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi_local import validation, volumes
+from csi_local._gen import csi_pb2 as pb
+from csi_local.backend import Backend
+from csi_local.config import Config
+from csi_local.controller import ControllerServicer
+from csi_local.errors import StorageError
+from csi_local.fs import Filesystems
+from csi_local.locks import Locks
+from csi_local.lvm import Lvm
+from csi_local.node import NodeServicer
+from csi_local.pagination import Paginator
+from csi_local.pool import Pool
+from csi_local.rpc import RpcError, status_of
+from csi_local.state import StateStore
+from tests.unit.fakehost import FakeHost, GiB, MiB
+
+VG, POOL = "vg0", "pool0"
+Mode = pb.VolumeCapability.AccessMode
+__all__ = ["GiB", "MiB", "Node", "block_cap", "call", "make_node", "mount_cap", "vol_id"]
+
+
+@dataclass
+class Node:
+    """One node: its fake host, its backend and both servicers."""
+
+    host: FakeHost
+    backend: Backend
+    controller: ControllerServicer
+    node: NodeServicer
+    root: Path  # where staging and target directories go
+
+    @property
+    def state(self) -> StateStore:
+        return self.backend.state
+
+    def path(self, *parts: str) -> str:
+        """A path under the node's directory (not created)."""
+        return str(self.root.joinpath(*parts))
+
+
+def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float = 1.0,
+              pool_size: int = 10 * GiB, node_expansion_only: bool = False,
+              **host_args: Any) -> Node:
+    """A node whose VG `vg0` has a 10 GiB thin pool `pool0` (4 MiB extents)."""
+    # mkfs.* presence is a property of the real machine; the fake has them all.
+    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    host = FakeHost(vg=VG, pool=POOL, pool_size=pool_size, **host_args)
+    config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
+                    volume_group=VG, thin_pool=POOL, state_dir=str(tmp_path / "state"),
+                    lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
+                    node_expansion_only=node_expansion_only)
+    lvm = Lvm(host, VG, POOL)
+    locks = Locks(config.lock_dir, timeout=0.2)
+    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, ratio),
+                      fs=Filesystems(host, host), host=host,
+                      state=StateStore(config.state_dir), locks=locks,
+                      paginator=Paginator(b"k" * 32))
+    root = tmp_path / "co"
+    root.mkdir()
+    return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
+
+
+def call(fn: Callable[[Any, Any], Any], request: Any) -> tuple[str, Any]:
+    """("OK", reply), or (code, message) as the server's interceptor would send them."""
+    method = getattr(fn, "__name__", "")
+    try:
+        return "OK", fn(request, None)
+    except (RpcError, StorageError) as err:
+        return status_of(method, err)
+
+
+def mount_cap(fs: str = "ext4", mode: int = Mode.SINGLE_NODE_WRITER,
+              flags: tuple[str, ...] = ()) -> pb.VolumeCapability:
+    return pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(fs_type=fs,
+                                                                    mount_flags=flags),
+                               access_mode=Mode(mode=mode))
+
+
+def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+    return pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume(),
+                               access_mode=Mode(mode=mode))
+
+
+def vol_id(name: str) -> str:
+    """The volume ID CreateVolume gives the name `name`."""
+    return volumes.volume_id_for(name)

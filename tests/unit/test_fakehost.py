@@ -1,0 +1,390 @@
+"""The fake host answers the real Lvm and Filesystems classes as the real tools
+would: if these pass, servicer tests built on FakeHost test the plugin, not
+the fake. Error classes are matched by name, as src/ is being refactored."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi_local import mounts
+from csi_local.errors import CommandError
+from csi_local.fs import Filesystems
+from csi_local.lvm import Lvm
+from tests.unit.fakehost import FakeHost, GiB, MiB
+
+VOL = "csi-v-" + "a" * 32
+SNAP = "csi-s-" + "b" * 32
+CLONE = "csi-v-" + "c" * 32
+
+
+def _filesystems(host: FakeHost) -> Filesystems:
+    try:
+        return Filesystems(host, host)  # type: ignore[call-arg,unused-ignore]
+    except TypeError:
+        return Filesystems(host)  # type: ignore[call-arg,arg-type,unused-ignore]
+
+
+def _raises(fn: Callable[[], Any], *names: str) -> Exception:
+    """fn raises an exception whose class name contains one of `names`."""
+    try:
+        fn()
+    except Exception as err:
+        assert any(n in type(err).__name__ for n in names), repr(err)
+        return err
+    raise AssertionError(f"nothing raised; wanted {names}")
+
+
+@pytest.fixture
+def host() -> FakeHost:
+    return FakeHost()
+
+
+@pytest.fixture
+def lvm(host: FakeHost) -> Lvm:
+    return Lvm(host, "vg0", "pool0")
+
+
+def _numbers(host: FakeHost, name: str) -> tuple[int, int]:
+    found = host.device_numbers(host.lv_path(name))
+    assert found is not None
+    return found
+
+
+# LVM -------------------------------------------------------------------------------
+
+
+def test_report_parses(host: FakeHost, lvm: Lvm) -> None:
+    made = lvm.create_thin(VOL, 100 * MiB + 1, ["csi-local.kind=volume", "csi-local.fresh"])
+    report = lvm.report()
+    assert report.extent_size == 4 * MiB
+    lv = report.find(VOL)
+    assert lv == made and lv is not None
+    assert lv.size == 104 * MiB  # rounded up to whole extents
+    assert lv.tags == {"csi-local.kind=volume", "csi-local.fresh"}
+    assert lv.active and lv.is_thin_volume and not lv.activation_skip
+    assert lv.pool == "pool0" and lv.path == "/dev/vg0/" + VOL and lv.created > 1_600_000_000
+    assert (lv.kernel_major, lv.kernel_minor) == _numbers(host, VOL)
+    assert lv.data_percent == 0.0 and lv.metadata_percent is None
+    pool = lvm.thin_pool()
+    assert pool.is_thin_pool and pool.size == 10 * GiB and pool.attr == "twi-aotz--"
+    assert pool.metadata_percent == 0.0 and pool.path == ""
+    vg = lvm.volume_group()
+    assert (vg.name, vg.extent_size, vg.size - vg.free) == ("vg0", 4 * MiB, 10 * GiB)
+
+
+def test_missing_lv(lvm: Lvm) -> None:
+    assert lvm.find(VOL) is None
+    _raises(lambda: lvm.get(VOL), "NotFound")
+    assert lvm.remove(VOL) is False
+
+
+def test_missing_vg_is_never_a_missing_lv() -> None:
+    host = FakeHost(with_vg=False)
+    lvm = Lvm(host, "vg0", "pool0")
+    for call in (lvm.report, lvm.list, lvm.volume_group, lambda: lvm.find(VOL),
+                 lambda: lvm.remove(VOL)):
+        _raises(call, "VolumeGroup", "VgMissing")
+    err = _raises(lambda: host.run(["lvs", "--reportformat", "json", "--units", "b",
+                                    "--nosuffix", "--config", 'report/time_format="%s"', "-o",
+                                    "lv_name", "vg0/x"]), "CommandError")
+    assert isinstance(err, CommandError) and err.returncode == 5
+    assert 'Volume group "vg0" not found' in err.stderr
+
+
+def test_vg_without_pool(host: FakeHost) -> None:
+    lvm = Lvm(FakeHost(with_pool=False, extent=8 * MiB), "vg0", "pool0")
+    report = lvm.report()  # no LV at all: the extent size comes from vgs
+    assert report.lvs == () and report.extent_size == 8 * MiB
+    _raises(lvm.thin_pool, "VolumeGroup", "VgMissing")
+
+
+def test_snapshots(host: FakeHost, lvm: Lvm) -> None:
+    lvm.create_thin(VOL, 64 * MiB, [])
+    host.set_content(VOL, fs="ext4")
+    snap = lvm.snapshot(VOL, SNAP, ["csi-local.kind=snapshot"], writable_volume=False)
+    assert not snap.active and snap.activation_skip and snap.origin == VOL
+    assert snap.size == 64 * MiB and snap.pool == "pool0" and snap.kernel_major == -1
+    assert snap.attr == "Vwi---tz-k"
+    assert host.device_numbers(host.lv_path(SNAP)) is None
+    _raises(lambda: host.wait_for_device(host.lv_path(SNAP)), "DeviceMissing")
+    clone = lvm.snapshot(SNAP, CLONE, [], writable_volume=True)
+    assert clone.active and not clone.activation_skip and clone.origin == SNAP
+    assert _filesystems(host).probe(clone.path) == ("ext4", False)
+    assert host.lv(CLONE).content.uuid == host.lv(VOL).content.uuid
+    # `lvchange --activate y` alone leaves a skip-flagged LV inactive, as LVM does.
+    host.run(["lvchange", "--activate", "y", "vg0/" + SNAP])
+    assert not lvm.get(SNAP).active
+    active = lvm.activate(snap)
+    assert active.active and active.kernel_major == 253
+    host.wait_for_device(active.path)
+    assert lvm.remove(VOL) and lvm.get(SNAP).origin == ""
+
+
+def test_extend_tags_remove(host: FakeHost, lvm: Lvm) -> None:
+    lvm.create_thin(VOL, 8 * MiB, ["a=1"])
+    assert lvm.extend(VOL, 4 * MiB).size == 8 * MiB and host.commands("lvextend") == []
+    assert lvm.extend(VOL, 9 * MiB).size == 12 * MiB
+    err = _raises(lambda: host.run(["lvextend", "--size", "12m", "vg0/" + VOL]), "CommandError")
+    assert isinstance(err, CommandError) and err.returncode == 5
+    lvm.add_tags(VOL, ["b=2", "c"])
+    lvm.delete_tags(VOL, ["a=1", "absent"])
+    assert lvm.get(VOL).tags == {"b=2", "c"}
+    host.set_busy(VOL)
+    assert lvm.get(VOL).attr[5] == "o"
+    _raises(lambda: lvm.remove(VOL), "InUse")
+    host.set_busy(VOL, False)
+    assert lvm.remove(VOL) is True and lvm.find(VOL) is None
+
+
+def test_create_thin_without_read_back_and_duplicates(host: FakeHost, lvm: Lvm) -> None:
+    lv = lvm.create_thin(VOL, 8 * MiB, [], read_back=False)
+    assert lv.kernel_major == -1 and lvm.get(VOL).active
+    err = _raises(lambda: lvm.create_thin(VOL, 8 * MiB, []), "CommandError")
+    assert "already exists" in str(err)
+    assert len(host.commands("lvcreate")) == 2
+
+
+def test_demo_backing_commands(tmp_path: Path) -> None:
+    backing = tmp_path / "disk.img"
+    with open(backing, "wb") as f:
+        f.truncate(2 * GiB)
+    host = FakeHost(with_vg=False)
+    lvm = Lvm(host, "vg0", "pool0")
+    assert host.run(["losetup", "--associated", str(backing)]).stdout == ""
+    loop = host.run(["losetup", "--find", "--show", str(backing)]).stdout.strip()
+    assert host.run(["losetup", "--associated", str(backing)]).stdout.startswith(loop + ":")
+    lvm.create_volume_group(loop)
+    lvm.activate_volume_group()
+    lvm.create_thin_pool(80)
+    pool = lvm.thin_pool()
+    assert pool.size == 2 * GiB * 80 // 100 // (4 * MiB) * (4 * MiB)
+
+
+# file systems ----------------------------------------------------------------------
+
+
+def test_ensure_filesystem_formats_only_fresh_volumes(host: FakeHost, lvm: Lvm) -> None:
+    fs = _filesystems(host)
+    lvm.create_thin(VOL, 64 * MiB, [])
+    dev = host.lv_path(VOL)
+    _raises(lambda: fs.ensure_filesystem(dev, "ext4", fresh=False), "Refused")
+    assert host.commands("mkfs.ext4") == [] and host.lv(VOL).content.fs is None
+    assert fs.ensure_filesystem(dev, "ext4", fresh=True) == "ext4"
+    assert host.commands("mkfs.ext4")[0][-1] == dev
+    assert fs.probe(dev) == ("ext4", False) and host.lv(VOL).content.fs_size == 64 * MiB
+    assert fs.ensure_filesystem(dev, "ext4", fresh=False) == "ext4"
+    assert len(host.commands("mkfs.ext4")) == 1
+    _raises(lambda: fs.ensure_filesystem(dev, "xfs", fresh=True), "Refused")
+
+
+def test_ensure_filesystem_stray_and_unreadable(host: FakeHost, lvm: Lvm) -> None:
+    fs = _filesystems(host)
+    lvm.create_thin(VOL, 512 * MiB, [])
+    dev = host.lv_path(VOL)
+    host.set_content(VOL, ambivalent=True)
+    assert fs.probe(dev) == (None, True)
+    _raises(lambda: fs.ensure_filesystem(dev, "xfs", fresh=False), "Refused")
+    assert fs.ensure_filesystem(dev, "xfs", fresh=True) == "xfs"
+    assert host.commands("wipefs") == [("wipefs", "--all", dev)]
+    host.set_content(VOL, unreadable=True)
+    _raises(lambda: fs.ensure_filesystem(dev, "ext4", fresh=True), "Refused")
+    assert host.commands("mkfs.ext4") == []
+
+
+def test_mkfs_like_the_real_tools(host: FakeHost, lvm: Lvm) -> None:
+    fs = _filesystems(host)
+    lvm.create_thin(VOL, 64 * MiB, [])
+    _raises(lambda: fs.mkfs(host.lv_path(VOL), "xfs"), "CommandError")  # < 300 MiB
+    host.set_content(VOL, fs="ext4")
+    lvm.extend(VOL, 512 * MiB)
+    err = _raises(lambda: fs.mkfs(host.lv_path(VOL), "xfs"), "CommandError")  # no -f
+    assert "existing filesystem" in str(err)
+    _raises(lambda: fs.mkfs("/dev/vg0/absent", "ext4"), "CommandError")
+
+
+def test_mount_bind_umount(host: FakeHost, lvm: Lvm, tmp_path: Path) -> None:
+    fs = _filesystems(host)
+    lv = lvm.create_thin(VOL, 64 * MiB, [])
+    fs.ensure_filesystem(lv.path, "ext4", fresh=True)
+    staging, target = tmp_path / "staging", tmp_path / "target"
+    staging.mkdir()
+    target.mkdir()
+    fs.mount(lv.path, str(staging), "ext4", ["noatime", "discard"])
+    (m,) = host.mounts()
+    major, minor = _numbers(host, VOL)
+    assert (m.major, m.minor, m.fs_type, m.mount_point) == (major, minor, "ext4", str(staging))
+    assert m.source == "/dev/mapper/vg0-csi--v--" + "a" * 32
+    assert m.options == {"rw", "noatime"} and m.super_options == {"rw", "discard"}
+    assert host.device_mounted_at(str(staging), major, minor)
+    assert lvm.get(VOL).attr[5] == "o"
+    _raises(lambda: lvm.remove(VOL), "InUse")
+    _raises(lambda: fs.mkfs(lv.path, "ext4"), "CommandError")  # mounted
+
+    fs.bind(str(staging), str(target), readonly=True)
+    top = host.top_mount(str(target))
+    assert top is not None and top.read_only and top.root == "/"
+    assert host.shows_device(top, major, minor) and len(host.mounts_of(major, minor)) == 2
+    fs.remount_bind(str(target), readonly=False)
+    top = host.top_mount(str(target))
+    assert top is not None and not top.read_only
+
+    assert fs.umount(str(target), device=(major, minor))
+    _raises(lambda: host.run(["umount", str(target)]), "CommandError")
+    assert fs.umount(str(target)) == []
+    fs.umount(str(staging))
+    assert host.mounts() == [] and lvm.remove(VOL)
+
+
+def test_mount_errors(host: FakeHost, lvm: Lvm, tmp_path: Path) -> None:
+    fs = _filesystems(host)
+    lv = lvm.create_thin(VOL, 64 * MiB, [])
+    for device, where in ((lv.path, tmp_path / "missing"),  # no mount point
+                          (lv.path, tmp_path),  # blank device
+                          ("/dev/vg0/absent", tmp_path)):
+        with pytest.raises(CommandError) as err:
+            fs.mount(device, str(where), "ext4", [])
+        assert err.value.returncode == 32
+    host.set_content(VOL, fs="xfs")
+    with pytest.raises(CommandError, match="wrong fs type"):
+        fs.mount(lv.path, str(tmp_path), "ext4", [])
+    with pytest.raises(CommandError, match="not mounted"):
+        host.run(["umount", str(tmp_path)])
+    parent, foreign = tmp_path / "parent", tmp_path / "foreign"
+    (parent / "child").mkdir(parents=True)
+    foreign.mkdir()
+    host.add_mount(str(parent))
+    fs.mount(lv.path, str(parent / "child"), "xfs", [])
+    with pytest.raises(CommandError, match="target is busy"):
+        host.run(["umount", str(parent)])
+    host.add_mount(str(foreign))
+    _raises(lambda: fs.umount(str(foreign), device=_numbers(host, VOL)), "StillMounted")
+    assert host.is_mount_point(str(foreign))
+
+
+def test_node_bind_and_readonly_loop(host: FakeHost, lvm: Lvm, tmp_path: Path) -> None:
+    fs = _filesystems(host)
+    lv = lvm.create_thin(VOL, 64 * MiB, [])
+    major, minor = _numbers(host, VOL)
+    rw_file, ro_file = tmp_path / "rw", tmp_path / "ro"
+    rw_file.touch()
+    ro_file.touch()
+    fs.bind(lv.path, str(rw_file), readonly=False)
+    m = host.top_mount(str(rw_file))
+    assert m is not None and (m.major, m.minor, m.fs_type) == (0, 5, "devtmpfs")
+    assert m.root == f"/dm-{minor}" and mounts.mount_node(m) == f"/dev/dm-{minor}"
+    assert mounts.mount_is_device(m, major, minor, numbers=host._numbers,
+                                  backing=host.loop_backing)
+    assert host.device_mounted_at(str(rw_file), major, minor)
+    assert host.device_numbers(str(rw_file)) == (major, minor)  # stat follows the bind
+    assert host.device_size(str(rw_file)) == 64 * MiB
+
+    loop = fs.readonly_loop(lv.path)
+    assert loop == "/dev/loop0" and host.device_numbers(loop) == (7, 0)
+    assert host.loop_backing(loop) == f"/dev/dm-{minor}"
+    fs.bind(loop, str(ro_file), readonly=True)
+    m = host.top_mount(str(ro_file))
+    assert m is not None and m.root == "/loop0" and m.read_only
+    assert host.shows_device(m, major, minor)
+    assert [x.mount_point for x in host.mounts_of(major, minor)] == [str(rw_file), str(ro_file)]
+    _raises(lambda: lvm.remove(VOL), "InUse")  # the loop device holds it open
+    _raises(lambda: fs.mkfs(loop, "ext4"), "CommandError")  # read-only loop
+
+    fs.umount(str(ro_file))
+    fs.detach_loop(loop)
+    fs.detach_loop(loop)  # exit 1, allowed
+    assert host.loop_backing(loop) is None and host.device_numbers(loop) == (7, 0)
+    assert lvm.remove(VOL)  # a node bind does not open the device
+    assert not host.device_mounted_at(str(rw_file), major, minor)
+
+
+def test_btrfs_shows_an_anonymous_device(host: FakeHost, lvm: Lvm, tmp_path: Path) -> None:
+    fs = _filesystems(host)
+    lv = lvm.create_thin(VOL, 256 * MiB, [])
+    fs.ensure_filesystem(lv.path, "btrfs", fresh=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    fs.mount(lv.path, str(a), "btrfs", [])
+    fs.mount(lv.path, str(b), "btrfs", [])
+    ma, mb = host.mounts()
+    assert ma.major == 0 and (ma.major, ma.minor) == (mb.major, mb.minor)
+    assert host.device_mounted_at(str(a), *_numbers(host, VOL))
+    # A clone has its origin's fsid: refused while the origin is mounted, until btrfstune.
+    lvm.snapshot(VOL, CLONE, [], writable_volume=True)
+    c = tmp_path / "c"
+    c.mkdir()
+    clone = host.lv_path(CLONE)
+    _raises(lambda: fs.mount(clone, str(c), "btrfs", []), "CommandError")
+    fs.new_fsid(clone, "btrfs")
+    fs.mount(clone, str(c), "btrfs", [])
+    assert host.device_mounted_at(str(c), *_numbers(host, CLONE))
+
+
+def test_xfs_clone_and_grow(host: FakeHost, lvm: Lvm, tmp_path: Path) -> None:
+    fs = _filesystems(host)
+    lv = lvm.create_thin(VOL, 512 * MiB, [])
+    fs.ensure_filesystem(lv.path, "xfs", fresh=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    fs.mount(lv.path, str(a), "xfs", [])
+    clone = lvm.snapshot(VOL, CLONE, [], writable_volume=True)
+    _raises(lambda: host.run(["mount", "-t", "xfs", clone.path, str(b)]), "CommandError")
+    fs.mount(clone.path, str(b), "xfs", [])  # fs.mount adds nouuid
+    lvm.extend(VOL, GiB)
+    assert host.lv(VOL).content.fs_size == 512 * MiB
+    fs.grow(lv.path, str(a), "xfs")
+    assert host.lv(VOL).content.fs_size == GiB
+    _raises(lambda: fs.grow(lv.path, str(tmp_path), "xfs"), "CommandError")  # not mounted
+    fs.sync(str(a))
+
+
+def test_resize2fs(host: FakeHost, lvm: Lvm) -> None:
+    fs = _filesystems(host)
+    lvm.create_thin(VOL, 64 * MiB, [])
+    host.set_content(VOL, fs="ext4")
+    lvm.extend(VOL, 128 * MiB)
+    fs.grow(host.lv_path(VOL), "/unused", "ext4")
+    assert host.lv(VOL).content.fs_size == 128 * MiB
+
+
+# the harness itself ----------------------------------------------------------------
+
+
+def test_fail_next_and_calls(host: FakeHost, lvm: Lvm) -> None:
+    host.fail_next(["lvcreate", "--yes", "--thin"], rc=5, stderr="  Cannot create\n")
+    err = _raises(lambda: lvm.create_thin(VOL, 8 * MiB, []), "CommandError")
+    assert isinstance(err, CommandError) and err.returncode == 5
+    assert lvm.find(VOL) is None  # the failure changed nothing
+    host.run(["/usr/sbin/lvcreate", "--yes", "--thin", "vg0/pool0", "--virtualsize",
+              f"{8 * MiB}b", "--name", VOL])
+    assert lvm.get(VOL).active
+    assert [c[:3] for c in host.commands("lvcreate")] == [("lvcreate", "--yes", "--thin")] * 2
+    host.fail_next(["losetup"], rc=1)
+    assert host.run(["losetup", "--detach", "/dev/loop9"], ok_codes=(0, 1)).returncode == 1
+    host.fail_next(["blkid"], timed_out=True)
+    err = _raises(lambda: host.run(["blkid"]), "CommandError")
+    assert isinstance(err, CommandError) and err.timed_out
+
+
+def test_unknown_commands_and_options_assert(host: FakeHost) -> None:
+    with pytest.raises(AssertionError, match="fsck"):
+        host.run(["fsck", "/dev/vg0/x"])
+    with pytest.raises(AssertionError, match="--force"):
+        host.run(["lvremove", "--force", "vg0/x"])
+    with pytest.raises(AssertionError, match="JSON"):
+        host.run(["lvs", "-o", "lv_name", "vg0"])
+    assert host.calls[0] == ("fsck", "/dev/vg0/x")
+
+
+def test_no_real_process_or_device_is_touched(host: FakeHost) -> None:
+    host.add_lv(VOL, 8 * MiB, fs="ext4")
+    assert host.device_size(host.lv_path(VOL)) == 8 * MiB
+    assert host.read_error(host.lv_path(VOL)) is None
+    assert host.read_error("/dev/vg0/absent") is not None
+    assert not os.path.exists(host.lv_path(VOL))
