@@ -84,12 +84,38 @@ job "csi-local" {
         mode     = "delay"
       }
 
+      # The plugin's Prometheus endpoint (--metrics-address below): a dynamic
+      # host port mapped to 9810 in the container.
+      network {
+        port "metrics" {
+          to = 9810
+        }
+      }
+
+      # Nomad's own service catalogue (no Consul needed, and none implied: a
+      # Consul service would keep the plugin off nodes without Consul).
+      # Prometheus finds it with nomad_sd_configs.
+      service {
+        name     = "csi-local-metrics"
+        provider = "nomad"
+        port     = "metrics"
+        tags     = ["metrics", "node-${group.value}"]
+
+        check {
+          type     = "http"
+          path     = "/metrics"
+          interval = "30s"
+          timeout  = "5s"
+        }
+      }
+
       task "plugin" {
         driver = "docker"
 
         config {
           image      = var.image
           privileged = true
+          ports      = ["metrics"]
 
           # ENTRYPOINT is "csi-local serve". Nomad sets CSI_ENDPOINT to
           # unix:///csi/csi.sock (mount_dir below); passed explicitly anyway.
@@ -100,6 +126,7 @@ job "csi-local" {
             "--thin-pool=${var.thin_pool}",
             "--state-dir=/var/lib/csi-local",
             "--log-format=json",
+            "--metrics-address=:9810",
           ]
 
           # Shared with host LVM, see deploy/container/lvm.conf: the same

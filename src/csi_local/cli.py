@@ -1,4 +1,4 @@
-"""Command line: `csi-local serve|probe`, flags with environment fallbacks."""
+"""Command line: `csi-local serve|probe|status|doctor`, flags with environment fallbacks."""
 
 from __future__ import annotations
 
@@ -122,6 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
       type=float, help="seconds before an external command is killed")
     e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default=DEFAULT_LOCK_DIR,
       help="directory of per-volume lock files, shared with csi-local-dhv")
+    e("--pool-data-limit-percent", action=_EnvDefault, env="CSI_LOCAL_POOL_DATA_LIMIT_PERCENT",
+      default="90", type=float, help="refuse new volumes and snapshots while the thin pool's "
+      "data is at least this full, and report volumes abnormal")
+    e("--pool-metadata-limit-percent", action=_EnvDefault,
+      env="CSI_LOCAL_POOL_METADATA_LIMIT_PERCENT", default="90", type=float,
+      help="the same for the thin pool's metadata")
+    e("--pool-autoextend-threshold-percent", action=_EnvDefault,
+      env="CSI_LOCAL_POOL_AUTOEXTEND_THRESHOLD_PERCENT", default="0", type=float,
+      help="grow the thin pool from the VG's free space when its data or metadata is this "
+      "full (0: never; must be below the limits)")
+    e("--pool-autoextend-percent", action=_EnvDefault, env="CSI_LOCAL_POOL_AUTOEXTEND_PERCENT",
+      default="20", type=float, help="grow by this share of the current size")
+    e("--pool-monitor-interval", action=_EnvDefault, env="CSI_LOCAL_POOL_MONITOR_INTERVAL",
+      default="10", type=float, help="seconds between the pool monitor's readings")
+    e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
+      help="serve Prometheus metrics at http://ADDRESS/metrics (host:port or :port); "
+      "empty: off")
     e("--backing-file", action=_EnvDefault, env="CSI_LOCAL_BACKING_FILE",
       help="demo mode: create the VG and thin pool on this loop-backed file if missing")
     e("--backing-size", action=_EnvDefault, env="CSI_LOCAL_BACKING_SIZE", type=_size,
@@ -131,7 +148,58 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
                        default=DEFAULT_ENDPOINT, help="unix:///path/to/csi.sock")
     probe.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    _add_status_and_doctor(sub)
     return parser
+
+
+def _lvm_name(text: str) -> str:
+    from csi_local.status import lvm_name
+
+    return lvm_name(text)
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError("the over-provisioning ratio must be >= 1.0")
+    return value
+
+
+def _duration(text: str) -> float:
+    from csi_local.status import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`status` and `doctor`: read-only, usable while the plugin is down."""
+    status = sub.add_parser("status", help="volumes, snapshots, host volumes, pool and "
+                            "possible orphans of this node, from LVM and the state file")
+    doctor = sub.add_parser("doctor", help="check what this node needs; exit 1 on a failure")
+    for p in (status, doctor):
+        p.add_argument("--volume-group", action=_EnvDefault, env="CSI_LOCAL_VOLUME_GROUP",
+                       required=True, type=_lvm_name, help="LVM volume group")
+        p.add_argument("--thin-pool", action=_EnvDefault, env="CSI_LOCAL_THIN_POOL",
+                       required=True, type=_lvm_name, help="thin pool LV in that group")
+        p.add_argument("--state-dir", action=_EnvDefault, env="CSI_LOCAL_STATE_DIR",
+                       default=DEFAULT_STATE_DIR, help="directory of the node state file")
+        p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    status.add_argument("--overprovision-ratio", action=_EnvDefault,
+                        env="CSI_LOCAL_OVERPROVISION_RATIO", default="1.0", type=_ratio,
+                        help="as serve's: for the room left for new volumes")
+    status.add_argument("--orphan-age", default="1h", type=_duration,
+                        help="a CSI volume neither staged nor published and older than this "
+                        "is a possible orphan (90s, 30m, 1h, 2d)")
+    doctor.add_argument("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR",
+                        default=DEFAULT_LOCK_DIR, help="directory of the lock files")
+    doctor.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
+                        default=DEFAULT_ENDPOINT, help="the plugin's unix:///path/to/csi.sock")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -149,6 +217,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
             node_expansion_only=_bool(args.node_expansion_only),
             command_timeout=float(args.command_timeout),
             lock_dir=args.lock_dir,
+            pool_data_limit_percent=float(args.pool_data_limit_percent),
+            pool_metadata_limit_percent=float(args.pool_metadata_limit_percent),
+            pool_autoextend_threshold_percent=float(args.pool_autoextend_threshold_percent),
+            pool_autoextend_percent=float(args.pool_autoextend_percent),
+            pool_monitor_interval=float(args.pool_monitor_interval),
+            metrics_address=args.metrics_address,
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
                           else args.backing_size),
@@ -179,6 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "probe":
         return _probe(args.endpoint, args.timeout)
+    if args.command == "status":
+        from csi_local import status
+
+        return status.main(args)
+    if args.command == "doctor":
+        from csi_local import doctor
+
+        return doctor.main(args)
     try:
         config = config_from_args(args)
     except ConfigError as err:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from csi_local.fsrules import SUPPORTED_FS
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import check_name
+from csi_local.pool import PoolPolicy
 from csi_local.sizes import parse_size as _parse_size
 
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
@@ -38,6 +39,18 @@ def socket_path(endpoint: str) -> str:
     return path
 
 
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """(host, port) from "host:port", "[v6]:port" or ":port" (host "": every
+    IPv4 address); ConfigError on any other form."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if (not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536
+            or any(c.isspace() or c in "[]/" for c in host)):
+        raise ConfigError(f"metrics address must be host:port or :port, not {text!r}")
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class Config:
     endpoint: str
@@ -54,6 +67,12 @@ class Config:
     lock_dir: str = DEFAULT_LOCK_DIR
     backing_file: str | None = None
     backing_size: int | None = None
+    pool_data_limit_percent: float = 90.0
+    pool_metadata_limit_percent: float = 90.0
+    pool_autoextend_threshold_percent: float = 0.0
+    pool_autoextend_percent: float = 20.0
+    pool_monitor_interval: float = 10.0
+    metrics_address: str = ""  # host:port or :port of the Prometheus endpoint; "": off
 
     def __post_init__(self) -> None:
         socket_path(self.endpoint)
@@ -83,6 +102,23 @@ class Config:
             raise ConfigError("--backing-file and --backing-size go together")
         if self.backing_file is not None and not os.path.isabs(self.backing_file):
             raise ConfigError("--backing-file must be an absolute path")
+        try:
+            self.pool_policy  # noqa: B018 - validates the pool flags together
+        except ValueError as err:
+            raise ConfigError(f"pool flags: {err}") from None
+        if not self.pool_monitor_interval > 0:
+            raise ConfigError("the pool monitor interval must be positive")
+        if self.metrics_address:
+            parse_listen_address(self.metrics_address)
+
+    @property
+    def pool_policy(self) -> PoolPolicy:
+        return PoolPolicy(
+            data_limit=self.pool_data_limit_percent,
+            metadata_limit=self.pool_metadata_limit_percent,
+            autoextend_threshold=self.pool_autoextend_threshold_percent,
+            autoextend_percent=self.pool_autoextend_percent,
+        )
 
     @property
     def socket(self) -> str:

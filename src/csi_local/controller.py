@@ -108,24 +108,29 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         volume_id = vols.volume_id_for(name)
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.locks.hold(volume_key(volume_id)))
-            if source is not None and source.kind is SourceKind.VOLUME:
+            if (source is not None and source.kind is SourceKind.VOLUME
+                    and source.id != volume_id):
                 # A clone reads its source: keep it from being unstaged or deleted
-                # meanwhile (lock order: new volume, source, pool).
+                # meanwhile (lock order: new volume, source, pool). A volume named
+                # as its own source is not locked twice (that waits on itself): it
+                # is NOT_FOUND below, or ALREADY_EXISTS for an existing volume.
                 stack.enter_context(self.locks.hold(volume_key(source.id)))
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
             report = stack.enter_context(self.pool.reserved())
             existing = report.find(volume_id)
             if existing is not None:
-                lv = self._reuse(existing, name, rng, source)
+                lv = self._reuse(report, existing, name, caps, rng, source)
             else:
-                lv = self._create(report, volume_id, caps, rng, source)
+                lv = self._create(report, volume_id, caps, rng, source,
+                                  vols.co_name_tags(dict(request.parameters)))
         return pb.CreateVolumeResponse(volume=self._volume_message(lv))
 
-    def _reuse(self, lv: LogicalVolume, name: str, rng: pb.CapacityRange | None,
+    def _reuse(self, report: VgReport, lv: LogicalVolume, name: str,
+               caps: list[validation.Capability], rng: pb.CapacityRange | None,
                source: Source | None) -> LogicalVolume:
         """The same name again: the same volume if compatible, converging an
-        interrupted create; ALREADY_EXISTS otherwise."""
+        interrupted create; ALREADY_EXISTS otherwise (under the pool lock)."""
         if not vols.is_csi_volume(lv):
             raise AlreadyExists(f"name {name!r} maps to LV {lv.name}, which is not a volume")
         if vols.source_of(lv) != source:
@@ -135,12 +140,20 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             raise AlreadyExists(
                 f"volume {name!r} exists with {want} bytes, outside the requested range"
             )
+        minimum = max(fsrules.min_size(c.fs_type) for c in caps)
+        if want < minimum:
+            raise AlreadyExists(
+                f"volume {name!r} exists with {want} bytes, too small for the requested "
+                f"file system (at least {minimum} bytes)"
+            )
         if lv.size < want:  # killed between snapshot and extend: finish the job
+            self.pool.require_room(report, want - lv.size)
             lv = self.lvm.extend(lv.name, want)
         return lv
 
     def _create(self, report: VgReport, volume_id: str, caps: list[validation.Capability],
-                rng: pb.CapacityRange | None, source: Source | None) -> LogicalVolume:
+                rng: pb.CapacityRange | None, source: Source | None,
+                co_tags: list[str]) -> LogicalVolume:
         """Make the volume (hold its lock, its source's and the pool's)."""
         extent = report.extent_size
         minimum = max(fsrules.min_size(c.fs_type) for c in caps)
@@ -156,10 +169,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 )
             minimum = max(minimum, source_lv.size)
         size = validation.size_for(rng, extent, minimum=minimum)
-        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}"]
+        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags]
         if source is None or source_lv is None:
             return self.pool.create_thin(report, volume_id, size, [*tags, vols.TAG_FRESH])
-        self.pool.require_room(report, size)
+        self.pool.admit(report, size)
         tags += [source.tag(), vols.TAG_NEW_FSID]
         if size > source_lv.size:
             tags.append(vols.TAG_GROW_FS)
@@ -251,7 +264,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def _condition(self, lv: LogicalVolume | None,
                    pool: LogicalVolume | None) -> pb.VolumeCondition:
-        return condition_message(vols.condition(lv, pool, self.pool.name))
+        return condition_message(vols.condition(lv, pool, self.pool.name,
+                                                self.pool.fill_problem(pool)))
 
     def GetCapacity(self, request: pb.GetCapacityRequest,
                     context: grpc.ServicerContext) -> pb.GetCapacityResponse:
@@ -264,13 +278,20 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             if validation.capability_problem(cap, self.config.default_fs_type):
                 return pb.GetCapacityResponse(available_capacity=0)
         try:
-            cap_info = self.pool.capacity()
+            report = self.lvm.report()
+            cap_info = self.pool.capacity(report)
         except VolumeGroupMissing as err:
             # A query, not a change: a node without its VG or pool has room for
             # nothing. An error here would leave external-provisioner's last
             # CSIStorageCapacity (possibly positive) in place, and the scheduler
             # would keep sending volumes to this node.
             log.warning("GetCapacity: %s; reporting 0", err.message)
+            return pb.GetCapacityResponse(available_capacity=0)
+        problem = self.pool.fill_problem(report.find(self.lvm.pool))
+        if problem is not None:
+            # Above the high-water mark CreateVolume refuses everything: say so,
+            # or the scheduler keeps sending volumes here.
+            log.warning("GetCapacity: %s; reporting 0", problem)
             return pb.GetCapacityResponse(available_capacity=0)
         resp = pb.GetCapacityResponse(available_capacity=cap_info.available)
         resp.maximum_volume_size.value = cap_info.available
@@ -299,6 +320,11 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             raise InvalidArgument("capacity_range is required")
         if self.config.node_expansion_only:
             raise FailedPrecondition("controller expansion is disabled (--node-expansion-only)")
+        if request.HasField("volume_capability"):
+            problem = validation.capability_problem(request.volume_capability,
+                                                    self.config.default_fs_type)
+            if problem:
+                raise InvalidArgument(problem)
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
             lv = vols.get_volume(self.lvm, volume_id)
@@ -335,10 +361,13 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         validation.parameters(request.parameters)
         snapshot_id = vols.snapshot_id_for(name)
         # Lock order: snapshot, source, pool. One report then answers all: a retry,
-        # the source, and the pool's room.
-        with self.locks.hold(volume_key(snapshot_id)), \
-                self.locks.hold(volume_key(source_id)), \
-                self.pool.reserved() as report:
+        # the source, and the pool's room. A source ID that is this snapshot's own
+        # is not locked twice (that waits on itself): it is no volume, NOT_FOUND.
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.locks.hold(volume_key(snapshot_id)))
+            if source_id != snapshot_id:
+                stack.enter_context(self.locks.hold(volume_key(source_id)))
+            report = stack.enter_context(self.pool.reserved())
             existing = report.find(snapshot_id)
             if existing is not None:
                 src = vols.source_of(existing)
@@ -354,7 +383,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             # A thin snapshot shares blocks now but may own all of them once the
             # origin is rewritten, so it counts against the pool like a volume of
             # its size.
-            self.pool.require_room(report, source_lv.size)
+            self.pool.admit(report, source_lv.size)
             tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
                     Source(SourceKind.VOLUME, source_id).tag()]
             self._flush_if_mounted(source_id)

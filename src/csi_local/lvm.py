@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 LV_FIELDS = (
     "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,lv_path,"
-    "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor"
+    "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor,"
+    "lv_metadata_size"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
 # LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
@@ -64,6 +65,7 @@ class LogicalVolume:
     health: str
     kernel_major: int
     kernel_minor: int
+    metadata_size: int = 0  # a thin pool's metadata LV, bytes (0 for other LVs)
 
     @property
     def active(self) -> bool:
@@ -143,6 +145,7 @@ def parse_lvs(output: str) -> list[LogicalVolume]:
                     health=row.get("lv_health_status", ""),
                     kernel_major=_int(row.get("lv_kernel_major", ""), -1),
                     kernel_minor=_int(row.get("lv_kernel_minor", ""), -1),
+                    metadata_size=_int(row.get("lv_metadata_size", "")),
                 )
             )
     return result
@@ -172,6 +175,57 @@ def check_tag(tag: str) -> str:
     if not _TAG_RE.match(tag):
         raise ValueError(f"invalid LVM tag {tag!r}")
     return tag
+
+
+# LVM tags allow only [A-Za-z0-9_+.-/=!:#&]; free text (a CO's volume name, a
+# namespace) is stored hex-encoded, and not at all when too long for a tag.
+_MAX_HEX_TAG = 512
+
+
+def hex_tag(key: str, value: str) -> list[str]:
+    """["key=<hex of value>"], or [] for an empty or too long value."""
+    encoded = value.encode("utf-8", "surrogateescape").hex()
+    if not encoded or len(encoded) > _MAX_HEX_TAG:
+        return []
+    return [check_tag(f"{key}={encoded}")]
+
+
+def decode_hex_tag(value: str | None) -> str | None:
+    """The text of a hex_tag's value; None for a missing or malformed one."""
+    if value is None:
+        return None
+    try:
+        return bytes.fromhex(value).decode("utf-8", "surrogateescape")
+    except ValueError:
+        return None
+
+
+def lvm_version(runner: Runner) -> str:
+    """LVM's version line ("LVM version: 2.03.16(2) (2022-05-18)"), "" if none."""
+    out = runner.run(["lvmconfig", "--version"]).stdout
+    return next((" ".join(ln.split()) for ln in out.splitlines() if ln.strip()), "")
+
+
+def read_config(runner: Runner, keys: Sequence[str]) -> dict[str, str]:
+    """{"udev_sync": "1", ...}: the settings in effect for `keys`
+    ("activation/udev_sync", ...), by their last path element.
+
+    `--type full` (lvm.conf merged over LVM's defaults) fails when there is no
+    lvm.conf at all ("Failed to clone current config tree", lvm2 2.03); then
+    the defaults are what applies, and `--type default` prints them ("# "
+    before each). CommandError when neither can be read."""
+    try:
+        out = runner.run(["lvmconfig", "--type", "full", *keys]).stdout
+    except CommandError as err:
+        if "clone current config tree" not in err.stderr:
+            raise
+        out = runner.run(["lvmconfig", "--type", "default", *keys]).stdout
+    values = {}
+    for line in out.splitlines():
+        key, sep, value = line.strip().lstrip("#").partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"')
+    return values
 
 
 def _vg_missing(err: CommandError) -> bool:
@@ -346,6 +400,14 @@ class Lvm:
                 raise VolumeInUse(err.message) from err
             raise
         return True
+
+    def extend_pool(self, data_bytes: int = 0, metadata_bytes: int = 0) -> None:
+        """Grow the thin pool's data and/or metadata by these many bytes."""
+        target = f"{self.vg}/{self.pool}"
+        if data_bytes > 0:
+            self.runner.run(["lvextend", "--size", f"+{data_bytes}b", target])
+        if metadata_bytes > 0:
+            self.runner.run(["lvextend", "--poolmetadatasize", f"+{metadata_bytes}b", target])
 
     def add_tags(self, name: str, tags: Sequence[str]) -> None:
         self.runner.run(["lvchange", *_tag_args(tags), f"{self.vg}/{check_name(name)}"])

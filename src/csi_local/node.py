@@ -200,6 +200,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                           context: grpc.ServicerContext) -> pb.NodePublishVolumeResponse:
         volume_id = validation.object_id(request.volume_id, "volume_id")
         target = validation.path(request.target_path, "target_path")
+        if not request.staging_target_path:
+            # The spec's code for "STAGE_UNSTAGE_VOLUME is set but no staging path".
+            raise FailedPrecondition("staging_target_path is required: this plugin stages "
+                                     "volumes before publishing them")
         staging_path = validation.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
@@ -216,13 +220,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     f"volume {volume_id} is staged as {rec.staging.access_type}, "
                     f"not {cap.access_type}"
                 )
-            want = Publish(readonly=readonly, access_mode=cap.mode)
+            want = Publish(readonly=readonly, access_mode=cap.mode,
+                           mount_flags=cap.mount_flags)
             have = rec.publishes.get(target)
-            # A record rebuilt from the mount table knows read-only but not the access
-            # mode (0); the CO's repeat of its request settles it.
-            rebuilt = have is not None and have.access_mode == 0 and have.readonly == readonly
-            if have is not None and have != want and not rebuilt:
+            if have is not None and not have.matches(want):
                 raise AlreadyExists(f"volume {volume_id} is published at {target} differently")
+            if (cap.access_type is AccessType.MOUNT
+                    and not self._device_mounted_at(dev, staging_path)):
+                # Binding the bare staging directory would hand the workload the
+                # node's own file system instead of its volume.
+                raise FailedPrecondition(
+                    f"volume {volume_id} is not mounted at its staging path {staging_path} "
+                    "(unmounted behind the plugin's back?); stage it again")
             others = {t: p for t, p in rec.publishes.items() if t != target}
             if not readonly and others and (
                 cap.mode == SINGLE_WRITER
@@ -332,7 +341,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         lvs = self.lvm.list()
         lv = next((x for x in lvs if x.name == volume_id and vols.is_csi_volume(x)), None)
         pool = next((x for x in lvs if x.name == self.lvm.pool), None)
-        condition = vols.condition(lv, pool, self.pool.name)
+        condition = vols.condition(lv, pool, self.pool.name, self.pool.fill_problem(pool))
         problems = [condition.message] if condition.abnormal else []
         resp = pb.NodeGetVolumeStatsResponse()
         block = rec.staging.access_type is AccessType.BLOCK
@@ -347,7 +356,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 resp.usage.append(pb.VolumeUsage(unit=pb.VolumeUsage.BYTES,
                                                  total=self.host.device_size(lv.path)))
         elif mounted and top is not None:
-            if top.fs_read_only and "ro" not in rec.staging.mount_flags:
+            # A flag may hold several options ("noatime,ro"): ro asked for is no fault.
+            asked = {o for flag in rec.staging.mount_flags for o in flag.split(",")}
+            if top.fs_read_only and "ro" not in asked:
                 problems.append("file system is read-only (I/O errors?)")
             u = self.fs.usage(path)
             resp.usage.extend([

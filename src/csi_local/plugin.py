@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from csi_local.atomic import write_atomic
 from csi_local.backend import Backend
@@ -15,12 +16,16 @@ from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
 from csi_local.lvm import Lvm
+from csi_local.monitor import PoolMonitor
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
 from csi_local.pool import Pool
 from csi_local.recovery import rebuild_state, reconcile_state
 from csi_local.runner import ShRunner
-from csi_local.state import StateStore
+from csi_local.state import StateStore, VolumeRecord
+
+if TYPE_CHECKING:
+    from csi_local.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +50,34 @@ class CsiPlugin:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        runner = ShRunner(timeout=config.command_timeout)
+        # Metrics only when asked for (--metrics-address): then the runner, the
+        # state store and the pool monitor report to them.
+        self.metrics: Metrics | None = None
+        if config.metrics_address:
+            from csi_local.metrics import Metrics
+
+            self.metrics = Metrics()
+        metrics = self.metrics
+        runner = ShRunner(timeout=config.command_timeout,
+                          observe=metrics.observe_command if metrics else None)
         host = Host()
         lvm = Lvm(runner, config.volume_group, config.thin_pool)
         locks = Locks(config.lock_dir)
-        state = StateStore(config.state_dir, rebuild=lambda: rebuild_state(lvm, host),
+
+        def rebuild() -> dict[str, VolumeRecord]:
+            if metrics is not None:
+                metrics.state_rebuilt()
+            return rebuild_state(lvm, host)
+
+        state = StateStore(config.state_dir, rebuild=rebuild,
                            reconcile=lambda records: reconcile_state(lvm, host, records))
+        pool = Pool(lvm, locks, config.overprovision_ratio, config.pool_policy)
+        self.monitor = PoolMonitor(lvm, pool, config.pool_monitor_interval,
+                                   on_extend=metrics.observe_extend if metrics else None)
+        if metrics is not None:
+            metrics.watch(self.monitor)
         self.backend = Backend(
-            config=config, lvm=lvm, pool=Pool(lvm, locks, config.overprovision_ratio),
+            config=config, lvm=lvm, pool=pool,
             fs=Filesystems(runner, host), host=host, state=state, locks=locks,
             paginator=Paginator(_token_key(config.state_dir)),
         )
@@ -61,4 +86,5 @@ class CsiPlugin:
         self.node = NodeServicer(self.backend)
 
     def close(self) -> None:
+        self.monitor.stop()
         self.backend.state.close()

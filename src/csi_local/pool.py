@@ -6,11 +6,18 @@ volume plugin (create, grow) share one pool and one lock directory, so they
 share this: the over-provisioning arithmetic, the "is there room" check, and
 the rule that a check and the lvcreate or lvextend it allows happen under
 the pool lock, against one report read under it.
+
+The guard: thin provisioning fails every volume at once when the pool's data
+or metadata fills up, so new volumes and snapshots are refused above a
+high-water mark (PoolPolicy), long before that. Autoextend grows the pool
+from the VG's free extents when it crosses a threshold; the plugin does it
+itself because dmeventd, LVM's own autoextend, does not run in a container.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +26,31 @@ from csi_local import sizes
 from csi_local.errors import NoRoom, PoolUnusable, VolumeGroupMissing
 from csi_local.locks import POOL_KEY, Locks
 from csi_local.lvm import LogicalVolume, Lvm, VgReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """The high-water marks and autoextend settings (percentages of the pool)."""
+
+    data_limit: float = 90.0  # no new volume or snapshot at or above this data fill
+    metadata_limit: float = 90.0
+    autoextend_threshold: float = 0.0  # extend at or above this fill; 0: never
+    autoextend_percent: float = 20.0  # by this share of the current size
+
+    def __post_init__(self) -> None:
+        for name in ("data_limit", "metadata_limit"):
+            if not 0 < getattr(self, name) <= 100:
+                raise ValueError(f"{name} must be a percentage in (0, 100]")
+        if not 0 <= self.autoextend_threshold < 100:
+            raise ValueError("the autoextend threshold must be a percentage in [0, 100) "
+                             "(0: off)")
+        if self.autoextend_threshold and not 0 < self.autoextend_percent <= 1000:
+            raise ValueError("the autoextend percent must be in (0, 1000]")
+        if self.autoextend_threshold >= min(self.data_limit, self.metadata_limit):
+            raise ValueError("the autoextend threshold must be below the high-water marks, "
+                             "or new volumes are refused before the pool grows")
 
 
 @dataclass(frozen=True)
@@ -51,10 +83,12 @@ def capacity_of(report: VgReport, pool_name: str, ratio: float) -> PoolCapacity:
 class Pool:
     """One VG's thin pool, its over-provisioning ratio, and the pool lock."""
 
-    def __init__(self, lvm: Lvm, locks: Locks, ratio: float) -> None:
+    def __init__(self, lvm: Lvm, locks: Locks, ratio: float,
+                 policy: PoolPolicy | None = None) -> None:
         self.lvm = lvm
         self.locks = locks
         self.ratio = ratio
+        self.policy = policy or PoolPolicy()
 
     @property
     def name(self) -> str:
@@ -73,6 +107,79 @@ class Pool:
                 f"requested (over-provisioning ratio {self.ratio})"
             )
 
+    def fill_problem(self, pool: LogicalVolume | None) -> str | None:
+        """Why the pool is too full for new volumes (at or above a high-water
+        mark), or None."""
+        if pool is None:
+            return None
+        found = []
+        data, meta = pool.data_percent, pool.metadata_percent
+        if data is not None and data >= self.policy.data_limit:
+            found.append(f"data {data:.1f}% full (limit {self.policy.data_limit:g}%)")
+        if meta is not None and meta >= self.policy.metadata_limit:
+            found.append(f"metadata {meta:.1f}% full (limit {self.policy.metadata_limit:g}%)")
+        if not found:
+            return None
+        return f"thin pool {self.name} is above its high-water mark: {', '.join(found)}"
+
+    def admit(self, report: VgReport, size: int) -> None:
+        """A new volume or snapshot of `size` bytes may be made: the pool is below
+        its high-water marks and has room (NoRoom otherwise). Inside `reserved()`."""
+        problem = self.fill_problem(report.find(self.lvm.pool))
+        if problem is not None:
+            raise NoRoom(f"{problem}; no new volumes or snapshots until it is extended or "
+                         "emptied (existing volumes keep working)")
+        self.require_room(report, size)
+
+    def needs_extension(self, report: VgReport) -> bool:
+        """Whether the pool's data or metadata is at or above the autoextend threshold."""
+        threshold = self.policy.autoextend_threshold
+        pool = report.find(self.lvm.pool)
+        if not threshold or pool is None:
+            return False
+        return any(p is not None and p >= threshold
+                   for p in (pool.data_percent, pool.metadata_percent))
+
+    def autoextend(self) -> list[tuple[str, int]]:
+        """Grow the pool's data and metadata, each by autoextend_percent of its
+        size when at or above the threshold, within the VG's free space.
+        Returns what grew: [("data"|"metadata", bytes)]. Under the pool lock,
+        against a fresh report, so concurrent callers (the other plugin too)
+        extend once."""
+        grown: list[tuple[str, int]] = []
+        with self.reserved() as report:
+            pool = report.find(self.lvm.pool)
+            threshold = self.policy.autoextend_threshold
+            if pool is None or not threshold:
+                return grown
+            free = self.lvm.volume_group().free
+            extent = report.extent_size
+            share = self.policy.autoextend_percent / 100
+            wanted = {
+                "data": pool.size if (pool.data_percent or 0) >= threshold else 0,
+                "metadata": (pool.metadata_size
+                             if (pool.metadata_percent or 0) >= threshold else 0),
+            }
+            adds: dict[str, int] = {}
+            for what, base in wanted.items():
+                if not base:
+                    continue
+                add = min(sizes.round_up(math.ceil(base * share), extent),
+                          free // extent * extent)
+                if add <= 0:
+                    log.error("thin pool %s is %s%% full of %s and the VG has no free "
+                              "extents to extend it", self.name, threshold, what)
+                    continue
+                adds[what] = add
+                free -= add
+            if adds:
+                self.lvm.extend_pool(adds.get("data", 0), adds.get("metadata", 0))
+                for what, add in adds.items():
+                    log.warning("thin pool %s: %s extended by %d bytes (autoextend at %g%%)",
+                                self.name, what, add, threshold)
+                    grown.append((what, add))
+        return grown
+
     @contextlib.contextmanager
     def reserved(self, timeout: float | None = None) -> Iterator[VgReport]:
         """Hold the pool lock and read the VG once. Whatever is checked against
@@ -83,8 +190,8 @@ class Pool:
 
     def create_thin(self, report: VgReport, name: str, size: int,
                     tags: list[str]) -> LogicalVolume:
-        """A new thin LV of `size` bytes, if it fits (inside `reserved()`)."""
-        self.require_room(report, size)
+        """A new thin LV of `size` bytes, if admitted (inside `reserved()`)."""
+        self.admit(report, size)
         return self.lvm.create_thin(name, size, tags, read_back=False)
 
     def grow(self, lv: LogicalVolume, required: int, limit: int, *,

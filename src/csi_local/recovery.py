@@ -83,7 +83,7 @@ def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord |
         if kind == STAGING and staging is None:
             staging = _staging(m, block_node)
         elif kind == PUBLISH:
-            pubs[m.mount_point] = Publish(readonly=m.read_only)
+            pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
         elif kind == UNKNOWN:
             unknown.append((m, block_node))
     # Paths of no known shape (a test CO, csi-sanity): the first mount of the
@@ -92,7 +92,7 @@ def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord |
         if staging is None and not block_node:
             staging = _staging(m, block_node)
         elif staging is not None:
-            pubs[m.mount_point] = Publish(readonly=m.read_only)
+            pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
     if staging is None and not pubs:
         return None
     return VolumeRecord(lv.name, staging, pubs)

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,10 +57,17 @@ def resolve(tool: str) -> str:
 
 
 class ShRunner:
-    """Runs commands through `sh` with a fixed environment and a timeout."""
+    """Runs commands through `sh` with a fixed environment and a timeout.
 
-    def __init__(self, timeout: float = 120.0, extra_env: Mapping[str, str] | None = None) -> None:
+    `observe(tool, seconds, ok)`, when given, hears of every command (tool: the
+    basename of argv[0]; ok: False for an exit code not in ok_codes, a timeout,
+    or a tool not found); the metrics use it. It never fails a command.
+    """
+
+    def __init__(self, timeout: float = 120.0, extra_env: Mapping[str, str] | None = None,
+                 observe: Callable[[str, float, bool], None] | None = None) -> None:
         self.timeout = timeout
+        self.observe = observe
         env = {"LC_ALL": "C", "LANG": "C", "PATH": SYSTEM_PATH}
         # LVM warns about leaked descriptors (gRPC keeps some); that is noise.
         env["LVM_SUPPRESS_FD_WARNINGS"] = "1"
@@ -78,6 +85,22 @@ class ShRunner:
     ) -> Result:
         if not argv:
             raise ValueError("empty argv")
+        if self.observe is None:
+            return self._run(argv, ok_codes, input, timeout)
+        started = time.monotonic()
+        ok = False
+        try:
+            result = self._run(argv, ok_codes, input, timeout)
+            ok = True
+            return result
+        finally:
+            try:
+                self.observe(os.path.basename(str(argv[0])), time.monotonic() - started, ok)
+            except Exception:  # metrics must never fail a command
+                log.exception("command observer failed")
+
+    def _run(self, argv: Sequence[str], ok_codes: Sequence[int], input: str | None,
+             timeout: float | None) -> Result:
         exe = resolve(argv[0])
         args = [str(a) for a in argv[1:]]
         limit = self.timeout if timeout is None else timeout

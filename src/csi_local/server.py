@@ -42,7 +42,22 @@ def redact(request: Message) -> str:
 
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Turns errors into status codes (through rpc.status_of, the one table) and
-    logs every call with its outcome and time."""
+    logs every call with its outcome and time. `observe(method, code, seconds)`,
+    when given, hears of every call too ("OK" or the code's name); the metrics
+    use it."""
+
+    def __init__(self, observe: Callable[[str, str, float], None] | None = None) -> None:
+        self.observe = observe
+
+    def _observed(self, method: str, code: str, started: float) -> float:
+        """Seconds since `started`, told to the observer (which never fails a call)."""
+        seconds = time.monotonic() - started
+        if self.observe is not None:
+            try:
+                self.observe(method, code, seconds)
+            except Exception:
+                log.exception("RPC observer failed")
+        return seconds
 
     def intercept_service(
         self,
@@ -63,13 +78,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             except (RpcError, StorageError) as err:
                 code, message = status_of(method, err)
                 log.info("%s -> %s: %s (%.3fs)", method, code, message,
-                         time.monotonic() - started)
+                         self._observed(method, code, started))
                 context.abort(grpc.StatusCode[code], message)
             except Exception as err:
                 log.exception("%s failed unexpectedly", method)
                 code, message = status_of(method, err)
+                self._observed(method, code, started)
                 context.abort(grpc.StatusCode[code], message)
-            log.info("%s -> OK (%.3fs)", method, time.monotonic() - started)
+            log.info("%s -> OK (%.3fs)", method, self._observed(method, "OK", started))
             return reply
 
         return grpc.unary_unary_rpc_method_handler(
@@ -100,7 +116,7 @@ def _claim_socket(path: str) -> None:
 def build_server(plugin: CsiPlugin, socket_file: str, workers: int = 16) -> grpc.Server:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-        interceptors=[ErrorInterceptor()],
+        interceptors=[ErrorInterceptor(plugin.metrics.observe_rpc if plugin.metrics else None)],
     )
     csi_pb2_grpc.add_IdentityServicer_to_server(plugin.identity, server)
     csi_pb2_grpc.add_ControllerServicer_to_server(plugin.controller, server)
@@ -129,6 +145,19 @@ def serve(config: Config) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
+    plugin.monitor.start()
+    metrics_server = None
+    if plugin.metrics is not None:
+        from csi_local.metrics import serve_metrics
+
+        try:
+            metrics_server = serve_metrics(plugin.metrics, config.metrics_address)
+        except OSError as err:
+            server.stop(0).wait()
+            plugin.close()
+            if os.path.lexists(path):
+                os.unlink(path)
+            raise ServerError(f"cannot serve metrics on {config.metrics_address}: {err}") from None
     log.info(
         "csi-local serving %s on %s (node %s, pool %s/%s)",
         config.driver_name, config.endpoint, config.node_id,
@@ -137,6 +166,8 @@ def serve(config: Config) -> None:
     stop.wait()
     # New RPCs are refused at once; in-flight ones get the grace period.
     server.stop(GRACE_SECONDS).wait()
+    if metrics_server is not None:
+        metrics_server.stop()
     plugin.close()
     try:
         os.unlink(path)

@@ -54,7 +54,18 @@ class AccessType(StrEnum):
 @dataclass(frozen=True)
 class Publish:
     readonly: bool = False
-    access_mode: int = 0
+    access_mode: int = 0  # 0: unknown (a record rebuilt from the mount table)
+    mount_flags: tuple[str, ...] = ()
+    # False for a record rebuilt from mountinfo or written before flags were
+    # recorded: the CO's repeat of its request settles them.
+    flags_known: bool = True
+
+    def matches(self, want: Publish) -> bool:
+        """Whether a repeat of the publish that asks for `want` is this one. What
+        the record does not know (the access mode, the flags) does not differ."""
+        return (self.readonly == want.readonly
+                and self.access_mode in (0, want.access_mode)
+                and (not self.flags_known or self.mount_flags == want.mount_flags))
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,8 @@ class VolumeRecord:
 def _to_json(rec: VolumeRecord) -> dict[str, object]:
     out: dict[str, object] = {
         "publishes": {
-            t: {"readonly": p.readonly, "access_mode": p.access_mode}
+            t: {"readonly": p.readonly, "access_mode": p.access_mode,
+                **({"mount_flags": list(p.mount_flags)} if p.flags_known else {})}
             for t, p in sorted(rec.publishes.items())
         },
         "publish_count": rec.publish_count,
@@ -128,8 +140,13 @@ def _from_json(volume_id: str, data: object) -> VolumeRecord:
     for t, p in pubs_raw.items():
         if not isinstance(p, dict):
             raise ValueError(f"publish {t!r} of {volume_id!r} is not a map")
+        flags = p.get("mount_flags")
+        if flags is not None and not isinstance(flags, list):
+            raise ValueError(f"mount_flags of publish {t!r} is not a list")
         pubs[str(t)] = Publish(readonly=bool(p["readonly"]),
-                               access_mode=int(p.get("access_mode", 0)))
+                               access_mode=int(p.get("access_mode", 0)),
+                               mount_flags=tuple(str(f) for f in flags or ()),
+                               flags_known=flags is not None)
     return VolumeRecord(volume_id, staging, pubs)
 
 

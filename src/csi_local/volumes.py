@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from csi_local.errors import LvNotFound
-from csi_local.lvm import LogicalVolume, Lvm
+from csi_local.lvm import LogicalVolume, Lvm, decode_hex_tag, hex_tag
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
@@ -34,6 +34,13 @@ TAG_GROW_FS = "csi-local.grow-fs"  # grown past its source: grow the fs at first
 # A clone or restore: its file system has its source's UUID, which xfs and
 # btrfs refuse to mount twice; a new one is given at the first mount stage.
 TAG_NEW_FSID = "csi-local.new-fsid"
+# The CO's names for the volume, hex-encoded, when it passes them (Kubernetes'
+# external-provisioner with --extra-create-metadata): shown by metrics and
+# `csi-local status`, so an operator sees which claim an LV belongs to.
+TAG_PVC_NAME = "csi-local.pvc-name"
+TAG_PVC_NAMESPACE = "csi-local.pvc-namespace"
+_CO_PARAMETERS = {"csi.storage.k8s.io/pvc/name": TAG_PVC_NAME,
+                  "csi.storage.k8s.io/pvc/namespace": TAG_PVC_NAMESPACE}
 
 
 def _digest(name: str) -> str:
@@ -95,6 +102,26 @@ def source_of(lv: LogicalVolume) -> Source | None:
         return None
 
 
+def co_name_tags(parameters: dict[str, str] | None) -> list[str]:
+    """Tags recording the CO's names for a new volume, from CreateVolume's parameters."""
+    tags: list[str] = []
+    for key, tag in _CO_PARAMETERS.items():
+        value = (parameters or {}).get(key)
+        if value:
+            tags += hex_tag(tag, value)
+    return tags
+
+
+def co_names(lv: LogicalVolume) -> dict[str, str]:
+    """{"pvc_name": ..., "pvc_namespace": ...}, as far as the LV's tags record them."""
+    out = {}
+    for label, tag in (("pvc_name", TAG_PVC_NAME), ("pvc_namespace", TAG_PVC_NAMESPACE)):
+        value = decode_hex_tag(lv.tag_value(tag))
+        if value:
+            out[label] = value
+    return out
+
+
 def requested_size(lv: LogicalVolume) -> int:
     raw = lv.tag_value(TAG_SIZE)
     return int(raw) if raw and raw.isdigit() else lv.size
@@ -133,8 +160,10 @@ class Condition:
 
 
 def condition(lv: LogicalVolume | None, pool: LogicalVolume | None,
-              pool_name: str) -> Condition:
-    """Abnormal, with a reason, when the LV or its thin pool cannot serve I/O."""
+              pool_name: str, fill_problem: str | None = None) -> Condition:
+    """Abnormal, with a reason, when the LV or its thin pool cannot serve I/O,
+    or when the pool is above its high-water mark (`fill_problem`, from
+    Pool.fill_problem): a warning before it is actually full."""
     problems = []
     if lv is None:
         problems.append("logical volume is missing")
@@ -145,10 +174,14 @@ def condition(lv: LogicalVolume | None, pool: LogicalVolume | None,
     else:
         if pool.health:
             problems.append(f"thin pool health is {pool.health}")
+        full = []
         if pool.data_percent is not None and pool.data_percent >= 100.0:
-            problems.append("thin pool is out of data space")
+            full.append("thin pool is out of data space")
         if pool.metadata_percent is not None and pool.metadata_percent >= 100.0:
-            problems.append("thin pool is out of metadata space")
+            full.append("thin pool is out of metadata space")
+        problems += full
+        if fill_problem and not full:  # a warning says nothing once the pool is full
+            problems.append(fill_problem)
     if problems:
         return Condition(True, "; ".join(problems))
     return Condition(False, "volume is healthy")

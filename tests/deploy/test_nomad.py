@@ -55,7 +55,7 @@ RESOURCES = {"cpu", "cores", "memory", "memory_max", "device", "numa", "secrets"
 DOCKER_CONFIG = {
     "image", "args", "command", "entrypoint", "privileged", "mount", "volumes",
     "network_mode", "ipc_mode", "pid_mode", "cap_add", "devices", "force_pull", "labels",
-    "logging", "work_dir", "image_pull_timeout", "readonly_rootfs", "security_opt",
+    "logging", "work_dir", "image_pull_timeout", "readonly_rootfs", "security_opt", "ports",
 }
 DOCKER_MOUNT = {"type", "target", "source", "readonly", "bind_options", "volume_options",
                 "tmpfs_options"}

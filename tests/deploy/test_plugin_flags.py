@@ -34,6 +34,12 @@ CONTRACT = {
     "--default-fs-type": "CSI_LOCAL_DEFAULT_FS_TYPE",
     "--node-expansion-only": "CSI_LOCAL_NODE_EXPANSION_ONLY",
     "--command-timeout": "CSI_LOCAL_COMMAND_TIMEOUT",
+    "--pool-data-limit-percent": "CSI_LOCAL_POOL_DATA_LIMIT_PERCENT",
+    "--pool-metadata-limit-percent": "CSI_LOCAL_POOL_METADATA_LIMIT_PERCENT",
+    "--pool-autoextend-threshold-percent": "CSI_LOCAL_POOL_AUTOEXTEND_THRESHOLD_PERCENT",
+    "--pool-autoextend-percent": "CSI_LOCAL_POOL_AUTOEXTEND_PERCENT",
+    "--pool-monitor-interval": "CSI_LOCAL_POOL_MONITOR_INTERVAL",
+    "--metrics-address": "CSI_LOCAL_METRICS_ADDRESS",
 }
 
 # Allowed literal values, where the contract restricts them.

@@ -97,6 +97,7 @@ class FakeLv:
     metadata_percent: float = 0.0
     busy: bool = False  # held open by something the fake does not model (a process)
     content: Content = field(default_factory=Content)
+    metadata_size: int = 8 * MiB  # a pool's metadata LV
 
 
 @dataclass
@@ -226,6 +227,16 @@ class FakeHost(Host):
 
     def set_busy(self, name: str, busy: bool = True) -> None:
         self.lvs[name].busy = busy
+
+    def remount_fs_read_only(self, name: str) -> None:
+        """What the kernel does on I/O errors with errors=remount-ro: the LV's file
+        system turns read-only at its superblock, so every mount of it (binds
+        too) shows "ro" in its super options; per-mount options stay."""
+        node = f"/dev/dm-{self.lvs[name].minor}"
+        for rec in self._table:
+            if rec.dev_node == node:
+                sup = (rec.mount.super_options - {"rw"}) | {"ro"}
+                rec.mount = dataclasses.replace(rec.mount, super_options=sup)
 
     def add_mount(self, mount_point: str, *, fs_type: str = "tmpfs", source: str = "tmpfs",
                   major: int = 0, minor: int = 60, options: Iterable[str] = ("rw",)) -> Mount:
@@ -400,6 +411,7 @@ class FakeHost(Host):
             "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
             "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
             "vg_extent_size": lambda: str(self.extent),
+            "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
         }
         if name not in values:
             raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
@@ -440,7 +452,7 @@ class FakeHost(Host):
     def _vgs(self, argv: Sequence[str]) -> str:
         fields, target = self._report(argv)
         self._target(target, must_exist=False)
-        used = sum(lv.size for lv in self.lvs.values() if lv.kind == "pool")
+        used = sum(lv.size + lv.metadata_size for lv in self.lvs.values() if lv.kind == "pool")
         values = {"vg_name": self.vg, "vg_size": str(self.vg_size),
                   "vg_free": str(self.vg_size - used), "vg_extent_size": str(self.extent)}
         if not set(fields) <= set(values):
@@ -490,10 +502,27 @@ class FakeHost(Host):
         return f'  Logical volume "{lv.name}" created.\n'
 
     def _lvextend(self, argv: Sequence[str]) -> str:
-        opts, pos = _options(argv, {"--size"})
+        opts, pos = _options(argv, {"--size", "--poolmetadatasize"})
         _, lv = self._target(_one(pos, argv)[0])
-        assert lv is not None and "--size" in opts, f"FakeHost: {argv!r}"
-        new = _round_up(_size(opts["--size"][-1], argv), self.extent)
+        assert lv is not None and ("--size" in opts or "--poolmetadatasize" in opts), \
+            f"FakeHost: {argv!r}"
+        if "--poolmetadatasize" in opts:  # always relative here: "+Nb"
+            assert lv.kind == "pool", f"FakeHost: {argv!r}"
+            add = _round_up(_size(opts["--poolmetadatasize"][-1].lstrip("+"), argv),
+                            self.extent)
+            self._take_from_vg(add)
+            lv.metadata_size += add
+            lv.metadata_percent = lv.metadata_percent * (lv.metadata_size - add) \
+                / lv.metadata_size
+            return f"  Logical volume {self.vg}/{lv.name}_tmeta successfully resized.\n"
+        raw = opts["--size"][-1]
+        if raw.startswith("+"):
+            new = _round_up(lv.size + _size(raw[1:], argv), self.extent)
+        else:
+            new = _round_up(_size(raw, argv), self.extent)
+        if lv.kind == "pool" and new > lv.size:
+            self._take_from_vg(new - lv.size)
+            lv.data_percent = lv.data_percent * lv.size / new
         if new <= lv.size:
             e_new, e_old = new // self.extent, lv.size // self.extent
             verb = "matches" if new == lv.size else "not larger than"
@@ -501,6 +530,14 @@ class FakeHost(Host):
                            "extents).\n")
         lv.size = new
         return f"  Logical volume {self.vg}/{lv.name} successfully resized.\n"
+
+    def _take_from_vg(self, size: int) -> None:
+        """Room in the VG for a pool to grow by `size` bytes, as lvextend checks it."""
+        used = sum(x.size + x.metadata_size for x in self.lvs.values() if x.kind == "pool")
+        free = self.vg_size - used
+        if size > free:
+            raise _Fail(5, f"  Insufficient free space: {size // self.extent} extents needed, "
+                           f"but only {free // self.extent} available\n")
 
     def _lvremove(self, argv: Sequence[str]) -> str:
         _, pos = _options(argv, (), {"--yes"})

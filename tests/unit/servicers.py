@@ -23,14 +23,15 @@ from csi_local.locks import Locks
 from csi_local.lvm import Lvm
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
-from csi_local.pool import Pool
+from csi_local.pool import Pool, PoolPolicy
 from csi_local.rpc import RpcError, status_of
 from csi_local.state import StateStore
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VG, POOL = "vg0", "pool0"
 Mode = pb.VolumeCapability.AccessMode
-__all__ = ["GiB", "MiB", "Node", "block_cap", "call", "make_node", "mount_cap", "vol_id"]
+__all__ = ["GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain", "make_node",
+           "mount_cap", "nothing", "vol_id"]
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Node:
 
 def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float = 1.0,
               pool_size: int = 10 * GiB, node_expansion_only: bool = False,
-              **host_args: Any) -> Node:
+              policy: PoolPolicy | None = None, **host_args: Any) -> Node:
     """A node whose VG `vg0` has a 10 GiB thin pool `pool0` (4 MiB extents)."""
     # mkfs.* presence is a property of the real machine; the fake has them all.
     monkeypatch.setattr(validation, "fs_available", lambda fs: True)
@@ -65,7 +66,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
                     node_expansion_only=node_expansion_only)
     lvm = Lvm(host, VG, POOL)
     locks = Locks(config.lock_dir, timeout=0.2)
-    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, ratio),
+    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, ratio, policy),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
                       paginator=Paginator(b"k" * 32))
@@ -83,14 +84,14 @@ def call(fn: Callable[[Any, Any], Any], request: Any) -> tuple[str, Any]:
         return status_of(method, err)
 
 
-def mount_cap(fs: str = "ext4", mode: int = Mode.SINGLE_NODE_WRITER,
+def mount_cap(fs: str = "ext4", mode: Mode.Mode.ValueType = Mode.SINGLE_NODE_WRITER,
               flags: tuple[str, ...] = ()) -> pb.VolumeCapability:
     return pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(fs_type=fs,
                                                                     mount_flags=flags),
                                access_mode=Mode(mode=mode))
 
 
-def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+def block_cap(mode: Mode.Mode.ValueType = Mode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
     return pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume(),
                                access_mode=Mode(mode=mode))
 
@@ -98,3 +99,19 @@ def block_cap(mode: int = Mode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
 def vol_id(name: str) -> str:
     """The volume ID CreateVolume gives the name `name`."""
     return volumes.volume_id_for(name)
+
+
+# A table row's fake state: steps run on the node before the request.
+Setup = Callable[[Node], object]
+
+
+def chain(*steps: Setup) -> Setup:
+    """The steps, in order."""
+    def run(n: Node) -> None:
+        for step in steps:
+            step(n)
+    return run
+
+
+def nothing(n: Node) -> None:
+    """No setup."""

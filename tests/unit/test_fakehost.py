@@ -74,7 +74,8 @@ def test_report_parses(host: FakeHost, lvm: Lvm) -> None:
     assert pool.is_thin_pool and pool.size == 10 * GiB and pool.attr == "twi-aotz--"
     assert pool.metadata_percent == 0.0 and pool.path == ""
     vg = lvm.volume_group()
-    assert (vg.name, vg.extent_size, vg.size - vg.free) == ("vg0", 4 * MiB, 10 * GiB)
+    # used: the pool's data and its 8 MiB of metadata
+    assert (vg.name, vg.extent_size, vg.size - vg.free) == ("vg0", 4 * MiB, 10 * GiB + 8 * MiB)
 
 
 def test_missing_lv(lvm: Lvm) -> None:

@@ -20,7 +20,7 @@ EDGE = SERVICERS | {"csi_local.server", "csi_local.plugin", "csi_local.validatio
 TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen", "csi_local.rpc",
              "csi_local.validation")
 LVM_COMMANDS = {"lvs", "vgs", "pvs", "lvcreate", "lvremove", "lvextend", "lvchange",
-                "vgcreate", "vgchange", "vgremove", "lvm"}
+                "vgcreate", "vgchange", "vgremove", "lvm", "lvmconfig"}
 
 
 def _modules() -> dict[str, Path]:

@@ -44,6 +44,7 @@ def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner) -> None:
     runner.on(["lvs"], stdout=LVS)
     recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
     assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs", flags_known=False)
-    assert recs[VOL].publishes == {"/k/pods/x": Publish(False), "/k/pods/y": Publish(True)}
+    assert recs[VOL].publishes == {"/k/pods/x": Publish(False, flags_known=False),
+                                  "/k/pods/y": Publish(True, flags_known=False)}
     assert recs[BLK].staging == Staging("/k/blk/staging", "block")
-    assert recs[BLK].publishes == {"/k/blk/pods/z": Publish(False)}
+    assert recs[BLK].publishes == {"/k/blk/pods/z": Publish(False, flags_known=False)}

@@ -173,7 +173,7 @@ def test_rebuild_ignores_kubelets_own_device_bind(runner: FakeRunner,
     recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
     rec = recs[VOL]
     assert rec.staging is not None and rec.staging.path == f"{K}/staging/pvc-1"
-    assert rec.publishes == {f"{K}/publish/pvc-1/uid-1": Publish(readonly=False)}
+    assert rec.publishes == {f"{K}/publish/pvc-1/uid-1": Publish(readonly=False, flags_known=False)}
 
 
 # 6. hostile IDs never reach a path, a lock or a command ---------------------------------

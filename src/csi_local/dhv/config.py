@@ -11,6 +11,7 @@ from csi_local import fsrules
 from csi_local.dhv.request import DhvError
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import check_name
+from csi_local.pool import PoolPolicy
 from csi_local.sizes import parse_size as _parse_size
 
 PLUGIN_ID = "csi-local-dhv"
@@ -28,6 +29,10 @@ class PluginConfig:
     overprovision_ratio: float = 1.0
     default_size: int = DEFAULT_SIZE
     timeout_seconds: float = DEFAULT_TIMEOUT
+    # The CSI plugin's high-water marks (--pool-*-limit-percent): Nomad places
+    # host volumes without a capacity check, so this plugin must refuse too.
+    pool_data_limit_percent: float = 90.0
+    pool_metadata_limit_percent: float = 90.0
 
     def __post_init__(self) -> None:
         for key in ("volume_group", "thin_pool"):
@@ -50,6 +55,16 @@ class PluginConfig:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
                 or not 0 < timeout <= 3600:
             raise DhvError("config: timeout_seconds must be a number in (0, 3600]")
+        for key in ("pool_data_limit_percent", "pool_metadata_limit_percent"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0 < value <= 100:
+                raise DhvError(f"config: {key} must be a percentage in (0, 100]")
+
+    @property
+    def pool_policy(self) -> PoolPolicy:
+        return PoolPolicy(data_limit=self.pool_data_limit_percent,
+                          metadata_limit=self.pool_metadata_limit_percent)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -60,6 +75,8 @@ class PluginConfig:
             "overprovision_ratio": self.overprovision_ratio,
             "default_size": self.default_size,
             "timeout_seconds": self.timeout_seconds,
+            "pool_data_limit_percent": self.pool_data_limit_percent,
+            "pool_metadata_limit_percent": self.pool_metadata_limit_percent,
         }
 
 

@@ -52,6 +52,11 @@ def install(args: list[str]) -> int:
     parser.add_argument("--default-size", default="1GiB",
                         help="size when a volume sets no capacity_min/capacity_max")
     parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--pool-data-limit-percent", type=float, default=90.0,
+                        help="refuse new volumes while the pool's data is this full "
+                        "(use the CSI plugin's value)")
+    parser.add_argument("--pool-metadata-limit-percent", type=float, default=90.0,
+                        help="the same for the pool's metadata")
     parser.add_argument("--plugin-id", default=PLUGIN_ID,
                         help="executable name, the volume spec's plugin_id")
     parser.add_argument("--python", default=sys.executable,
@@ -69,6 +74,8 @@ def install(args: list[str]) -> int:
             overprovision_ratio=ns.overprovision_ratio,
             default_size=parse_size(ns.default_size),
             timeout_seconds=ns.timeout_seconds,
+            pool_data_limit_percent=ns.pool_data_limit_percent,
+            pool_metadata_limit_percent=ns.pool_metadata_limit_percent,
         )
         shim = shim_text(ns.python, ns.plugin_id)
     except DhvError as err:

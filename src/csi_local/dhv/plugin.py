@@ -98,7 +98,7 @@ class HostVolumePlugin:
         self.lvm = Lvm(self.runner, config.volume_group, config.thin_pool)
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
-        self.pool = Pool(self.lvm, self.locks, config.overprovision_ratio)
+        self.pool = Pool(self.lvm, self.locks, config.overprovision_ratio, config.pool_policy)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * _RESERVE)

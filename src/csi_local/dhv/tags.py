@@ -8,6 +8,9 @@ the other's volumes.
 from __future__ import annotations
 
 from csi_local.dhv.request import Request
+from csi_local.lvm import decode_hex_tag, hex_tag
+
+__all__ = ["decode_hex_tag", "volume_tags"]
 
 TAG_KIND = "csi-local-dhv.kind"
 KIND_VOLUME = "volume"
@@ -17,14 +20,6 @@ TAG_NAMESPACE = "csi-local-dhv.namespace"  # hex-encoded
 TAG_FS = "csi-local-dhv.fs"  # the file system the volume was made with
 TAG_FRESH = "csi-local-dhv.fresh"  # never formatted: mkfs is allowed
 TAG_GROW_FS = "csi-local-dhv.grow-fs"  # extended, fs not yet grown
-_MAX_HEX_TAG = 512  # hex characters; longer names are not recorded
-
-
-def _hex_tag(key: str, value: str) -> list[str]:
-    encoded = value.encode("utf-8", "surrogateescape").hex()
-    if not encoded or len(encoded) > _MAX_HEX_TAG:
-        return []
-    return [f"{key}={encoded}"]
 
 
 def volume_tags(req: Request, fs_type: str) -> list[str]:
@@ -34,15 +29,6 @@ def volume_tags(req: Request, fs_type: str) -> list[str]:
         f"{TAG_ID}={req.volume_id}",
         f"{TAG_FS}={fs_type}",
         TAG_FRESH,
-        *_hex_tag(TAG_NAME, req.volume_name),
-        *_hex_tag(TAG_NAMESPACE, req.namespace),
+        *hex_tag(TAG_NAME, req.volume_name),
+        *hex_tag(TAG_NAMESPACE, req.namespace),
     ]
-
-
-def decode_hex_tag(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return bytes.fromhex(value).decode("utf-8", "surrogateescape")
-    except ValueError:
-        return None

@@ -1,0 +1,510 @@
+"""`csi-local doctor`: does this node have what the plugin needs?
+
+Each check is a small function returning a Check: "ok", "warn" (printed, the
+exit code stays 0) or "FAIL" (exit code 1), a message, and for every miss how
+to fix it. The machine is read through a `System` (a root directory for
+/proc, /sys, /dev and the configured paths, a runner for LVM, a tool lookup,
+and the environment), so unit tests drive every branch with a directory tree
+and canned replies, without processes.
+
+Nothing is changed: no directory is made, no module loaded, no lock taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import socket
+import stat
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TextIO
+
+from csi_local import config as config_mod
+from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
+from csi_local.locks import DEFAULT_LOCK_DIR
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, read_config
+from csi_local.pool import PoolPolicy
+from csi_local.runner import Runner, ShRunner, resolve
+from csi_local.status import human_size, read_only_pool
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+KUBELET_DIR = "/var/lib/kubelet"
+# The LVM commands the plugins run; all are symlinks to `lvm` in lvm2.
+LVM_TOOLS = ("lvm", "lvs", "vgs", "lvcreate", "lvextend", "lvremove", "lvchange", "lvmconfig")
+# Tools every volume needs (package in parentheses in the fix).
+BASE_TOOLS = {"blkid": "util-linux", "wipefs": "util-linux", "losetup": "util-linux",
+              "mount": "mount", "umount": "mount", "mkfs.ext4": "e2fsprogs",
+              "resize2fs": "e2fsprogs", "sync": "coreutils"}
+# Tools of the optional file systems: missing ones make that fs unavailable.
+FS_TOOLS = {"xfs": (("mkfs.xfs", "xfs_growfs"), "xfsprogs"),
+            "btrfs": (("mkfs.btrfs", "btrfs", "btrfstune"), "btrfs-progs")}
+LVM_SETTINGS = ("activation/udev_sync", "activation/udev_rules", "activation/monitoring")
+# Markers of a container runtime (Docker, Podman) and of a CO's task environment.
+_CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")
+_CONTAINER_ENV = ("KUBERNETES_SERVICE_HOST", "NOMAD_ALLOC_ID", "container")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK, WARN or FAIL
+    message: str
+    fix: str = ""
+
+
+def _which(tool: str) -> str | None:
+    try:
+        return resolve(tool)
+    except CommandError:
+        return None
+
+
+class System:
+    """The machine as doctor reads it. `root` prefixes every path (/proc,
+    /sys, /dev, the state and lock directories, the socket), `root_uid` is
+    the owner directories must have."""
+
+    def __init__(self, runner: Runner, root: str = "/", *, root_uid: int = 0,
+                 which: Callable[[str], str | None] = _which,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.runner = runner
+        self.root = root
+        self.root_uid = root_uid
+        self.which = which
+        self.env = os.environ if env is None else env
+
+    def path(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def read(self, path: str) -> str | None:
+        try:
+            with open(self.path(path), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(self.path(path))
+
+    def lstat(self, path: str) -> os.stat_result | None:
+        try:
+            return os.lstat(self.path(path))
+        except OSError:
+            return None
+
+    def writable(self, path: str) -> bool:
+        return os.access(self.path(path), os.W_OK | os.X_OK)
+
+    def connect(self, path: str, timeout: float = 2.0) -> str | None:
+        """None when something accepts a connection on the unix socket, else why not."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            try:
+                s.connect(self.path(path))
+            except OSError as err:
+                return err.strerror or str(err)
+        return None
+
+    def processes(self) -> set[str]:
+        """Command names (comm) of the processes this namespace shows."""
+        names: set[str] = set()
+        try:
+            pids = [p for p in os.listdir(self.path("/proc")) if p.isdigit()]
+        except OSError:
+            return names
+        for pid in pids:
+            comm = self.read(f"/proc/{pid}/comm")
+            if comm:
+                names.add(comm.strip())
+        return names
+
+    def in_container(self) -> bool:
+        return (any(self.exists(p) for p in _CONTAINER_FILES)
+                or any(k in self.env for k in _CONTAINER_ENV))
+
+
+# the checks ---------------------------------------------------------------------
+
+
+def check_module(system: System, name: str, *, required: bool = True,
+                 why: str = "") -> Check:
+    """A kernel module, loaded (/proc/modules) or built in (/sys/module/NAME)."""
+    modules = system.read("/proc/modules") or ""
+    loaded = any(line.split(" ", 1)[0] == name for line in modules.splitlines())
+    label = f"kernel module {name}"
+    if loaded:
+        return Check(label, OK, "loaded")
+    if system.exists(f"/sys/module/{name}"):
+        return Check(label, OK, "built in")
+    dashed = name.replace("_", "-")
+    return Check(label, FAIL if required else WARN, f"not loaded{why}",
+                 f"modprobe {dashed} on the host, and list {dashed} in "
+                 "/etc/modules-load.d/csi-local.conf to load it at boot")
+
+
+def check_device_mapper(system: System) -> Check:
+    """The control node, and the driver behind it: the kernel lists device-mapper
+    in /proc/misc (a node in a static /dev proves nothing)."""
+    misc = system.read("/proc/misc") or ""
+    driver = (any(line.split()[1:2] == ["device-mapper"] for line in misc.splitlines())
+              or system.exists("/sys/module/dm_mod"))
+    node = system.exists("/dev/mapper/control")
+    if node and driver:
+        return Check("device-mapper", OK, "/dev/mapper/control present, driver loaded")
+    if not driver:
+        return Check("device-mapper", FAIL, "the kernel has no device-mapper driver loaded "
+                     "(not in /proc/misc): LVM cannot activate anything",
+                     "modprobe dm-mod on the host")
+    return Check("device-mapper", FAIL, "/dev/mapper/control is missing: LVM cannot talk "
+                 "to the kernel's device-mapper",
+                 "dmsetup mknodes on the host; in a container, mount the host's /dev")
+
+
+def check_lvm_tools(system: System) -> Check:
+    missing = [t for t in LVM_TOOLS if system.which(t) is None]
+    if "lvm" in missing:
+        return Check("lvm tools", FAIL, "lvm is not installed (not on PATH nor in "
+                     "/usr/sbin, /sbin...)", "apt-get install lvm2 (dnf install lvm2)")
+    if missing:
+        return Check("lvm tools", FAIL, f"lvm is installed but {', '.join(missing)} "
+                     "missing (they are symlinks to lvm)",
+                     "reinstall lvm2, or link them: " + "; ".join(
+                         f"ln -s lvm $(dirname $(command -v lvm))/{t}" for t in missing))
+    version = ""
+    try:
+        line = lvm_version(system.runner)
+        version = f", {line}" if line else ""
+    except StorageError:
+        pass
+    return Check("lvm tools", OK, f"{system.which('lvm')}{version}")
+
+
+def check_tools(system: System) -> Check:
+    missing = {t: pkg for t, pkg in BASE_TOOLS.items() if system.which(t) is None}
+    if missing:
+        pkgs = sorted(set(missing.values()))
+        return Check("tools", FAIL, f"missing: {', '.join(missing)}",
+                     f"apt-get install {' '.join(pkgs)}")
+    return Check("tools", OK, ", ".join(BASE_TOOLS) + " found")
+
+
+def check_fs_tools(system: System, fs: str) -> Check:
+    tools, pkg = FS_TOOLS[fs]
+    missing = [t for t in tools if system.which(t) is None]
+    if missing:
+        return Check(f"{fs} tools", WARN, f"missing: {', '.join(missing)}; {fs} volumes are "
+                     "unavailable on this node", f"apt-get install {pkg}")
+    return Check(f"{fs} tools", OK, ", ".join(tools) + " found")
+
+
+def check_volume_group(lvm: Lvm) -> Check:
+    label = f"volume group {lvm.vg}"
+    try:
+        vg = lvm.volume_group()
+    except VolumeGroupMissing:
+        return Check(label, FAIL, "not found",
+                     f"attach its disks and run vgchange --activate y {lvm.vg}; or create it: "
+                     f"pvcreate DISK && vgcreate {lvm.vg} DISK")
+    except StorageError as err:
+        return Check(label, FAIL, f"cannot be read: {err.message}",
+                     "run doctor as root on the node (or in the plugin's container)")
+    return Check(label, OK, f"size {human_size(vg.size)}, free {human_size(vg.free)}")
+
+
+def check_pool(lvm: Lvm, report: VgReport) -> Check:
+    label = f"thin pool {lvm.vg}/{lvm.pool}"
+    lv = report.find(lvm.pool)
+    if lv is None:
+        return Check(label, FAIL, "not found",
+                     f"lvcreate --type thin-pool --extents 90%FREE --name {lvm.pool} {lvm.vg}")
+    if not lv.is_thin_pool:
+        return Check(label, FAIL, f"exists but is not a thin pool (lv_attr {lv.attr})",
+                     "give --thin-pool the name of a thin pool, or convert this LV: "
+                     f"lvconvert --type thin-pool {lvm.vg}/{lvm.pool}")
+    if not lv.active:
+        return Check(label, FAIL, "not active: no volume can be created or used",
+                     f"lvchange --activate y {lvm.vg}/{lvm.pool}")
+    if lv.health:
+        return Check(label, FAIL, f"health is {lv.health}",
+                     f"see lvs -a {lvm.vg}; a failed pool needs lvconvert --repair "
+                     f"{lvm.vg}/{lvm.pool} (lvmthin(7))")
+    return Check(label, OK, f"active, size {human_size(lv.size)}")
+
+
+def check_zeroing(lvm: Lvm, pool: LogicalVolume) -> Check:
+    """lv_attr bit 8 of a thin pool is 'z' when new blocks are zeroed (lvs(8))."""
+    label = "thin pool zeroing"
+    if len(pool.attr) > 7 and pool.attr[7] == "z":
+        return Check(label, OK, "on: new blocks are zeroed before use")
+    return Check(label, WARN, "off: a new volume's blocks may show data of deleted volumes "
+                 "until written (a volume that was never formatted, a raw block volume)",
+                 f"lvchange --zero y {lvm.vg}/{lvm.pool}")
+
+
+def check_fill(lvm: Lvm, pool: LogicalVolume) -> Check:
+    label = "thin pool fill"
+    policy = PoolPolicy()
+    data, meta = pool.data_percent, pool.metadata_percent
+    message = f"data {_pct(data)}, metadata {_pct(meta)}"
+    full = [w for w, p in (("data", data), ("metadata", meta)) if p is not None and p >= 100]
+    problem = read_only_pool(lvm, policy=policy).fill_problem(pool)
+    fix = (f"add room: vgextend {lvm.vg} DISK, then lvextend --extents +100%FREE "
+           f"{lvm.vg}/{lvm.pool} (--poolmetadatasize +SIZE for metadata); or delete volumes "
+           "and snapshots and run fstrim -av")
+    if full:
+        return Check(label, FAIL, f"{message}: out of {' and '.join(full)} space, writes "
+                     "to every volume fail", fix)
+    if problem:
+        return Check(label, WARN, f"{message}: {problem}; new volumes are refused", fix)
+    return Check(label, OK, f"{message} (high-water marks {policy.data_limit:g}% and "
+                 f"{policy.metadata_limit:g}%)")
+
+
+def _pct(p: float | None) -> str:
+    return "-" if p is None else f"{p:.1f}%"
+
+
+def read_lvm_settings(system: System) -> dict[str, str] | str:
+    """{"udev_sync": "1", ...} (lvm.read_config), or why it could not be read."""
+    try:
+        return read_config(system.runner, LVM_SETTINGS)
+    except StorageError as err:
+        return err.message
+
+
+def check_lvm_settings(system: System) -> list[Check]:
+    settings = read_lvm_settings(system)
+    if isinstance(settings, str):
+        return [Check("lvm.conf", WARN, f"lvmconfig failed: {settings}",
+                      "check lvm.conf with lvmconfig --validate")]
+    return [_check_udev(system, settings), _check_monitoring(system, settings)]
+
+
+def _check_udev(system: System, settings: Mapping[str, str]) -> Check:
+    label = "lvm.conf udev"
+    sync, rules = settings.get("udev_sync", "?"), settings.get("udev_rules", "?")
+    values = f"activation/udev_sync={sync}, activation/udev_rules={rules}"
+    udev_running = system.exists("/run/udev/control")
+    if system.in_container() and "1" in (sync, rules):
+        return Check(label, WARN, f"{values} in a container: LVM may wait for udev "
+                     "confirmations that never come (no udevd here, or another IPC namespace)",
+                     "set activation/udev_sync = 0 and activation/udev_rules = 0, as "
+                     "deploy/container/lvm.conf does")
+    if rules == "1" and not udev_running:
+        return Check(label, WARN, f"{values} but udev is not running (no /run/udev/control): "
+                     "device links rely on LVM noticing that and making them itself",
+                     "start udev (systemd-udevd), or set activation/udev_rules = 0 and "
+                     "activation/udev_sync = 0")
+    return Check(label, OK, values + (", udev running" if udev_running else ""))
+
+
+def _check_monitoring(system: System, settings: Mapping[str, str]) -> Check:
+    label = "lvm.conf monitoring"
+    value = settings.get("monitoring", "?")
+    if value != "1":
+        return Check(label, OK, f"activation/monitoring={value}: no dmeventd; use the "
+                     "plugin's --pool-autoextend-threshold-percent to grow the pool")
+    if "dmeventd" in system.processes():
+        return Check(label, OK, "activation/monitoring=1, dmeventd running: LVM's own "
+                     "thin-pool autoextend applies if configured "
+                     "(activation/thin_pool_autoextend_threshold)")
+    return Check(label, WARN, "activation/monitoring=1 but dmeventd is not running here: "
+                 "LVM's thin-pool autoextend will not happen",
+                 "use the plugin's autoextend (--pool-autoextend-threshold-percent) and set "
+                 "activation/monitoring = 0; or run dmeventd on the host "
+                 "(systemctl enable --now dm-event.socket)")
+
+
+def check_directory(system: System, label: str, path: str, flag: str) -> Check:
+    """Exists (or can be made), a real directory, owned by root, not world-writable."""
+    label = f"{label} {path}"
+    st = system.lstat(path)
+    if st is None:
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        while parent != "/" and system.lstat(parent) is None:
+            parent = os.path.dirname(parent)
+        pst = system.lstat(parent)
+        if pst is not None and stat.S_ISDIR(pst.st_mode) and system.writable(parent):
+            return Check(label, OK, "missing; the plugin makes it at start")
+        return Check(label, FAIL, f"missing, and cannot be made under {parent}",
+                     f"mkdir -p -m 0700 {path}, or choose another {flag}")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return Check(label, FAIL, "is not a directory (a symlink?)",
+                     f"remove it, or choose another {flag}")
+    problems = []
+    if st.st_uid != system.root_uid:
+        problems.append(f"owned by uid {st.st_uid}, not root")
+    if st.st_mode & stat.S_IWOTH:
+        problems.append(f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+    if problems:
+        return Check(label, FAIL, "; ".join(problems),
+                     f"chown root:root {path} && chmod 0700 {path}")
+    return Check(label, OK, f"mode {stat.S_IMODE(st.st_mode):04o}, owned by root")
+
+
+def check_socket(system: System, endpoint: str) -> Check:
+    label = "CSI socket"
+    try:
+        path = config_mod.socket_path(endpoint)
+    except config_mod.ConfigError as err:
+        return Check(label, FAIL, str(err), "give --endpoint unix:///absolute/path")
+    st = system.lstat(path)
+    if st is None:
+        return Check(label, WARN, f"{path} does not exist: the plugin is not running",
+                     "start the plugin (csi-local serve), or give --endpoint its socket")
+    if not stat.S_ISSOCK(st.st_mode):
+        return Check(label, FAIL, f"{path} is not a socket",
+                     "remove it; the plugin makes its socket at start")
+    refused = system.connect(path)
+    if refused is not None:
+        return Check(label, WARN, f"{path}: nothing answers ({refused}): the plugin is not "
+                     "running (a stale socket is removed at its start)",
+                     "start the plugin (csi-local serve)")
+    return Check(label, OK, f"{path} answers")
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_propagation(mountinfo: str) -> list[tuple[str, list[str]]]:
+    """[(mount point, optional fields)] of /proc/self/mountinfo, in mount order."""
+    rows = []
+    for line in mountinfo.splitlines():
+        left, sep, _ = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 6:
+            continue
+        rows.append((_unescape(fields[4]), fields[6:]))
+    return rows
+
+
+def _contains(mount_point: str, path: str) -> bool:
+    return mount_point == "/" or path == mount_point or path.startswith(mount_point + "/")
+
+
+def check_propagation(system: System, path: str = KUBELET_DIR) -> Check:
+    label = f"mount propagation of {path}"
+    if not system.exists(path):
+        return Check(label, OK, f"no {path}: not a Kubernetes node, skipped")
+    text = system.read("/proc/self/mountinfo")
+    if text is None:
+        return Check(label, WARN, "cannot read /proc/self/mountinfo", "mount /proc")
+    rows = [r for r in parse_propagation(text) if _contains(r[0], path)]
+    if not rows:
+        return Check(label, WARN, "no mount contains it in /proc/self/mountinfo", "")
+    longest = max(len(r[0]) for r in rows)
+    point, optional = [r for r in rows if len(r[0]) == longest][-1]
+    shared = [f for f in optional if f.startswith("shared:")]
+    if shared:
+        return Check(label, OK, f"on mount {point}, {' '.join(optional)}")
+    kind = " ".join(optional) or "private"
+    return Check(label, FAIL, f"on mount {point}, which is not shared ({kind}): mounts the "
+                 "plugin makes there are invisible to kubelet",
+                 "mount --make-rshared / on the host (systemd does by default), and mount "
+                 f"{path} into the plugin's container with mountPropagation: Bidirectional")
+
+
+# all of them --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    volume_group: str
+    thin_pool: str
+    state_dir: str = config_mod.DEFAULT_STATE_DIR
+    lock_dir: str = DEFAULT_LOCK_DIR
+    endpoint: str = config_mod.DEFAULT_ENDPOINT
+
+
+def run_checks(system: System, opts: Options) -> list[Check]:
+    checks = [
+        check_module(system, "dm_thin_pool"),
+        check_module(system, "dm_snapshot", required=False,
+                     why=" (csi-local's thin snapshots use dm_thin_pool; LVM's old-style "
+                     "snapshots need it)"),
+        check_device_mapper(system),
+        check_lvm_tools(system),
+        check_tools(system),
+        *(check_fs_tools(system, fs) for fs in FS_TOOLS),
+    ]
+    lvm = Lvm(system.runner, opts.volume_group, opts.thin_pool)
+    vg_check = check_volume_group(lvm)
+    checks.append(vg_check)
+    if vg_check.status == OK:
+        checks += _pool_checks(lvm)
+    else:
+        checks.append(Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
+                            "not checked: the volume group cannot be read", vg_check.fix))
+    checks += check_lvm_settings(system)
+    checks.append(check_directory(system, "state directory", opts.state_dir, "--state-dir"))
+    checks.append(check_directory(system, "lock directory", opts.lock_dir, "--lock-dir"))
+    checks.append(check_socket(system, opts.endpoint))
+    checks.append(check_propagation(system))
+    return checks
+
+
+def _pool_checks(lvm: Lvm) -> list[Check]:
+    try:
+        report = lvm.report()
+    except StorageError as err:
+        return [Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL, f"cannot be read: {err.message}",
+                      "")]
+    pool_check = check_pool(lvm, report)
+    pool = report.find(lvm.pool)
+    checks = [pool_check]
+    if pool is not None and pool.is_thin_pool:
+        checks.append(check_zeroing(lvm, pool))
+        if pool.active:
+            checks.append(check_fill(lvm, pool))
+    return checks
+
+
+def exit_code(checks: Iterable[Check]) -> int:
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    out = []
+    for c in checks:
+        out.append(f"{c.status:<4}  {c.name:<{width}}  {c.message}")
+        if c.fix and c.status != OK:
+            out.append(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
+    fails = sum(c.status == FAIL for c in checks)
+    warns = sum(c.status == WARN for c in checks)
+    out.append("")
+    out.append(f"{len(checks)} checks: {fails} failed, {warns} warning(s)"
+               + ("" if fails else "; the node is ready"))
+    return "\n".join(out) + "\n"
+
+
+def to_json(checks: list[Check]) -> str:
+    return json.dumps({
+        "ok": exit_code(checks) == 0,
+        "failures": sum(c.status == FAIL for c in checks),
+        "warnings": sum(c.status == WARN for c in checks),
+        "checks": [dataclasses.asdict(c) for c in checks],
+    }, indent=2) + "\n"
+
+
+def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
+    opts = Options(args.volume_group, args.thin_pool, args.state_dir, args.lock_dir,
+                   args.endpoint)
+    checks = run_checks(system, opts)
+    out.write(to_json(checks) if args.json else render(checks))
+    return exit_code(checks)
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(System(ShRunner(timeout=30.0)), args)
+

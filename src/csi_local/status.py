@@ -1,0 +1,435 @@
+"""`csi-local status`: what this node holds, read from LVM and the state file.
+
+It works while the plugin is down: one `vgs` and one `lvs` through Lvm, and
+the state file read as it is (never through a StateStore, which takes the
+state directory's exclusive lock and would refuse, or block the plugin's
+start). Nothing is changed: not LVM, not the state, not the lock directory.
+
+Possible orphans are guesses, and say so: the node cannot know whether a CO
+still knows a volume. A CSI volume that is neither staged nor published and
+older than --orphan-age (a CreateVolume whose reply was lost, a claim deleted
+while the node was away) and an LV with csi-local tags but no CSI name are
+listed for an operator to check with the CO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from csi_local import volumes
+from csi_local.dhv import tags as dhv_tags
+from csi_local.dhv.request import LV_PREFIX as DHV_PREFIX
+from csi_local.errors import LockDirError, StorageError
+from csi_local.locks import Locks
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, check_name
+from csi_local.pool import Pool, PoolPolicy
+from csi_local.runner import Runner, ShRunner
+from csi_local.state import STATE_FILE, VolumeRecord, parse
+from csi_local.volumes import Condition
+
+DEFAULT_ORPHAN_AGE = 3600.0
+ORPHAN_NOTE = ('"possible" means check with your CO: the node alone cannot tell whether a '
+               "volume is still known (kubectl get pv, nomad volume status)")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+TAG_NAMESPACE = "csi-local."  # every tag of the CSI plugin; csi-local-dhv's differ
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "90", "90s", "30m", "1h", "2d"; ValueError otherwise."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 1h, 2d)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+class _NoLocks(Locks):
+    """The pool's lock, never taken: status only reads (capacity and
+    fill_problem need no lock), and a real Locks would create the lock
+    directory."""
+
+    def __init__(self) -> None:  # no directory is made or checked
+        self.directory = ""
+        self.timeout = 0.0
+
+    @contextlib.contextmanager
+    def hold(self, key: str, timeout: float | None = None) -> Iterator[None]:
+        raise LockDirError("csi-local status and doctor never take a lock")
+        yield  # pragma: no cover - makes this a generator
+
+
+def read_only_pool(lvm: Lvm, ratio: float = 1.0, policy: PoolPolicy | None = None) -> Pool:
+    """A Pool for reading room and fill, without the lock directory."""
+    return Pool(lvm, _NoLocks(), ratio, policy or PoolPolicy())
+
+
+# the report ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Staged:
+    path: str
+    access_type: str
+    fs_type: str
+
+
+@dataclass(frozen=True)
+class Published:
+    target: str
+    readonly: bool
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    id: str
+    kind: str  # "volume" or "snapshot"
+    size: int
+    data_percent: float | None
+    active: bool
+    source: str | None  # "snapshot:csi-s-..." / "volume:csi-v-..."
+    co_names: dict[str, str]
+    staged: Staged | None
+    published: list[Published]
+    condition: Condition
+    created: int
+    age_seconds: int
+    possible_orphan: bool
+
+
+@dataclass(frozen=True)
+class HostVolumeInfo:
+    lv: str
+    id: str | None
+    name: str | None
+    namespace: str | None
+    fs_type: str | None
+    size: int
+    data_percent: float | None
+    condition: Condition
+    created: int
+    age_seconds: int
+
+
+@dataclass(frozen=True)
+class Orphan:
+    lv: str
+    kind: str  # "unused volume" or "stray LV"
+    reason: str
+    created: int
+    age_seconds: int
+
+
+@dataclass(frozen=True)
+class VolumeGroupInfo:
+    name: str
+    size: int
+    free: int
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    name: str
+    found: bool
+    size: int = 0
+    data_percent: float | None = None
+    metadata_percent: float | None = None
+    active: bool = False
+    health: str = ""
+    available: int = 0  # room for new volumes, by the over-provisioning arithmetic
+    overprovision_ratio: float = 1.0
+    fill_problem: str | None = None
+    problem: str | None = None  # missing, not a thin pool
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    path: str
+    error: str | None  # None: read (or absent, which means nothing is staged)
+    records: int
+
+
+@dataclass(frozen=True)
+class Status:
+    volume_group: VolumeGroupInfo
+    thin_pool: PoolInfo
+    state: StateInfo
+    volumes: list[VolumeInfo] = field(default_factory=list)
+    snapshots: list[VolumeInfo] = field(default_factory=list)
+    host_volumes: list[HostVolumeInfo] = field(default_factory=list)
+    possible_orphans: list[Orphan] = field(default_factory=list)
+    orphan_age_seconds: float = DEFAULT_ORPHAN_AGE
+    orphan_note: str = ORPHAN_NOTE
+
+
+def read_state(state_dir: str) -> tuple[dict[str, VolumeRecord] | None, StateInfo]:
+    """The state file's records, without its lock; None when it cannot be read.
+    A missing file is no records (nothing was ever staged, or the plugin
+    rebuilds it at start)."""
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = parse(f.read())
+    except FileNotFoundError:
+        return {}, StateInfo(path, None, 0)
+    except OSError as err:
+        return None, StateInfo(path, f"cannot read it: {err.strerror or err}", 0)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return None, StateInfo(path, f"corrupt ({err}); the plugin sets it aside and "
+                               "rebuilds it at its next start", 0)
+    return records, StateInfo(path, None, len(records))
+
+
+def _condition(lv: LogicalVolume, pool_lv: LogicalVolume | None, pool_name: str,
+               fill_problem: str | None) -> Condition:
+    if volumes.is_csi_snapshot(lv) and not lv.active:
+        # A snapshot is inactive by design (activation skip): its health is its pool's.
+        lv = dataclasses.replace(lv, attr=lv.attr[:4] + "a" + lv.attr[5:])
+    return volumes.condition(lv, pool_lv, pool_name, fill_problem)
+
+
+def _source(lv: LogicalVolume) -> str | None:
+    src = volumes.source_of(lv)
+    return f"{src.kind}:{src.id}" if src else None
+
+
+def collect(runner: Runner, vg: str, pool: str, state_dir: str, *, ratio: float = 1.0,
+            orphan_age: float = DEFAULT_ORPHAN_AGE, now: float | None = None) -> Status:
+    """The node's status; VolumeGroupMissing (or another StorageError) when the
+    VG cannot be read."""
+    now = time.time() if now is None else now
+    lvm = Lvm(runner, vg, pool)
+    group = lvm.volume_group()
+    report = lvm.report()
+    the_pool = read_only_pool(lvm, ratio)
+    pool_info, pool_lv, fill = _pool_info(the_pool, report)
+    records, state_info = read_state(state_dir)
+    status = Status(VolumeGroupInfo(group.name, group.size, group.free), pool_info,
+                    state_info, orphan_age_seconds=orphan_age)
+    for lv in report.lvs:
+        age = max(0, int(now) - lv.created) if lv.created else 0
+        if volumes.is_csi_volume(lv) or volumes.is_csi_snapshot(lv):
+            info = _volume_info(lv, records, pool_lv, the_pool.name, fill, age, orphan_age)
+            (status.volumes if info.kind == "volume" else status.snapshots).append(info)
+            if info.possible_orphan:
+                status.possible_orphans.append(Orphan(
+                    lv.name, "unused volume",
+                    f"neither staged nor published on this node, and older than "
+                    f"{duration_text(orphan_age)}", lv.created, age))
+        elif lv.name.startswith(DHV_PREFIX) and lv.tag_value(dhv_tags.TAG_KIND):
+            status.host_volumes.append(HostVolumeInfo(
+                lv=lv.name, id=lv.tag_value(dhv_tags.TAG_ID),
+                name=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAME)),
+                namespace=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAMESPACE)),
+                fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
+                data_percent=lv.data_percent,
+                condition=_condition(lv, pool_lv, the_pool.name, fill),
+                created=lv.created, age_seconds=age))
+        elif any(t.startswith(TAG_NAMESPACE) for t in lv.tags):
+            status.possible_orphans.append(Orphan(lv.name, "stray LV", _stray_reason(lv),
+                                                  lv.created, age))
+    return status
+
+
+def _pool_info(pool: Pool, report: VgReport) -> tuple[PoolInfo, LogicalVolume | None,
+                                                       str | None]:
+    lv = report.find(pool.lvm.pool)
+    if lv is None:
+        return PoolInfo(pool.name, False, overprovision_ratio=pool.ratio,
+                        problem=f"thin pool {pool.name} not found"), None, None
+    if not lv.is_thin_pool:
+        return PoolInfo(pool.name, True, lv.size, active=lv.active,
+                        overprovision_ratio=pool.ratio,
+                        problem=f"{pool.name} is not a thin pool"), None, None
+    fill = pool.fill_problem(lv)
+    return PoolInfo(pool.name, True, lv.size, lv.data_percent, lv.metadata_percent, lv.active,
+                    lv.health, pool.capacity(report).available, pool.ratio, fill), lv, fill
+
+
+def _volume_info(lv: LogicalVolume, records: dict[str, VolumeRecord] | None,
+                 pool_lv: LogicalVolume | None, pool_name: str, fill: str | None, age: int,
+                 orphan_age: float) -> VolumeInfo:
+    kind = "volume" if volumes.is_csi_volume(lv) else "snapshot"
+    rec = (records or {}).get(lv.name)
+    staged = None
+    published: list[Published] = []
+    if rec is not None:
+        if rec.staging is not None:
+            s = rec.staging
+            staged = Staged(s.path, str(s.access_type), s.fs_type)
+        published = [Published(t, p.readonly) for t, p in sorted(rec.publishes.items())]
+    unused = staged is None and not published
+    orphan = (kind == "volume" and records is not None and unused and age > orphan_age)
+    return VolumeInfo(
+        id=lv.name, kind=kind, size=lv.size, data_percent=lv.data_percent, active=lv.active,
+        source=_source(lv), co_names=volumes.co_names(lv), staged=staged, published=published,
+        condition=_condition(lv, pool_lv, pool_name, fill), created=lv.created,
+        age_seconds=age, possible_orphan=orphan)
+
+
+def _stray_reason(lv: LogicalVolume) -> str:
+    kind = volumes.kind(lv)
+    if volumes.is_volume_id(lv.name) or volumes.is_snapshot_id(lv.name):
+        return (f"named like a CSI {'volume' if volumes.is_volume_id(lv.name) else 'snapshot'}"
+                f" but tagged {volumes.TAG_KIND}={kind or '(none)'}")
+    return "carries csi-local tags but its name is not a CSI volume or snapshot ID"
+
+
+# output -------------------------------------------------------------------------
+
+
+def human_size(n: float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def human_age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 2 * 3600:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def duration_text(seconds: float) -> str:
+    """A flag's duration as given: 3600 is "1h", 90 is "90s"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _pct(p: float | None) -> str:
+    return "-" if p is None else f"{p:.1f}%"
+
+
+def _co(names: dict[str, str]) -> str:
+    name, ns = names.get("pvc_name"), names.get("pvc_namespace")
+    if name and ns:
+        return f"{ns}/{name}"
+    return name or "-"
+
+
+def _cond(c: Condition) -> str:
+    return f"ABNORMAL: {c.message}" if c.abnormal else "ok"
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  "
+            + r[-1] for r in rows]
+
+
+def render(status: Status) -> str:
+    """The human table."""
+    out: list[str] = []
+    vg, pool = status.volume_group, status.thin_pool
+    out.append(f"Volume group {vg.name}: size {human_size(vg.size)}, "
+               f"free {human_size(vg.free)}")
+    if pool.problem:
+        out.append(f"Thin pool {pool.name}: PROBLEM: {pool.problem}")
+    else:
+        state = "active" if pool.active else "NOT ACTIVE"
+        out.append(f"Thin pool {pool.name}: size {human_size(pool.size)}, data "
+                   f"{_pct(pool.data_percent)}, metadata {_pct(pool.metadata_percent)}, "
+                   f"{state}; room for new volumes {human_size(pool.available)} "
+                   f"(over-provisioning ratio {pool.overprovision_ratio:g})")
+        if pool.health:
+            out.append(f"  PROBLEM: thin pool health is {pool.health}")
+        out.append(f"  WARNING: {pool.fill_problem}" if pool.fill_problem
+                   else "  below its high-water marks")
+    st = status.state
+    if st.error:
+        out.append(f"State file {st.path}: {st.error}; stagings and publishes unknown")
+    else:
+        out.append(f"State file {st.path}: {st.records} volume(s) staged or published")
+
+    for title, items in (("CSI volumes", status.volumes), ("CSI snapshots", status.snapshots)):
+        out.append("")
+        out.append(f"{title}: {len(items)}")
+        if not items:
+            continue
+        rows = [["ID", "SIZE", "DATA", "AGE", "CO NAME", "SOURCE", "CONDITION"]]
+        rows += [[v.id, human_size(v.size), _pct(v.data_percent), human_age(v.age_seconds),
+                  _co(v.co_names), v.source or "-", _cond(v.condition)] for v in items]
+        lines = _table(rows)
+        out.append(lines[0])
+        for v, line in zip(items, lines[1:], strict=True):
+            out.append(line)
+            if v.staged:
+                fs = f", {v.staged.fs_type}" if v.staged.fs_type else ""
+                out.append(f"      staged at {v.staged.path} ({v.staged.access_type}{fs})")
+            for p in v.published:
+                out.append(f"      published at {p.target} ({'ro' if p.readonly else 'rw'})")
+            if v.possible_orphan:
+                out.append("      possible orphan: see below")
+
+    out.append("")
+    out.append(f"Host volumes (csi-local-dhv): {len(status.host_volumes)}")
+    if status.host_volumes:
+        rows = [["LV", "SIZE", "DATA", "AGE", "FS", "NAME (NAMESPACE)", "ID", "CONDITION"]]
+        rows += [[h.lv, human_size(h.size), _pct(h.data_percent), human_age(h.age_seconds),
+                  h.fs_type or "-", f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-",
+                  _cond(h.condition)] for h in status.host_volumes]
+        out += _table(rows)
+
+    out.append("")
+    out.append(f"Possible orphans: {len(status.possible_orphans)}")
+    if st.error:
+        out.append("  (unused volumes not judged: the state file could not be read)")
+    if status.possible_orphans:
+        rows = [["LV", "KIND", "AGE", "WHY"]]
+        rows += [[o.lv, o.kind, human_age(o.age_seconds), o.reason]
+                 for o in status.possible_orphans]
+        out += _table(rows)
+        out.append(f"  {status.orphan_note}")
+    return "\n".join(out) + "\n"
+
+
+def to_json(status: Status) -> str:
+    return json.dumps(dataclasses.asdict(status), indent=2, sort_keys=False) + "\n"
+
+
+# the command --------------------------------------------------------------------
+
+
+def run(runner: Runner, args: argparse.Namespace, *, out: TextIO = sys.stdout,
+        err: TextIO = sys.stderr, now: float | None = None) -> int:
+    """Print the status; 0, or 1 when the VG cannot be read."""
+    try:
+        status = collect(runner, args.volume_group, args.thin_pool, args.state_dir,
+                         ratio=float(args.overprovision_ratio),
+                         orphan_age=float(args.orphan_age), now=now)
+    except StorageError as e:
+        print(f"csi-local status: {e.message}", file=err)
+        return 1
+    out.write(to_json(status) if args.json else render(status))
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(ShRunner(), args)
+
+
+def lvm_name(text: str) -> str:
+    """An argparse `type` for a VG or pool name."""
+    try:
+        return check_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -1,0 +1,454 @@
+"""`csi-local doctor`, check by check: a directory tree stands for /proc, /sys,
+/dev and the configured paths, a FakeHost answers LVM's reports, a FakeRunner
+answers lvmconfig, and a dict says which tools are installed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from csi_local import doctor
+from csi_local.cli import build_parser
+from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
+from csi_local.lvm import Lvm, VgReport
+from csi_local.runner import Result
+from tests.unit.conftest import FakeRunner
+from tests.unit.fakehost import FakeHost
+
+ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
+             *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools))
+SETTINGS_ARGV = ("lvmconfig", "--type", "full", *doctor.LVM_SETTINGS)
+GOOD_SETTINGS = "udev_sync=1\nudev_rules=1\nmonitoring=0\n"
+MOUNTINFO = """\
+21 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+22 21 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw
+30 21 8:2 / /var/lib/kubelet rw,relatime {opt}- ext4 /dev/sda2 rw
+31 30 0:40 / /var/lib/kubelet/pods/x/volumes rw shared:9 - tmpfs tmpfs rw
+"""
+
+
+class Runner:
+    """LVM's reports from a FakeHost, everything else (lvmconfig) from a FakeRunner."""
+
+    def __init__(self, host: FakeHost, canned: FakeRunner) -> None:
+        self.host, self.canned = host, canned
+
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | None = None, timeout: float | None = None) -> Result:
+        if argv[0] in ("vgs", "lvs"):
+            return self.host.run(argv, ok_codes=ok_codes)
+        return self.canned.run(argv, ok_codes=ok_codes)
+
+
+class Machine:
+    """A node's files under `root`, its LVM and its tools, as doctor sees them."""
+
+    def __init__(self, root: Path, runner: FakeRunner) -> None:
+        self.root = root
+        self.host = FakeHost()
+        self.canned = runner
+        self.tools = {t: f"/usr/sbin/{t}" for t in ALL_TOOLS}
+        self.env: dict[str, str] = {}
+        self.uid = os.geteuid()
+        runner.on(["lvmconfig", "--version"],
+                  "  LVM version:     2.03.16(2) (2022-05-18)\n  Library version: 1.02\n")
+        runner.on(SETTINGS_ARGV, GOOD_SETTINGS)
+        self.write("proc/modules", "dm_thin_pool 36864 1 - Live 0x0\n"
+                                   "dm_snapshot 53248 0 - Live 0x0\ndm_mod 184320 9 - Live 0x0\n")
+        self.write("proc/misc", "236 device-mapper\n 60 loop-control\n")
+        self.write("dev/mapper/control", "")
+        self.write("run/udev/control", "")
+        self.write("proc/self/mountinfo", MOUNTINFO.format(opt="shared:7 "))
+        (root / "var/lib/kubelet").mkdir(parents=True)
+        (root / "var/lib/csi-local").mkdir(parents=True, mode=0o700)
+        (root / "run/lock/csi-local").mkdir(parents=True, mode=0o700)
+
+    def write(self, rel: str, text: str) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def system(self) -> System:
+        return System(Runner(self.host, self.canned), str(self.root), root_uid=self.uid,
+                      which=self.tools.get, env=self.env)
+
+    def lvm(self) -> Lvm:
+        return Lvm(self.host, "vg0", "pool0")
+
+    def checks(self) -> dict[str, Check]:
+        got = doctor.run_checks(self.system(), Options("vg0", "pool0", endpoint=ENDPOINT))
+        return {c.name: c for c in got}
+
+
+ENDPOINT = "unix:///s.sock"
+
+
+@pytest.fixture
+def m(tmp_path: Path, runner: FakeRunner) -> Iterator[Machine]:
+    yield Machine(tmp_path / "root", runner)
+
+
+@pytest.fixture
+def listening(m: Machine) -> Iterator[None]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(m.root / "s.sock"))
+        s.listen(64)  # never accepted: each check's connection waits in the backlog
+        yield
+
+
+def test_a_good_node_passes(m: Machine, listening: None) -> None:
+    checks = m.checks()
+    assert {c.status for c in checks.values()} == {OK}, [c for c in checks.values()
+                                                         if c.status != OK]
+    assert list(checks) == [
+        "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
+        "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
+        "thin pool vg0/pool0", "thin pool zeroing", "thin pool fill", "lvm.conf udev",
+        "lvm.conf monitoring", "state directory /var/lib/csi-local",
+        "lock directory /run/lock/csi-local", "CSI socket",
+        "mount propagation of /var/lib/kubelet"]
+    assert checks["lvm tools"].message == \
+        "/usr/sbin/lvm, LVM version: 2.03.16(2) (2022-05-18)"
+    assert checks["volume group vg0"].message == "size 11.0 GiB, free 1016.0 MiB"
+    assert checks["thin pool vg0/pool0"].message == "active, size 10.0 GiB"
+    assert checks["CSI socket"].message == "/s.sock answers"
+    assert "shared:7" in checks["mount propagation of /var/lib/kubelet"].message
+
+
+def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
+    ns = build_parser().parse_args(["doctor", "--volume-group", "vg0", "--thin-pool", "pool0",
+                                    "--endpoint", ENDPOINT])
+    out = io.StringIO()
+    assert doctor.run(m.system(), ns, out=out) == 0
+    text = out.getvalue()
+    assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
+    assert text.endswith("17 checks: 0 failed, 0 warning(s); the node is ready\n")
+
+    m.canned.replies[SETTINGS_ARGV] = []
+    m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
+    out = io.StringIO()
+    assert doctor.run(m.system(), ns, out=out) == 0
+    assert "warn  lvm.conf monitoring" in out.getvalue()
+    assert "1 warning(s); the node is ready" in out.getvalue()
+
+    m.host.lvs["pool0"].active = False  # a failure
+    out = io.StringIO()
+    ns.json = True
+    assert doctor.run(m.system(), ns, out=out) == 1
+    got = json.loads(out.getvalue())
+    assert got["ok"] is False and got["failures"] == 1 and got["warnings"] == 1
+    pool = next(c for c in got["checks"] if c["name"] == "thin pool vg0/pool0")
+    assert pool == {"name": "thin pool vg0/pool0", "status": "FAIL",
+                    "message": "not active: no volume can be created or used",
+                    "fix": "lvchange --activate y vg0/pool0"}
+
+    ns.json = False
+    out = io.StringIO()
+    doctor.run(m.system(), ns, out=out)
+    lines = out.getvalue().splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("FAIL  thin pool vg0/pool0"))
+    assert lines[i + 1].strip() == "fix: lvchange --activate y vg0/pool0"
+
+
+def test_doctor_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSI_LOCAL_VOLUME_GROUP", "vgx")
+    monkeypatch.setenv("CSI_LOCAL_THIN_POOL", "poolx")
+    monkeypatch.setenv("CSI_LOCAL_LOCK_DIR", "/l")
+    monkeypatch.setenv("CSI_ENDPOINT", "unix:///e.sock")
+    ns = build_parser().parse_args(["doctor", "--state-dir", "/s"])
+    assert (ns.volume_group, ns.thin_pool, ns.state_dir, ns.lock_dir, ns.endpoint) == (
+        "vgx", "poolx", "/s", "/l", "unix:///e.sock")
+    monkeypatch.delenv("CSI_LOCAL_THIN_POOL")
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["doctor"])
+    assert info.value.code == 2
+
+
+# kernel and device-mapper ---------------------------------------------------------
+
+
+def test_modules(m: Machine) -> None:
+    sysm = m.system()
+    m.write("proc/modules", "dm_mod 1 0 - Live 0x0\n")
+    thin = doctor.check_module(sysm, "dm_thin_pool")
+    assert (thin.status, thin.message) == (FAIL, "not loaded")
+    assert thin.fix.startswith("modprobe dm-thin-pool")
+    snap = doctor.check_module(sysm, "dm_snapshot", required=False)
+    assert snap.status == WARN and snap.fix.startswith("modprobe dm-snapshot")
+    (m.root / "sys/module/dm_thin_pool").mkdir(parents=True)
+    assert doctor.check_module(sysm, "dm_thin_pool") == Check(
+        "kernel module dm_thin_pool", OK, "built in")
+    os.unlink(m.root / "proc/modules")  # no /proc/modules at all: a kernel without modules
+    assert doctor.check_module(sysm, "dm_thin_pool").status == OK
+
+
+def test_device_mapper(m: Machine) -> None:
+    sysm = m.system()
+    assert doctor.check_device_mapper(sysm).status == OK
+    m.write("proc/misc", " 60 loop-control\n")
+    got = doctor.check_device_mapper(sysm)
+    assert got.status == FAIL and "no device-mapper driver" in got.message
+    assert got.fix == "modprobe dm-mod on the host"
+    (m.root / "sys/module/dm_mod").mkdir(parents=True)  # built in
+    os.unlink(m.root / "dev/mapper/control")
+    got = doctor.check_device_mapper(sysm)
+    assert got.status == FAIL and "/dev/mapper/control is missing" in got.message
+
+
+# tools ---------------------------------------------------------------------------
+
+
+def test_lvm_tools(m: Machine) -> None:
+    del m.tools["lvs"], m.tools["lvmconfig"]
+    got = doctor.check_lvm_tools(m.system())
+    assert got.status == FAIL and got.message == \
+        "lvm is installed but lvs, lvmconfig missing (they are symlinks to lvm)"
+    assert "ln -s lvm" in got.fix
+    del m.tools["lvm"]
+    got = doctor.check_lvm_tools(m.system())
+    assert got.status == FAIL and got.fix.startswith("apt-get install lvm2")
+
+
+def test_lvm_version_is_optional(m: Machine) -> None:
+    m.canned.replies[("lvmconfig", "--version")] = []
+    m.canned.on(["lvmconfig", "--version"], rc=3, stderr="boom")
+    assert doctor.check_lvm_tools(m.system()) == Check("lvm tools", OK, "/usr/sbin/lvm")
+
+
+def test_base_tools(m: Machine) -> None:
+    del m.tools["mkfs.ext4"], m.tools["blkid"]
+    got = doctor.check_tools(m.system())
+    assert got == Check("tools", FAIL, "missing: blkid, mkfs.ext4",
+                        "apt-get install e2fsprogs util-linux")
+
+
+@pytest.mark.parametrize(("fs", "tool", "pkg"), [("xfs", "mkfs.xfs", "xfsprogs"),
+                                                 ("btrfs", "btrfs", "btrfs-progs")])
+def test_optional_fs_tools_warn(m: Machine, fs: str, tool: str, pkg: str) -> None:
+    assert doctor.check_fs_tools(m.system(), fs).status == OK
+    del m.tools[tool]
+    got = doctor.check_fs_tools(m.system(), fs)
+    assert got.status == WARN and f"{fs} volumes are unavailable" in got.message
+    assert got.fix == f"apt-get install {pkg}"
+    assert doctor.exit_code([got]) == 0
+
+
+# LVM -------------------------------------------------------------------------------
+
+
+def test_missing_volume_group(m: Machine, listening: None) -> None:
+    m.host.vg_present = False
+    checks = m.checks()
+    vg = checks["volume group vg0"]
+    assert (vg.status, vg.message) == (FAIL, "not found")
+    assert "vgchange --activate y vg0" in vg.fix
+    pool = checks["thin pool vg0/pool0"]
+    assert pool.status == FAIL and "volume group cannot be read" in pool.message
+    assert "thin pool zeroing" not in checks and "thin pool fill" not in checks
+    assert doctor.exit_code(checks.values()) == 1
+
+
+def test_unreadable_volume_group(m: Machine) -> None:
+    m.host.fail_next(["vgs"], rc=5, stderr="  /run/lock/lvm/P_global: open failed: Permission "
+                                           "denied\n")
+    got = doctor.check_volume_group(m.lvm())
+    assert got.status == FAIL and got.message.startswith("cannot be read: vgs exited 5")
+
+
+def test_pool_missing_wrong_or_inactive(m: Machine) -> None:
+    lvm = m.lvm()
+    assert doctor.check_pool(lvm, lvm.report()).status == OK
+    m.host.lvs["pool0"].active = False
+    got = doctor.check_pool(lvm, lvm.report())
+    assert got.status == FAIL and got.fix == "lvchange --activate y vg0/pool0"
+    m.host.lvs["pool0"].kind = "thin"
+    got = doctor.check_pool(lvm, lvm.report())
+    assert got.status == FAIL and "is not a thin pool" in got.message
+    del m.host.lvs["pool0"]
+    got = doctor.check_pool(lvm, lvm.report())
+    assert (got.status, got.message) == (FAIL, "not found")
+    assert got.fix == "lvcreate --type thin-pool --extents 90%FREE --name pool0 vg0"
+
+
+def test_pool_health(m: Machine) -> None:
+    lvm = m.lvm()
+    pool = lvm.report().find("pool0")
+    assert pool is not None
+    report = VgReport((replace(pool, health="failed"),), 4 << 20)
+    got = doctor.check_pool(lvm, report)
+    assert got.status == FAIL and got.message == "health is failed"
+    assert "lvconvert --repair vg0/pool0" in got.fix
+
+
+def test_inactive_pool_skips_fill(m: Machine, listening: None) -> None:
+    m.host.lvs["pool0"].active = False
+    checks = m.checks()
+    assert checks["thin pool vg0/pool0"].status == FAIL
+    assert "thin pool zeroing" in checks and "thin pool fill" not in checks
+
+
+def test_zeroing_from_lv_attr(m: Machine) -> None:
+    lvm = m.lvm()
+    pool = lvm.report().find("pool0")
+    assert pool is not None and pool.attr[7] == "z"
+    assert doctor.check_zeroing(lvm, pool).status == OK
+    off = replace(pool, attr=pool.attr[:7] + "-" + pool.attr[8:])
+    got = doctor.check_zeroing(lvm, off)
+    assert got.status == WARN and "data of deleted volumes" in got.message
+    assert got.fix == "lvchange --zero y vg0/pool0"
+
+
+@pytest.mark.parametrize(("data", "meta", "status", "words"), [
+    (10.0, 5.0, OK, "data 10.0%, metadata 5.0% (high-water marks 90% and 90%)"),
+    (91.0, 5.0, WARN, "above its high-water mark: data 91.0% full (limit 90%)"),
+    (10.0, 95.5, WARN, "metadata 95.5% full"),
+    (100.0, 5.0, FAIL, "out of data space"),
+    (50.0, 100.0, FAIL, "out of metadata space"),
+])
+def test_fill(m: Machine, data: float, meta: float, status: str, words: str) -> None:
+    pool = m.host.lvs["pool0"]
+    pool.data_percent, pool.metadata_percent = data, meta
+    lvm = m.lvm()
+    report_pool = lvm.report().find("pool0")
+    assert report_pool is not None
+    got = doctor.check_fill(lvm, report_pool)
+    assert got.status == status and words in got.message
+    assert (got.fix != "") == (status != OK)
+
+
+# lvm.conf --------------------------------------------------------------------------
+
+
+def settings(m: Machine, text: str, rc: int = 0) -> list[Check]:
+    m.canned.replies[SETTINGS_ARGV] = []
+    m.canned.on(SETTINGS_ARGV, text, rc=rc, stderr="Configuration node x not found")
+    return doctor.check_lvm_settings(m.system())
+
+
+def test_udev_settings(m: Machine) -> None:
+    udev, _ = settings(m, GOOD_SETTINGS)
+    assert udev.status == OK and udev.message.endswith("udev running")
+    m.env["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"  # in a container, both must be off
+    udev, _ = settings(m, GOOD_SETTINGS)
+    assert udev.status == WARN and "in a container" in udev.message
+    assert "deploy/container/lvm.conf" in udev.fix
+    udev, _ = settings(m, "udev_sync=0\nudev_rules=0\nmonitoring=0\n")
+    assert udev.status == OK
+    m.env.clear()
+    m.write(".dockerenv", "")
+    udev, _ = settings(m, "udev_sync=0\nudev_rules=1\nmonitoring=0\n")
+    assert udev.status == WARN
+    os.unlink(m.root / ".dockerenv")
+    os.unlink(m.root / "run/udev/control")  # on a host without udevd, rules need it
+    udev, _ = settings(m, "udev_sync=1\nudev_rules=1\nmonitoring=0\n")
+    assert udev.status == WARN and "udev is not running" in udev.message
+    udev, _ = settings(m, "udev_sync=0\nudev_rules=0\nmonitoring=0\n")
+    assert udev.status == OK
+
+
+def test_monitoring(m: Machine) -> None:
+    _, mon = settings(m, GOOD_SETTINGS)
+    assert mon.status == OK and "--pool-autoextend-threshold-percent" in mon.message
+    _, mon = settings(m, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")
+    assert mon.status == WARN and "dmeventd is not running" in mon.message
+    assert "--pool-autoextend-threshold-percent" in mon.fix
+    m.write("proc/412/comm", "dmeventd\n")
+    _, mon = settings(m, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")
+    assert mon.status == OK and "dmeventd running" in mon.message
+
+
+def test_lvmconfig_failure_warns(m: Machine) -> None:
+    (got,) = settings(m, "", rc=5)
+    assert got.status == WARN and got.message.startswith("lvmconfig failed")
+
+
+def test_no_lvm_conf_means_lvm_defaults(m: Machine) -> None:
+    """lvm2 2.03's `lvmconfig --type full` fails without any lvm.conf (seen in the
+    test VM); the defaults then apply, printed commented out by --type default."""
+    m.canned.replies[SETTINGS_ARGV] = []
+    m.canned.on(SETTINGS_ARGV, rc=5, stderr="  Cannot clone NULL config node.\n  Failed to "
+                "clone current config tree.\n")
+    m.canned.on(["lvmconfig", "--type", "default", *doctor.LVM_SETTINGS],
+                "# udev_sync=1\n# udev_rules=1\n# monitoring=1\n")
+    assert doctor.read_lvm_settings(m.system()) == {"udev_sync": "1", "udev_rules": "1",
+                                                    "monitoring": "1"}
+    udev, mon = doctor.check_lvm_settings(m.system())
+    assert udev.status == OK and mon.status == WARN
+
+
+# directories, socket, propagation -------------------------------------------------------
+
+
+def test_directories(m: Machine) -> None:
+    sysm = m.system()
+    ok = doctor.check_directory(sysm, "state directory", "/var/lib/csi-local", "--state-dir")
+    assert ok == Check("state directory /var/lib/csi-local", OK, "mode 0700, owned by root")
+    got = doctor.check_directory(sysm, "state directory", "/var/lib/new/deeper", "--state-dir")
+    assert got.status == OK and "the plugin makes it" in got.message
+    os.chmod(m.root / "var/lib/csi-local", 0o777)
+    got = doctor.check_directory(sysm, "state directory", "/var/lib/csi-local", "--state-dir")
+    assert got.status == FAIL and "world-writable (mode 0777)" in got.message
+    assert got.fix == "chown root:root /var/lib/csi-local && chmod 0700 /var/lib/csi-local"
+    m.uid = os.geteuid() + 1
+    got = doctor.check_directory(m.system(), "lock directory", "/run/lock/csi-local",
+                                 "--lock-dir")
+    assert got.status == FAIL and f"owned by uid {os.geteuid()}, not root" in got.message
+    os.symlink("/tmp", m.root / "run/lock/link")
+    got = doctor.check_directory(sysm, "lock directory", "/run/lock/link", "--lock-dir")
+    assert got.status == FAIL and "not a directory" in got.message
+    m.write("run/file", "")
+    got = doctor.check_directory(sysm, "lock directory", "/run/file/locks", "--lock-dir")
+    assert got.status == FAIL and "cannot be made under /run/file" in got.message
+
+
+def test_socket(m: Machine) -> None:
+    sysm = m.system()
+    got = doctor.check_socket(sysm, ENDPOINT)
+    assert got.status == WARN and "the plugin is not running" in got.message
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(m.root / "s.sock"))  # bound, never listening: a stale socket
+        got = doctor.check_socket(sysm, ENDPOINT)
+        assert got.status == WARN and "nothing answers" in got.message
+        s.listen(1)
+        assert doctor.check_socket(sysm, ENDPOINT).status == OK
+    m.write("f.sock", "")
+    assert doctor.check_socket(sysm, "unix:///f.sock").status == FAIL
+    got = doctor.check_socket(sysm, "tcp://1.2.3.4:5")
+    assert got.status == FAIL and "unix:///absolute/path" in got.message
+
+
+@pytest.mark.parametrize(("optional", "status"), [
+    ("shared:7 ", OK), ("shared:7 master:1 ", OK), ("master:1 ", FAIL), ("", FAIL),
+])
+def test_kubelet_propagation(m: Machine, optional: str, status: str) -> None:
+    m.write("proc/self/mountinfo", MOUNTINFO.format(opt=optional))
+    got = doctor.check_propagation(m.system())
+    assert got.status == status
+    assert "on mount /var/lib/kubelet" in got.message  # the longest mount containing it
+    if status == FAIL:
+        assert "invisible to kubelet" in got.message
+        assert "mount --make-rshared /" in got.fix and "Bidirectional" in got.fix
+
+
+def test_kubelet_propagation_from_the_root_mount(m: Machine) -> None:
+    m.write("proc/self/mountinfo", "21 1 8:1 / / rw - ext4 /dev/sda1 rw\n")
+    got = doctor.check_propagation(m.system())
+    assert got.status == FAIL and "on mount /, which is not shared (private)" in got.message
+
+
+def test_no_kubelet_is_skipped(m: Machine) -> None:
+    os.rmdir(m.root / "var/lib/kubelet")
+    got = doctor.check_propagation(m.system())
+    assert got.status == OK and "skipped" in got.message
+
+
+def test_mountinfo_escapes() -> None:
+    rows = doctor.parse_propagation("40 1 0:1 / /a\\040b rw shared:3 - tmpfs t rw\n")
+    assert rows == [("/a b", ["shared:3"])]

@@ -1,0 +1,502 @@
+"""The Prometheus endpoint: the collector over a FakeHost, the hooks of the
+interceptor, the runner, the pool monitor and the state store, the flag, and
+the promise that the host volume plugin never loads any of it."""
+
+from __future__ import annotations
+
+import ast
+import socket
+import time
+import types
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import sh
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from csi_local import monitor as monitor_mod
+from csi_local import plugin as plugin_mod
+from csi_local import runner as runner_mod
+from csi_local._gen import csi_pb2 as pb
+from csi_local.cli import build_parser, config_from_args
+from csi_local.config import Config, ConfigError, parse_listen_address
+from csi_local.errors import CommandError
+from csi_local.metrics import Metrics, serve_metrics
+from csi_local.monitor import PoolMonitor
+from csi_local.pool import PoolPolicy
+from csi_local.runner import ShRunner
+from csi_local.server import ErrorInterceptor
+from tests.unit.servicers import GiB, MiB, Node, make_node, mount_cap
+
+PVC = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
+POOL_LABELS = {"volume_group": "vg0", "thin_pool": "pool0"}
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(metrics: Metrics) -> Samples:
+    """Every sample of the registry, rendered and parsed back as Prometheus would."""
+    text = generate_latest(metrics.registry).decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def names(samples: Samples) -> set[str]:
+    return {name for name, _ in samples}
+
+
+def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            **node_args: Any) -> tuple[Node, PoolMonitor, Metrics]:
+    node = make_node(tmp_path, monkeypatch, **node_args)
+    metrics = Metrics()
+    monitor = PoolMonitor(node.backend.lvm, node.backend.pool,
+                          on_extend=metrics.observe_extend)
+    metrics.watch(monitor)
+    return node, monitor, metrics
+
+
+def create(node: Node, name: str, size: int = GiB,
+           parameters: dict[str, str] | None = None) -> pb.Volume:
+    return node.controller.CreateVolume(pb.CreateVolumeRequest(
+        name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+        volume_capabilities=[mount_cap()], parameters=parameters), None).volume
+
+
+# the collector -------------------------------------------------------------------
+
+
+def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = PoolPolicy(data_limit=85, metadata_limit=80, autoextend_threshold=70)
+    node, _, metrics = watched(tmp_path, monkeypatch, ratio=2.0, policy=policy,
+                               vg_size=20 * GiB)
+    data = create(node, "pvc-data", GiB, PVC)
+    plain = create(node, "pvc-plain", 512 * MiB)
+    node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="snap", source_volume_id=data.volume_id), None)
+    node.host.lv("pool0").data_percent = 12.5
+    node.host.lv("pool0").metadata_percent = 3.25
+    node.host.lv(data.volume_id).data_percent = 40.0
+
+    got = scrape(metrics)
+
+    assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 1
+    assert value(got, "csi_local_volume_group_size_bytes", volume_group="vg0") == 20 * GiB
+    pool = node.host.lv("pool0")
+    assert value(got, "csi_local_volume_group_free_bytes", volume_group="vg0") == \
+        20 * GiB - pool.size - pool.metadata_size
+    assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 10 * GiB
+    assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
+    assert value(got, "csi_local_thin_pool_data_percent", **POOL_LABELS) == 12.5
+    assert value(got, "csi_local_thin_pool_metadata_percent", **POOL_LABELS) == 3.25
+    assert value(got, "csi_local_thin_pool_healthy", health_status="", **POOL_LABELS) == 1
+    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 85
+    assert value(got, "csi_local_thin_pool_metadata_limit_percent", **POOL_LABELS) == 80
+    assert value(got, "csi_local_thin_pool_autoextend_threshold_percent", **POOL_LABELS) == 70
+    # Volumes and the snapshot count against the pool, over-provisioned 2x.
+    provisioned = GiB + 512 * MiB + GiB
+    assert value(got, "csi_local_thin_pool_provisioned_bytes", **POOL_LABELS) == provisioned
+    capacity = node.controller.GetCapacity(pb.GetCapacityRequest(), None)
+    assert capacity.available_capacity == 20 * GiB - provisioned
+    assert value(got, "csi_local_thin_pool_available_bytes", **POOL_LABELS) == \
+        capacity.available_capacity
+    assert value(got, "csi_local_volumes") == 2
+    assert value(got, "csi_local_snapshots") == 1
+    labelled = {"volume_id": data.volume_id, "pvc_name": "data", "pvc_namespace": "ns"}
+    unlabelled = {"volume_id": plain.volume_id, "pvc_name": "", "pvc_namespace": ""}
+    assert value(got, "csi_local_volume_size_bytes", **labelled) == GiB
+    assert value(got, "csi_local_volume_size_bytes", **unlabelled) == 512 * MiB
+    assert value(got, "csi_local_volume_data_percent", **labelled) == 40.0
+    # One series per volume, none for the snapshot or the pool.
+    per_volume = [k for k in got if k[0] == "csi_local_volume_size_bytes"]
+    assert len(per_volume) == 2
+    assert value(got, "csi_local_build_info", version=__import__("csi_local").__version__) == 1
+    assert 0 < time.time() - value(got, "csi_local_start_time_seconds") < 60
+
+
+def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    fake_field = node.host._field
+
+    def field(lv: Any, name: str, argv: Any) -> str:
+        if name == "lv_health_status" and lv.kind == "pool":
+            return "out_of_data"
+        return fake_field(lv, name, argv)
+
+    monkeypatch.setattr(node.host, "_field", field)
+    got = scrape(metrics)
+    assert value(got, "csi_local_thin_pool_healthy", health_status="out_of_data",
+                 **POOL_LABELS) == 0
+
+
+def test_a_scrape_reuses_a_recent_reading(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    create(node, "pvc-a", GiB, PVC)
+    lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
+    scrape(metrics)
+    assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
+    first = scrape(metrics)  # within 5 s: no LVM at all
+    assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
+    assert value(first, "csi_local_volumes") == 1
+
+    create(node, "pvc-b", GiB)
+    lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
+    real_time = time.time
+    monkeypatch.setattr(monitor_mod, "time", types.SimpleNamespace(time=lambda: real_time() + 6))
+    later = scrape(metrics)  # older than 5 s: read once more
+    assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
+    assert value(later, "csi_local_volumes") == 2
+
+
+def test_a_missing_volume_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, metrics = watched(tmp_path, monkeypatch, with_vg=False)
+    got = scrape(metrics)
+    assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 0
+    lvm_families = {"csi_local_volume_group_size_bytes", "csi_local_thin_pool_size_bytes",
+                    "csi_local_thin_pool_available_bytes", "csi_local_volumes",
+                    "csi_local_volume_size_bytes", "csi_local_thin_pool_healthy"}
+    assert not names(got) & lvm_families
+    # What needs no LVM is still there for alerts.
+    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 90
+
+
+def test_a_volume_group_without_its_pool(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, metrics = watched(tmp_path, monkeypatch, with_pool=False)
+    got = scrape(metrics)
+    assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 1
+    assert "csi_local_volume_group_size_bytes" in names(got)
+    assert "csi_local_thin_pool_size_bytes" not in names(got)
+    assert value(got, "csi_local_volumes") == 0
+
+
+def test_autoextends_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = PoolPolicy(autoextend_threshold=70, autoextend_percent=20)
+    node, monitor, metrics = watched(tmp_path, monkeypatch, policy=policy, vg_size=20 * GiB)
+    before = scrape(metrics)
+    assert value(before, "csi_local_pool_autoextend_total", what="data") == 0
+    assert value(before, "csi_local_pool_autoextend_bytes_total", what="metadata") == 0
+    node.host.lv("pool0").data_percent = 75.0
+    monitor.check()
+    got = scrape(metrics)
+    assert value(got, "csi_local_pool_autoextend_total", what="data") == 1
+    assert value(got, "csi_local_pool_autoextend_bytes_total", what="data") == 2 * GiB
+    assert value(got, "csi_local_pool_autoextend_total", what="metadata") == 0
+    assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 12 * GiB
+
+
+# the RPC hook -----------------------------------------------------------------------
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise _Aborted(code.name)
+
+
+def _through_interceptor(interceptor: ErrorInterceptor, method: str,
+                         fn: Callable[[Any, Any], Any], request: Any) -> str:
+    """Call `fn` as the server would, through the interceptor: the code sent."""
+    details = types.SimpleNamespace(method=f"/csi.v1.Controller/{method}")
+    handler = interceptor.intercept_service(
+        lambda _: grpc.unary_unary_rpc_method_handler(fn), details)  # type: ignore[arg-type]
+    assert handler is not None and handler.unary_unary is not None
+    try:
+        handler.unary_unary(request, _Context())
+    except _Aborted as aborted:
+        return str(aborted)
+    return "OK"
+
+
+def test_rpcs_are_counted_by_method_and_code(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    interceptor = ErrorInterceptor(metrics.observe_rpc)
+    good = pb.CreateVolumeRequest(name="pvc", volume_capabilities=[mount_cap()],
+                                  capacity_range=pb.CapacityRange(required_bytes=GiB))
+    no_caps = pb.CreateVolumeRequest(name="pvc")
+
+    def broken(request: Any, context: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    assert _through_interceptor(interceptor, "CreateVolume", node.controller.CreateVolume,
+                                good) == "OK"
+    assert _through_interceptor(interceptor, "CreateVolume", node.controller.CreateVolume,
+                                good) == "OK"
+    assert _through_interceptor(interceptor, "CreateVolume", node.controller.CreateVolume,
+                                no_caps) == "INVALID_ARGUMENT"
+    assert _through_interceptor(interceptor, "DeleteVolume", broken,
+                                pb.DeleteVolumeRequest()) == "INTERNAL"
+    got = scrape(metrics)
+    assert value(got, "csi_local_rpc_requests_total", method="CreateVolume", code="OK") == 2
+    assert value(got, "csi_local_rpc_requests_total", method="CreateVolume",
+                 code="INVALID_ARGUMENT") == 1
+    assert value(got, "csi_local_rpc_requests_total", method="DeleteVolume",
+                 code="INTERNAL") == 1
+    assert value(got, "csi_local_rpc_duration_seconds_count", method="CreateVolume") == 3
+    assert value(got, "csi_local_rpc_duration_seconds_bucket", method="CreateVolume",
+                 le="+Inf") == 3
+    assert value(got, "csi_local_rpc_duration_seconds_count", method="DeleteVolume") == 1
+    assert not any(name.endswith("_created") for name in names(got))
+
+
+def test_a_failing_observer_never_fails_an_rpc(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    node = make_node(tmp_path, monkeypatch)
+
+    def observer(method: str, code: str, seconds: float) -> None:
+        raise RuntimeError("metrics broke")
+
+    req = pb.CreateVolumeRequest(name="pvc", volume_capabilities=[mount_cap()])
+    assert _through_interceptor(ErrorInterceptor(observer), "CreateVolume",
+                                node.controller.CreateVolume, req) == "OK"
+    assert _through_interceptor(ErrorInterceptor(), "CreateVolume",
+                                node.controller.CreateVolume, req) == "OK"
+
+
+# the command hook (ShRunner over a fake `sh`: no process) -------------------------------
+
+
+class _FakeCommand:
+    """sh.Command for one exe: exit codes by the first argument, "hang" times out."""
+
+    def __init__(self, exe: str) -> None:
+        self.exe = exe
+
+    def bake(self, **kwargs: Any) -> _FakeCommand:
+        return self
+
+    def __call__(self, *args: str) -> Any:
+        if args and args[0] == "hang":
+            raise sh.TimeoutException(-9, f"{self.exe} hang")
+        code = int(args[0]) if args and args[0].isdigit() else 0
+        return types.SimpleNamespace(exit_code=code, stdout="", stderr="")
+
+
+def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_mod.sh, "Command", _FakeCommand)
+
+    def resolve(tool: str) -> str:
+        if tool == "missing":
+            raise CommandError([tool], 127, "", f"{tool}: command not found")
+        return f"/usr/sbin/{tool}"
+
+    monkeypatch.setattr(runner_mod, "resolve", resolve)
+    metrics = Metrics()
+    runner = ShRunner(observe=metrics.observe_command)
+    runner.run(["lvcreate", "0"])
+    runner.run(["/sbin/lvcreate", "0"])  # the tool is argv[0]'s basename
+    runner.run(["lvs", "5"], ok_codes=(0, 5))  # an expected exit code is no failure
+    with pytest.raises(CommandError):
+        runner.run(["mkfs.ext4", "1"])
+    with pytest.raises(CommandError) as timed_out:
+        runner.run(["mount", "hang"])
+    assert timed_out.value.timed_out
+    with pytest.raises(CommandError):
+        runner.run(["missing"])
+    got = scrape(metrics)
+    assert value(got, "csi_local_command_duration_seconds_count", tool="lvcreate") == 2
+    assert value(got, "csi_local_command_duration_seconds_count", tool="lvs") == 1
+    assert value(got, "csi_local_command_duration_seconds_count", tool="mkfs.ext4") == 1
+    assert value(got, "csi_local_command_failures_total", tool="mkfs.ext4") == 1
+    assert value(got, "csi_local_command_failures_total", tool="mount") == 1
+    assert value(got, "csi_local_command_failures_total", tool="missing") == 1
+    assert ("csi_local_command_failures_total", frozenset({("tool", "lvcreate")})) not in got
+    assert ("csi_local_command_failures_total", frozenset({("tool", "lvs")})) not in got
+
+
+def test_a_failing_command_observer_never_fails_a_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_mod.sh, "Command", _FakeCommand)
+    monkeypatch.setattr(runner_mod, "resolve", lambda tool: f"/usr/sbin/{tool}")
+
+    def observer(tool: str, seconds: float, ok: bool) -> None:
+        raise RuntimeError("metrics broke")
+
+    assert ShRunner(observe=observer).run(["lvs", "0"]).returncode == 0
+    with pytest.raises(CommandError) as err:
+        ShRunner(observe=observer).run(["lvs", "3"])
+    assert err.value.returncode == 3
+
+
+# the plugin's wiring and the endpoint ----------------------------------------------------
+
+
+def _config(tmp_path: Path, **kw: Any) -> Config:
+    return Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n", volume_group="vg0",
+                  thin_pool="pool0", state_dir=str(tmp_path / "state"),
+                  lock_dir=str(tmp_path / "locks"), **kw)
+
+
+def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No LVM: the state rebuild and reconciliation are stood in for.
+    monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
+    try:
+        metrics = plugin.metrics
+        assert metrics is not None
+        runner = plugin.backend.lvm.runner
+        assert isinstance(runner, ShRunner) and runner.observe == metrics.observe_command
+        assert plugin.monitor.on_extend == metrics.observe_extend
+        monkeypatch.setattr(plugin.monitor, "latest", lambda max_age: None)  # no lvs
+        assert value(scrape(metrics), "csi_local_volume_group_up", volume_group="vg0") == 0
+        # A first start has no state file: rebuilt, and counted.
+        assert value(scrape(metrics), "csi_local_state_rebuilds_total") == 1
+    finally:
+        plugin.close()
+    again = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
+    try:
+        assert again.metrics is not None
+        monkeypatch.setattr(again.monitor, "latest", lambda max_age: None)
+        assert value(scrape(again.metrics), "csi_local_state_rebuilds_total") == 0
+    finally:
+        again.close()
+    off = plugin_mod.CsiPlugin(_config(tmp_path))
+    try:
+        assert off.metrics is None
+        runner = off.backend.lvm.runner
+        assert isinstance(runner, ShRunner) and runner.observe is None
+        assert off.monitor.on_extend is None
+    finally:
+        off.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_endpoint_serves_the_registry(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    create(node, "pvc-a", GiB, PVC)
+    server = serve_metrics(metrics, f"127.0.0.1:{_free_port()}")
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.status == 200
+            text = reply.read().decode()
+    finally:
+        server.stop()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {"csi_local_volume_group_up", "csi_local_volumes",
+            "csi_local_volume_size_bytes"} <= families
+
+
+# the flag -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    (":9808", ("", 9808)),
+    ("127.0.0.1:9808", ("127.0.0.1", 9808)),
+    ("0.0.0.0:1", ("0.0.0.0", 1)),
+    ("[::1]:9808", ("::1", 9808)),
+    ("localhost:65535", ("localhost", 65535)),
+])
+def test_metrics_addresses(tmp_path: Path, text: str, parsed: tuple[str, int]) -> None:
+    assert parse_listen_address(text) == parsed
+    assert _config(tmp_path, metrics_address=text).metrics_address == text
+
+
+@pytest.mark.parametrize("text", ["9808", "host:", ":0", ":65536", ":-1", ":http", "a b:80",
+                                  "http://host:80", "[::1:80", ":\uff18\uff10"])
+def test_bad_metrics_addresses(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match="metrics address"):
+        _config(tmp_path, metrics_address=text)
+
+
+def test_the_serve_flag_and_its_environment(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ["serve", "--node-id", "n", "--volume-group", "vg0", "--thin-pool", "pool0",
+            "--state-dir", str(tmp_path)]
+    monkeypatch.delenv("CSI_LOCAL_METRICS_ADDRESS", raising=False)
+    assert config_from_args(build_parser().parse_args(base)).metrics_address == ""
+    flagged = build_parser().parse_args([*base, "--metrics-address", ":9808"])
+    assert config_from_args(flagged).metrics_address == ":9808"
+    monkeypatch.setenv("CSI_LOCAL_METRICS_ADDRESS", "127.0.0.1:9100")
+    assert config_from_args(build_parser().parse_args(base)).metrics_address == \
+        "127.0.0.1:9100"
+    monkeypatch.setenv("CSI_LOCAL_METRICS_ADDRESS", "9100")
+    with pytest.raises(ConfigError, match="metrics address"):
+        config_from_args(build_parser().parse_args(base))
+
+
+# who may import it ----------------------------------------------------------------------
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _imports_of(module: str) -> set[str]:
+    """Modules `module` imports (lazy ones too), csi_local ones resolved to files."""
+    base = SRC.joinpath(*module.split("."))
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if SRC.joinpath(*sub.split(".")).with_suffix(".py").exists():
+                    found.add(sub)
+    return found
+
+
+def _reachable(start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [m for m in _imports_of(module)
+                 if m.startswith("csi_local") and not m.startswith("csi_local._gen")]
+        seen |= {m for m in _imports_of(module) if not m.startswith("csi_local")}
+    return seen
+
+
+@pytest.mark.parametrize("start", ["csi_local.dhv", "csi_local.dhv.plugin",
+                                   "csi_local.runner", "csi_local.config"])
+def test_the_host_volume_plugin_never_loads_metrics(start: str) -> None:
+    reached = _reachable(start)
+    assert "csi_local.runner" in _reachable("csi_local.dhv.plugin")
+    bad = {m for m in reached if m.startswith("prometheus_client") or m == "csi_local.metrics"}
+    assert not bad, f"{start} reaches {sorted(bad)}"
+
+
+def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from csi_local import server as server_mod
+
+    monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    monkeypatch.setattr(server_mod.signal, "signal", lambda *args: None)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        config = _config(tmp_path, metrics_address=f"127.0.0.1:{busy.getsockname()[1]}")
+        with pytest.raises(server_mod.ServerError, match="cannot serve metrics"):
+            server_mod.serve(config)
+    assert not Path(config.socket).exists()
+    # The state directory was let go: a new plugin can take it.
+    plugin_mod.CsiPlugin(_config(tmp_path)).close()

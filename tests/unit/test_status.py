@@ -1,0 +1,298 @@
+"""`csi-local status` over a FakeHost: volumes made by the real controller, the
+state file read without its lock, host volumes, possible orphans by age, and
+the exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi_local import state, status
+from csi_local import volumes as vols
+from csi_local._gen import csi_pb2 as pb
+from csi_local.cli import build_parser
+from csi_local.dhv import tags as dhv_tags
+from csi_local.lvm import hex_tag
+from csi_local.state import AccessType, Publish, Staging, VolumeRecord
+from tests.unit.fakehost import FakeHost
+from tests.unit.servicers import GiB, MiB, Node, call, make_node, mount_cap, vol_id
+
+CO = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
+T0 = 1_700_000_000  # FakeHost's lv_time of its first LV (the pool)
+HOUR = 3600
+DHV = "dhv-" + "ab" * 16
+
+
+def args(state_dir: Path | str, *extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["status", "--volume-group", "vg0", "--thin-pool", "pool0",
+                                      "--state-dir", str(state_dir), *extra])
+
+
+def run(host: FakeHost, ns: argparse.Namespace, now: float) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = status.run(host, ns, out=out, err=err, now=now)
+    return code, out.getvalue(), err.getvalue()
+
+
+def as_json(host: FakeHost, state_dir: Path | str, now: float, *extra: str) -> Any:
+    code, out, _ = run(host, args(state_dir, "--json", *extra), now)
+    assert code == 0
+    return json.loads(out)
+
+
+def create(n: Node, name: str, size: int = GiB, params: dict[str, str] | None = None,
+           snapshot: str = "") -> str:
+    req = pb.CreateVolumeRequest(name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+                                 volume_capabilities=[mount_cap()], parameters=params or {})
+    if snapshot:
+        req.volume_content_source.snapshot.snapshot_id = snapshot
+    code, reply = call(n.controller.CreateVolume, req)
+    assert code == "OK", reply
+    return str(reply.volume.volume_id)
+
+
+def snapshot(n: Node, name: str, source: str) -> str:
+    code, reply = call(n.controller.CreateSnapshot,
+                       pb.CreateSnapshotRequest(name=name, source_volume_id=source))
+    assert code == "OK", reply
+    return str(reply.snapshot.snapshot_id)
+
+
+def add_dhv(host: FakeHost) -> None:
+    host.add_lv(DHV, 512 * MiB, tags=[
+        f"{dhv_tags.TAG_KIND}={dhv_tags.KIND_VOLUME}", f"{dhv_tags.TAG_ID}=cache",
+        f"{dhv_tags.TAG_FS}=xfs", *hex_tag(dhv_tags.TAG_NAME, "build cache"),
+        *hex_tag(dhv_tags.TAG_NAMESPACE, "default")])
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
+    return make_node(tmp_path, monkeypatch)
+
+
+def test_volumes_snapshots_and_where_they_are_used(node: Node) -> None:
+    """A staged and published volume with CO names, its snapshot and a restore,
+    read while the plugin's StateStore holds the state directory's lock."""
+    data = create(node, "data", params=CO)
+    snap = snapshot(node, "snap", data)
+    restored = create(node, "restored", snapshot=snap)
+    staging, target = node.path("stage"), node.path("target")
+    node.state.set_staging(data, Staging(staging, AccessType.MOUNT, "ext4"))
+    node.state.add_publish(data, target, Publish(readonly=True))
+    node.host.lv(data).data_percent = 12.5
+    now = node.host.clock + 10  # everything is seconds old: no possible orphans
+
+    got = as_json(node.host, node.backend.config.state_dir, now)
+
+    assert got["volume_group"] == {"name": "vg0", "size": 11 * GiB,
+                                   "free": 11 * GiB - 10 * GiB - 8 * MiB}
+    pool = got["thin_pool"]
+    assert pool["name"] == "vg0/pool0" and pool["found"] and pool["active"]
+    assert pool["size"] == 10 * GiB and pool["fill_problem"] is None
+    assert pool["available"] == 10 * GiB - 3 * GiB  # two volumes and a snapshot of 1 GiB
+    assert got["state"]["error"] is None and got["state"]["records"] == 1
+    by_id = {v["id"]: v for v in got["volumes"]}
+    assert set(by_id) == {data, restored}
+    v = by_id[data]
+    assert v["kind"] == "volume" and v["size"] == GiB and v["data_percent"] == 12.5
+    assert v["co_names"] == {"pvc_name": "data", "pvc_namespace": "ns"}
+    assert v["staged"] == {"path": staging, "access_type": "mount", "fs_type": "ext4"}
+    assert v["published"] == [{"target": target, "readonly": True}]
+    assert v["condition"] == {"abnormal": False, "message": "volume is healthy"}
+    assert v["source"] is None and not v["possible_orphan"]
+    assert by_id[restored]["source"] == f"snapshot:{snap}"
+    assert by_id[restored]["staged"] is None and by_id[restored]["published"] == []
+    (s,) = got["snapshots"]
+    assert s["id"] == snap and s["kind"] == "snapshot" and s["source"] == f"volume:{data}"
+    # A snapshot is inactive by design; that is not a problem.
+    assert not s["active"] and not s["condition"]["abnormal"]
+    assert got["host_volumes"] == [] and got["possible_orphans"] == []
+    assert got["orphan_age_seconds"] == HOUR and "check with your CO" in got["orphan_note"]
+
+    code, text, _ = run(node.host, args(node.backend.config.state_dir), now)
+    assert code == 0
+    assert "Volume group vg0: size 11.0 GiB, free 1016.0 MiB" in text
+    assert "Thin pool vg0/pool0: size 10.0 GiB, data 0.0%, metadata 0.0%, active; room for " \
+           "new volumes 7.0 GiB (over-provisioning ratio 1)" in text
+    assert "CSI volumes: 2" in text and "CSI snapshots: 1" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith(data))
+    assert "1.0 GiB" in row and "12.5%" in row and "ns/data" in row and row.endswith("ok")
+    assert f"      staged at {staging} (mount, ext4)" in text
+    assert f"      published at {target} (ro)" in text
+    assert "Possible orphans: 0" in text
+
+
+def test_unused_volume_is_a_possible_orphan_once_old(node: Node, tmp_path: Path) -> None:
+    used, idle = create(node, "used"), create(node, "idle")
+    snap = snapshot(node, "s", idle)
+    state_dir = tmp_path / "written"
+    state_dir.mkdir()
+    (state_dir / state.STATE_FILE).write_text(state.render({
+        used: VolumeRecord(used, Staging("/st", AccessType.BLOCK))}))
+    created = node.host.lv(idle).created
+
+    young = as_json(node.host, state_dir, created + HOUR - 1)
+    assert young["possible_orphans"] == []
+
+    old = as_json(node.host, state_dir, created + 2 * HOUR)
+    (orphan,) = old["possible_orphans"]
+    assert orphan["lv"] == idle and orphan["kind"] == "unused volume"
+    assert orphan["age_seconds"] == 2 * HOUR
+    flags = {v["id"]: v["possible_orphan"] for v in old["volumes"]}
+    assert flags == {used: False, idle: True}
+    assert not old["snapshots"][0]["possible_orphan"]  # snapshots are never staged
+    assert snap not in {o["lv"] for o in old["possible_orphans"]}
+
+    # A shorter --orphan-age flags it sooner.
+    soon = as_json(node.host, state_dir, created + 120, "--orphan-age", "1m")
+    assert [o["lv"] for o in soon["possible_orphans"]] == [idle]
+
+    code, text, _ = run(node.host, args(state_dir), created + 2 * HOUR)
+    assert code == 0
+    assert "Possible orphans: 1" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith(idle) and "unused" in x)
+    assert "2h" in line and "older than 1h" in line
+    assert '"possible" means check with your CO' in text
+
+
+def test_stray_lvs_with_csi_tags(node: Node) -> None:
+    node.host.add_lv("leftover", GiB, tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}"])
+    node.host.add_lv(vol_id("mislabelled"), GiB, tags=[f"{vols.TAG_SIZE}=1"])
+    node.host.add_lv("unrelated", GiB, tags=["other.tag=1"])
+    now = node.host.clock + 3 * 86400
+
+    got = as_json(node.host, node.backend.config.state_dir, now)
+
+    strays = {o["lv"]: o for o in got["possible_orphans"]}
+    assert set(strays) == {"leftover", vol_id("mislabelled")}
+    assert strays["leftover"]["kind"] == "stray LV"
+    assert "not a CSI volume or snapshot ID" in strays["leftover"]["reason"]
+    assert "named like a CSI volume" in strays[vol_id("mislabelled")]["reason"]
+    assert strays["leftover"]["age_seconds"] >= 3 * 86400
+    assert got["volumes"] == [] and got["host_volumes"] == []
+    _, text, _ = run(node.host, args(node.backend.config.state_dir), now)
+    assert "leftover" in text and "stray LV" in text and " 3d " in text
+
+
+def test_host_volumes_are_listed(node: Node) -> None:
+    add_dhv(node.host)
+    got = as_json(node.host, node.backend.config.state_dir, node.host.clock)
+    (h,) = got["host_volumes"]
+    assert h["lv"] == DHV and h["id"] == "cache" and h["name"] == "build cache"
+    assert h["namespace"] == "default" and h["fs_type"] == "xfs" and h["size"] == 512 * MiB
+    assert not h["condition"]["abnormal"]
+    assert got["possible_orphans"] == [] and got["volumes"] == []  # never a CSI orphan
+    _, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
+    assert "Host volumes (csi-local-dhv): 1" in text
+    assert "build cache (default)" in text and "xfs" in text
+
+
+def test_full_pool_and_ratio(node: Node) -> None:
+    data = create(node, "data")
+    pool = node.host.lv("pool0")
+    pool.data_percent, pool.metadata_percent = 95.0, 20.0
+    got = as_json(node.host, node.backend.config.state_dir, node.host.clock,
+                  "--overprovision-ratio", "2")
+    assert got["thin_pool"]["available"] == 20 * GiB - GiB
+    assert got["thin_pool"]["overprovision_ratio"] == 2.0
+    assert "above its high-water mark" in got["thin_pool"]["fill_problem"]
+    (v,) = got["volumes"]
+    assert v["id"] == data and v["condition"]["abnormal"]
+    assert "data 95.0% full" in v["condition"]["message"]
+    _, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
+    assert "  WARNING: thin pool vg0/pool0 is above its high-water mark" in text
+    assert "ABNORMAL: thin pool vg0/pool0 is above" in text
+
+
+def test_missing_pool_is_shown_not_fatal(tmp_path: Path) -> None:
+    host = FakeHost(with_pool=False)
+    got = as_json(host, tmp_path, T0)
+    assert got["thin_pool"]["found"] is False
+    assert got["thin_pool"]["problem"] == "thin pool vg0/pool0 not found"
+    code, text, _ = run(host, args(tmp_path), T0)
+    assert code == 0 and "Thin pool vg0/pool0: PROBLEM: thin pool vg0/pool0 not found" in text
+
+
+def test_missing_volume_group_exits_1(tmp_path: Path) -> None:
+    host = FakeHost(with_vg=False)
+    code, out, err = run(host, args(tmp_path), T0)
+    assert code == 1 and out == ""
+    assert "csi-local status: volume group vg0 not found" in err
+    assert [c[0] for c in host.calls] == ["vgs"]  # nothing after the failed read
+
+
+def test_reads_lvm_once(node: Node) -> None:
+    create(node, "data")
+    node.host.calls.clear()
+    as_json(node.host, node.backend.config.state_dir, node.host.clock)
+    assert [c[0] for c in node.host.calls] == ["vgs", "lvs"]
+
+
+@pytest.mark.parametrize(("content", "error"), [
+    ("{not json", "corrupt"),
+    ('{"version": 99, "volumes": {}}', "corrupt (unsupported state version 99)"),
+])
+def test_unreadable_state_file_judges_no_orphans(node: Node, tmp_path: Path, content: str,
+                                                 error: str) -> None:
+    create(node, "idle")
+    state_dir = tmp_path / "bad"
+    state_dir.mkdir()
+    (state_dir / state.STATE_FILE).write_text(content)
+    got = as_json(node.host, state_dir, node.host.clock + 10 * HOUR)
+    assert got["state"]["error"].startswith(error)
+    assert got["possible_orphans"] == []
+    _, text, _ = run(node.host, args(state_dir), node.host.clock + 10 * HOUR)
+    assert "stagings and publishes unknown" in text
+    assert "unused volumes not judged" in text
+
+
+def test_missing_state_file_means_nothing_staged(node: Node, tmp_path: Path) -> None:
+    create(node, "idle")
+    got = as_json(node.host, tmp_path / "none", node.host.clock + 2 * HOUR)
+    assert got["state"] == {"path": str(tmp_path / "none" / state.STATE_FILE), "error": None,
+                            "records": 0}
+    assert len(got["possible_orphans"]) == 1
+
+
+@pytest.mark.parametrize("bad", [
+    ["--orphan-age", "soon"], ["--overprovision-ratio", "0.5"], ["--volume-group", "a/b"],
+])
+def test_bad_flags_exit_2(tmp_path: Path, bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        args(tmp_path, *bad)
+    assert info.value.code == 2
+
+
+def test_environment_fallbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSI_LOCAL_VOLUME_GROUP", "vgx")
+    monkeypatch.setenv("CSI_LOCAL_THIN_POOL", "poolx")
+    monkeypatch.setenv("CSI_LOCAL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("CSI_LOCAL_OVERPROVISION_RATIO", "1.5")
+    ns = build_parser().parse_args(["status"])
+    assert (ns.volume_group, ns.thin_pool, ns.state_dir) == ("vgx", "poolx", str(tmp_path))
+    assert ns.overprovision_ratio == 1.5 and ns.orphan_age == HOUR and not ns.json
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90), ("90s", 90), ("30m", 1800), ("1h", 3600), ("2d", 172800), ("1.5h", 5400),
+])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert status.parse_duration(text) == seconds
+
+
+def test_human_units() -> None:
+    assert status.human_size(512) == "512 B"
+    assert status.human_size(3 * GiB // 2) == "1.5 GiB"
+    assert [status.human_age(s) for s in (5, 600, 3 * HOUR, 3 * 86400)] == ["5s", "10m", "3h",
+                                                                             "3d"]
+
+
+def test_never_takes_the_pool_lock(node: Node) -> None:
+    pool = status.read_only_pool(node.backend.lvm)
+    with pytest.raises(Exception, match="never take a lock"), pool.reserved():
+        pass
