@@ -167,8 +167,8 @@ class Pool:
                 add = min(sizes.round_up(math.ceil(base * share), extent),
                           free // extent * extent)
                 if add <= 0:
-                    log.error("thin pool %s is %s%% full of %s and the VG has no free "
-                              "extents to extend it", self.name, threshold, what)
+                    log.error("thin pool %s: %s at or above %s%% full, and the VG has no free "
+                              "extents to extend it", self.name, what, threshold)
                     continue
                 adds[what] = add
                 free -= add

@@ -111,6 +111,28 @@ def test_incompatible_restage_and_unstaged_publish(plugin: PluginProcess) -> Non
     unstage(plugin, vid, staging)
 
 
+def test_publish_refuses_a_staging_path_whose_mount_is_gone(plugin: PluginProcess) -> None:
+    """A staging record that outlived its mount (unmounted behind the plugin's
+    back) must never make publish bind the bare directory: that is the node's
+    own root file system, not the volume."""
+    vid = create(plugin, "gone")
+    staging, target = plugin.path("stage-gone"), plugin.path("pod", "gone")
+    stage(plugin, vid, staging)
+    run("umount", staging)
+    err = expect_code(Code.FAILED_PRECONDITION, publish, plugin, vid, staging, target)
+    assert "stage it again" in (err.details() or "")
+    assert not mounts.is_mount_point(target)
+    stage(plugin, vid, staging)  # the CO's retry of the stage mounts it again
+    publish(plugin, vid, staging, target)
+    top = mounts.top_mount(target)
+    assert top is not None and top.fs_type == "ext4"
+    # The same target again with other mount flags is another publish: refused.
+    expect_code(Code.ALREADY_EXISTS, publish, plugin, vid, staging, target,
+                mount_cap(flags=("noatime",)))
+    unpublish(plugin, vid, target)
+    unstage(plugin, vid, staging)
+
+
 def test_never_reformats_another_fs(plugin: PluginProcess) -> None:
     vid = create(plugin, "nofmt", size=320 * MiB)
     staging = plugin.path("stage-nofmt")
