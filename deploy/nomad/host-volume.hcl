@@ -29,9 +29,10 @@ constraint {
   operator  = "is_set"
 }
 
-# Passed to the plugin as DHV_PARAMETERS. Only these two keys are accepted;
-# anything else fails the create. (Dynamic host volumes have no mount_options
-# block: mount options are a parameter.)
+# Passed to the plugin as DHV_PARAMETERS; an unknown key fails the create.
+# (Dynamic host volumes have no mount_options block: mount options are a
+# parameter.) source_volume / source_snapshot make a clone instead:
+# deploy/nomad/host-volume-clone.hcl.
 parameters {
   fs_type       = "xfs"     # ext4 (default), xfs or btrfs; fixed once made
   mount_options = "noatime" # comma-separated, as for mount -o

@@ -118,6 +118,8 @@ class HostVolumeInfo:
     condition: Condition
     created: int
     age_seconds: int
+    kind: str = "volume"  # or "snapshot" (csi-local-dhv snapshot create)
+    source: str | None = None  # a clone's or snapshot's: "volume:<ID>" or "snapshot:<name>"
 
 
 @dataclass(frozen=True)
@@ -226,8 +228,11 @@ def collect(runner: Runner, vg: str, pool: str, state_dir: str, *, ratio: float 
                     f"neither staged nor published on this node, and older than "
                     f"{duration_text(orphan_age)}", lv.created, age))
         elif lv.name.startswith(DHV_PREFIX) and lv.tag_value(dhv_tags.TAG_KIND):
+            kind = lv.tag_value(dhv_tags.TAG_KIND) or "volume"
             status.host_volumes.append(HostVolumeInfo(
-                lv=lv.name, id=lv.tag_value(dhv_tags.TAG_ID),
+                lv=lv.name, kind=kind, source=lv.tag_value(dhv_tags.TAG_SOURCE),
+                id=lv.tag_value(dhv_tags.TAG_SNAPSHOT if kind == dhv_tags.KIND_SNAPSHOT
+                                else dhv_tags.TAG_ID),
                 name=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAME)),
                 namespace=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAMESPACE)),
                 fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
@@ -383,9 +388,11 @@ def render(status: Status) -> str:
     out.append("")
     out.append(f"Host volumes (csi-local-dhv): {len(status.host_volumes)}")
     if status.host_volumes:
-        rows = [["LV", "SIZE", "DATA", "AGE", "FS", "NAME (NAMESPACE)", "ID", "CONDITION"]]
-        rows += [[h.lv, human_size(h.size), _pct(h.data_percent), human_age(h.age_seconds),
-                  h.fs_type or "-", f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-",
+        rows = [["LV", "KIND", "SIZE", "DATA", "AGE", "FS", "NAME (NAMESPACE)",
+                 "ID / SNAPSHOT", "SOURCE", "CONDITION"]]
+        rows += [[h.lv, h.kind, human_size(h.size), _pct(h.data_percent),
+                  human_age(h.age_seconds), h.fs_type or "-",
+                  f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-", h.source or "-",
                   _cond(h.condition)] for h in status.host_volumes]
         out += _table(rows)
 

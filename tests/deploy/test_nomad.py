@@ -5,12 +5,14 @@ api/host_volumes.go, command/volume_register_csi.go)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import hcl2
 import pytest
 
+from csi_local.dhv.request import parse_parameters
 from tests.deploy._deploy import (
     NOMAD_DIR,
     REPO,
@@ -246,7 +248,8 @@ def keys_items(d: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in volume_files() if p.name != "host-volume.hcl"], ids=lambda p: p.name)
+    "path", [p for p in volume_files() if not p.name.startswith("host-volume")],
+    ids=lambda p: p.name)
 def test_csi_volume_targets_one_node(path: Path) -> None:
     doc = load_hcl(path)
     assert unquote(doc["type"]) == "csi"
@@ -274,6 +277,23 @@ def test_host_volume_uses_dhv_plugin() -> None:
     params = blocks(doc, "parameters")[0]
     assert set(keys(params)) <= {"fs_type", "mount_options"}
     assert unquote(params["fs_type"]) in ("ext4", "xfs", "btrfs")
+
+
+def test_golden_clone_example_is_what_the_plugin_accepts() -> None:
+    doc = load_hcl(NOMAD_DIR / "host-volume-clone.hcl")
+    assert unquote(doc["type"]) == "host" and unquote(doc["plugin_id"]) == "csi-local-dhv"
+    assert unquote(doc["name"]) == "db[0]"  # per_alloc's name for allocation 0 of "db"
+    params = {k: unquote(v) for k, v in blocks(doc, "parameters")[0].items()
+              if not k.startswith("__")}
+    # the plugin's own parser accepts them (the one home of the parameter rules)
+    parsed = parse_parameters(json.dumps(params))
+    assert parsed.source == ("snapshot", params["source_snapshot"])
+    job = load_hcl(NOMAD_DIR / "golden.nomad.hcl")
+    _, body = labelled(blocks(job, "job")[0])
+    _, group = labelled(blocks(body, "group")[0])
+    _, volume = labelled(blocks(group, "volume")[0])
+    assert volume["per_alloc"] is True and unquote(volume["type"]) == "host"
+    assert unquote(volume["source"]) + "[0]" == unquote(doc["name"])
 
 
 def test_plugin_task_honours_the_hosts_device_selection(tmp_path: Path) -> None:

@@ -97,6 +97,7 @@ WEIGHTS = {
     "tests/integration/test_sanity_csi_local.py": 30,
     "tests/sanity_selftest/test_sanity_detects.py": 8,
     "tests/integration/test_dhv.py": 3,
+    "tests/integration/test_dhv_clones.py": 10,
     "tests/integration/test_crash.py": 4,
 }
 

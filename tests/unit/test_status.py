@@ -296,3 +296,24 @@ def test_never_takes_the_pool_lock(node: Node) -> None:
     pool = status.read_only_pool(node.backend.lvm)
     with pytest.raises(Exception, match="never take a lock"), pool.reserved():
         pass
+
+
+def test_host_volume_snapshots_and_clones_are_listed_with_their_source(node: Node) -> None:
+    add_dhv(node.host)
+    snap = "dhv-snap-" + "cd" * 16
+    node.host.add_lv(snap, 512 * MiB, active=False, tags=[
+        f"{dhv_tags.TAG_KIND}={dhv_tags.KIND_SNAPSHOT}", f"{dhv_tags.TAG_SNAPSHOT}=gold-v1",
+        f"{dhv_tags.TAG_SOURCE}=volume:cache", f"{dhv_tags.TAG_FS}=xfs"])
+    clone = "dhv-" + "ef" * 16
+    node.host.add_lv(clone, 512 * MiB, tags=[
+        f"{dhv_tags.TAG_KIND}={dhv_tags.KIND_VOLUME}", f"{dhv_tags.TAG_ID}=db-1",
+        f"{dhv_tags.TAG_FS}=xfs", f"{dhv_tags.TAG_SOURCE}=snapshot:gold-v1"])
+    got = as_json(node.host, node.backend.config.state_dir, node.host.clock)
+    by_lv = {h["lv"]: h for h in got["host_volumes"]}
+    assert by_lv[snap]["kind"] == "snapshot" and by_lv[snap]["id"] == "gold-v1"
+    assert by_lv[snap]["source"] == "volume:cache"
+    assert by_lv[clone]["kind"] == "volume" and by_lv[clone]["source"] == "snapshot:gold-v1"
+    assert by_lv[DHV]["kind"] == "volume" and by_lv[DHV]["source"] is None
+    assert got["possible_orphans"] == []
+    _, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
+    assert "Host volumes (csi-local-dhv): 3" in text and "snapshot:gold-v1" in text

@@ -3,6 +3,7 @@ as the CSI plugin, sharing its pool, locks and file-system rules.
 
     csi-local-dhv fingerprint | create | delete     (run by Nomad)
     csi-local-dhv install --plugin-dir DIR --volume-group VG --thin-pool POOL
+    csi-local-dhv snapshot create|delete|list ...    (run by an operator)
 
 Nomad runs the plugin with an empty environment plus DHV_* variables and
 gives fingerprint one second, so that path imports nothing but this module:
@@ -22,6 +23,7 @@ from csi_local import __version__
 USAGE = """\
 usage: csi-local-dhv fingerprint|create|delete   (run by Nomad, configured by DHV_* variables)
        csi-local-dhv install --plugin-dir DIR --volume-group VG --thin-pool POOL [options]
+       csi-local-dhv snapshot create VOLUME_ID NAME | delete NAME | list [VOLUME_ID] [--json]
 """
 
 
@@ -39,10 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         return install(args[2:])
     if op in ("create", "delete"):
         return _operate(op, argv0)
+    if op == "snapshot":
+        _setup_logging()
+        from csi_local.dhv.snapshot import main as snapshot
+
+        return snapshot(args[2:], argv0)
     if op in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
-    return _fail(f"unknown operation {op!r}; expected fingerprint, create or delete")
+    return _fail(f"unknown operation {op!r}; expected fingerprint, create, delete, install "
+                 "or snapshot")
 
 
 def _fail(message: str) -> int:
@@ -83,10 +91,15 @@ def _operate(op: str, argv0: str) -> int:
             plugin.delete(req)
             out = "{}"
     except Exception as exc:
-        return _fail(_message(exc))
+        return fail_with(exc)
     sys.stdout.write(out + "\n")
     sys.stdout.flush()
     return 0
+
+
+def fail_with(exc: Exception) -> int:
+    """Report `exc` as {"error": ...} (exit status 1)."""
+    return _fail(_message(exc))
 
 
 def _message(exc: Exception) -> str:

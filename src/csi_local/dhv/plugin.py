@@ -20,21 +20,36 @@ from collections.abc import Iterator, Sequence
 
 from csi_local import fsrules, sizes
 from csi_local.dhv.config import PluginConfig
-from csi_local.dhv.request import DhvError, Request
+from csi_local.dhv.request import (
+    DhvError,
+    Parameters,
+    Request,
+    lv_name_for,
+    snapshot_lv_name,
+)
 from csi_local.dhv.tags import (
+    KIND_SNAPSHOT,
     KIND_VOLUME,
     TAG_FRESH,
     TAG_FS,
     TAG_GROW_FS,
     TAG_ID,
     TAG_KIND,
+    TAG_NAME,
+    TAG_NAMESPACE,
+    TAG_NEW_FSID,
+    TAG_SNAPSHOT,
+    TAG_SOURCE,
+    TAG_SOURCE_NAME,
+    decode_hex_tag,
+    snapshot_tags,
     volume_tags,
 )
 from csi_local.fs import Filesystems
 from csi_local.holders import VolumeUsers, volume_users
 from csi_local.host import Host
 from csi_local.locks import Locks, volume_key
-from csi_local.lvm import LogicalVolume, Lvm
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.mounts import Mount
 from csi_local.pool import Pool
 from csi_local.runner import Result, Runner, ShRunner
@@ -118,7 +133,12 @@ class HostVolumePlugin:
         with self._hold(req.lv_name):
             lv = self.lvm.find(req.lv_name)
             created = False
-            if lv is None:
+            if lv is None and params.source is not None:
+                lv, fs_type = self._new_clone(req, params)
+                created = True
+                log.info("created LV %s/%s (%d bytes) for volume %s, a clone of %s",
+                         lv.vg, lv.name, lv.size, req.volume_id, lv.tag_value(TAG_SOURCE))
+            elif lv is None:
                 fs_type = params.fs_type or self.config.fs_type
                 lv = self._new_lv(req, fs_type)
                 created = True
@@ -126,6 +146,7 @@ class HostVolumePlugin:
                          lv.vg, lv.name, lv.size, req.volume_id)
             else:
                 _check_ours(lv, req)
+                _check_same_source(lv, req, params)
                 fs_type = lv.tag_value(TAG_FS) or ""
                 if not fs_type:
                     raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
@@ -149,6 +170,114 @@ class HostVolumePlugin:
                 default=self.config.default_size, minimum=fsrules.min_size(fs_type),
             )
             return self.pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
+
+    def _new_clone(self, req: Request, params: Parameters) -> tuple[LogicalVolume, str]:
+        """A writable thin snapshot of the source the parameters name; returns it
+        and its file system (the source's). Never formatted: it holds the
+        source's file system as it was at the instant of the snapshot."""
+        assert params.source is not None
+        kind, ref = params.source
+        # Found and snapshotted under the pool lock, against the one report read
+        # under it. The source's own lock is not needed: its first create
+        # formats it outside the pool lock but keeps the fresh tag until done
+        # (refused below), a grow of it takes the pool lock, and a delete
+        # racing with lvcreate either loses (the clone is independent) or makes
+        # it fail before anything exists.
+        with self.pool.reserved(self._lock_timeout()) as report:
+            source = self._find_source(report, kind, ref, req.namespace)
+            fs_type = source.tag_value(TAG_FS) or ""
+            if fs_type not in fsrules.SUPPORTED_FS:
+                raise DhvError(f"source LV {source.vg}/{source.name} has no usable "
+                               f"{TAG_FS} tag ({fs_type!r})")
+            if params.fs_type and params.fs_type != fs_type:
+                raise DhvError(
+                    f"the source holds a {fs_type} file system, not {params.fs_type}; a "
+                    "clone keeps its source's file system (leave fs_type out)"
+                )
+            if req.capacity_max and source.size > req.capacity_max:
+                raise DhvError(
+                    f"the source is {source.size} bytes, more than capacity_max "
+                    f"{req.capacity_max}; a clone is at least as large as its source"
+                )
+            # Admitted at the size it will have once grown to capacity_min.
+            final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
+            self.pool.admit(report, final)
+            tags = volume_tags(req, fs_type, _source_ref(source), new_fsid=fs_type == "btrfs")
+            if kind == "volume":
+                # Its name too: a repeated create may name the source either way.
+                tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")
+            if TAG_GROW_FS in source.tags:
+                # The source's LV was extended and its file system not yet grown
+                # (its create is between lvextend and the grow, or was killed
+                # there): the clone copies both, so it must grow its own.
+                tags.append(TAG_GROW_FS)
+            self._commit_if_mounted(source)
+            lv = self.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
+                                   read_back=False, size=source.size)
+        return lv, fs_type
+
+    def _find_source(self, report: VgReport, kind: str, ref: str,
+                     namespace: str) -> LogicalVolume:
+        """The LV of the volume (by Nomad ID, else by name) or snapshot `ref`, in
+        `namespace`; a clear error for anything else."""
+        if kind == "snapshot":
+            lv = report.find(snapshot_lv_name(ref))
+            if lv is None or lv.tag_value(TAG_KIND) != KIND_SNAPSHOT \
+                    or lv.tag_value(TAG_SNAPSHOT) != ref:
+                raise DhvError(f"source_snapshot {ref!r} not found in "
+                               f"{self.lvm.vg}/{self.lvm.pool} (see `csi-local-dhv snapshot list`)")
+            what = f"snapshot {ref!r}"
+        else:
+            lv = None
+            try:
+                by_id = report.find(lv_name_for(ref))
+            except DhvError:  # not shaped like a volume ID: a name
+                by_id = None
+            if by_id is not None and by_id.tag_value(TAG_KIND) == KIND_VOLUME \
+                    and by_id.tag_value(TAG_ID) == ref:
+                lv = by_id
+            else:
+                named = [x for x in report.lvs if x.tag_value(TAG_KIND) == KIND_VOLUME
+                         and decode_hex_tag(x.tag_value(TAG_NAME)) == ref
+                         and _namespace(x) == namespace]
+                if len(named) > 1:
+                    raise DhvError(f"source_volume {ref!r} names {len(named)} host volumes in "
+                                   f"namespace {namespace!r}; give its ID instead")
+                lv = named[0] if named else None
+                if lv is None:
+                    elsewhere = sorted({_namespace(x) for x in report.lvs
+                                        if x.tag_value(TAG_KIND) == KIND_VOLUME
+                                        and decode_hex_tag(x.tag_value(TAG_NAME)) == ref})
+                    if elsewhere:
+                        raise DhvError(
+                            f"source volume {ref!r} is in namespace "
+                            f"{', '.join(map(repr, elsewhere))}, not {namespace!r}; a clone's "
+                            "source must be in its own namespace")
+            if lv is None:
+                raise DhvError(f"source_volume {ref!r}: no host volume with that ID, or that "
+                               f"name in namespace {namespace!r}, in "
+                               f"{self.lvm.vg}/{self.lvm.pool}")
+            if TAG_FRESH in lv.tags:
+                raise DhvError(f"source_volume {ref!r} was never formatted (its first create "
+                               "has not finished); create it first")
+            what = f"volume {ref!r}"
+        if _namespace(lv) != namespace:
+            raise DhvError(f"source {what} is in namespace {_namespace(lv)!r}, not "
+                           f"{namespace!r}; a clone's source must be in its own namespace")
+        return lv
+
+    def _commit_if_mounted(self, lv: LogicalVolume) -> None:
+        """syncfs a mounted source before its thin snapshot. LVM suspends the
+        thin origin with device-mapper's lockfs, which freezes the file system
+        for the instant of the snapshot; syncfs first commits what an fsync'd
+        writer left in the journal or log tree (the CSI plugin's rule, see
+        ControllerServicer._flush_if_mounted). An fsfreeze of our own around
+        lvcreate is not possible: LVM's suspend of a frozen origin fails."""
+        if not lv.active or lv.kernel_major < 0:
+            return
+        found = self.host.mounts_of(lv.kernel_major, lv.kernel_minor)
+        if found:
+            self.fs.sync(found[0].mount_point)
 
     def _converge(self, req: Request, lv: LogicalVolume, fs_type: str,
                   mount_options: Sequence[str]) -> LogicalVolume:
@@ -191,6 +320,9 @@ class HostVolumePlugin:
         major, minor = self._device_numbers(lv)
         top = self.host.top_mount(req.path)
         if top is None:
+            if TAG_NEW_FSID in lv.tags:  # a btrfs clone: its source is likely mounted
+                self.fs.new_fsid(lv.path, fs_type)
+                self.lvm.delete_tags(lv.name, [TAG_NEW_FSID])
             self.fs.mount(lv.path, req.path, fs_type, list(options))
             log.info("mounted %s at %s", lv.path, req.path)
         elif not self.host.shows_device(top, major, minor):
@@ -202,16 +334,87 @@ class HostVolumePlugin:
     def _rollback(self, req: Request, lv: LogicalVolume) -> None:
         """Best effort: undo this run's new LV, its mount and its directory."""
         try:
-            major, minor = self._device_numbers(lv)
-            if self.host.device_mounted_at(req.path, major, minor):
-                self.fs.umount(req.path, device=(major, minor))
-            if not self.host.mounts_of(major, minor):
+            try:
+                numbers: tuple[int, int] | None = self._device_numbers(lv)
+            except DhvError:  # no device node (it never appeared): nothing is mounted
+                numbers = None
+            if numbers is None:
                 self.lvm.remove(lv.name)
+            else:
+                major, minor = numbers
+                if self.host.device_mounted_at(req.path, major, minor):
+                    self.fs.umount(req.path, device=(major, minor))
+                if not self.host.mounts_of(major, minor):
+                    self.lvm.remove(lv.name)
             if not self.host.is_mount_point(req.path):
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(req.path)
         except Exception as err:  # the original error is the one to report
             log.warning("could not undo the failed create of %s: %s", req.volume_id, err)
+
+    # snapshots ---------------------------------------------------------------
+    # Nomad has no snapshot verb for host volumes: `csi-local-dhv snapshot`
+    # runs these for an operator. A snapshot is a thin snapshot LV, inactive
+    # like the CSI plugin's, that clones are made from.
+
+    def snapshot_create(self, volume_id: str, name: str) -> LogicalVolume:
+        """A snapshot `name` of host volume `volume_id` (the same one again if it
+        exists already)."""
+        lv_name = lv_name_for(volume_id)
+        snap_lv = snapshot_lv_name(name)
+        # The volume's lock: not while its first create formats it, nor while
+        # delete takes it down. The snapshot's: one create of a name at a time.
+        with self._hold(lv_name), self._hold(snap_lv):
+            existing = self.lvm.find(snap_lv)
+            if existing is not None:
+                _check_snapshot(existing, name)
+                if existing.tag_value(TAG_SOURCE) != f"volume:{volume_id}":
+                    raise DhvError(
+                        f"snapshot {name!r} exists already, of "
+                        f"{existing.tag_value(TAG_SOURCE)}; snapshot names are unique in "
+                        f"{self.lvm.vg}/{self.lvm.pool}")
+                return existing
+            with self.pool.reserved(self._lock_timeout()) as report:
+                volume = report.find(lv_name)
+                if volume is None or volume.tag_value(TAG_KIND) != KIND_VOLUME \
+                        or volume.tag_value(TAG_ID) != volume_id:
+                    raise DhvError(f"host volume {volume_id!r} not found in "
+                                   f"{self.lvm.vg}/{self.lvm.pool}")
+                if TAG_FRESH in volume.tags:
+                    raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
+                                   "create has not finished)")
+                # Counted like a volume of its size: it may own every block once
+                # the volume is rewritten.
+                self.pool.admit(report, volume.size)
+                tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
+                                     _namespace(volume))
+                if TAG_GROW_FS in volume.tags:  # carried on to its clones (see _new_clone)
+                    tags.append(TAG_GROW_FS)
+                self._commit_if_mounted(volume)
+                snap = self.lvm.snapshot(lv_name, snap_lv, tags, writable_volume=False)
+        log.info("snapshot %s of volume %s: LV %s/%s", name, volume_id, snap.vg, snap.name)
+        return snap
+
+    def snapshot_delete(self, name: str) -> bool:
+        """Remove snapshot `name`; False when it was gone already. Its clones
+        are thin LVs of their own and keep working."""
+        snap_lv = snapshot_lv_name(name)
+        with self._hold(snap_lv):
+            lv = self.lvm.find(snap_lv)
+            if lv is None:
+                return False
+            _check_snapshot(lv, name)
+            removed = self.lvm.remove(snap_lv)
+        log.info("removed snapshot %s (LV %s/%s)", name, lv.vg, lv.name)
+        return removed
+
+    def snapshots(self, volume_id: str | None = None) -> list[LogicalVolume]:
+        """The host volume snapshots in the pool, of `volume_id` if given."""
+        found = [lv for lv in self.lvm.list() if lv.tag_value(TAG_KIND) == KIND_SNAPSHOT
+                 and lv.tag_value(TAG_SNAPSHOT) is not None]
+        if volume_id is not None:
+            found = [lv for lv in found if lv.tag_value(TAG_SOURCE) == f"volume:{volume_id}"]
+        return sorted(found, key=lambda lv: (lv.created, lv.tag_value(TAG_SNAPSHOT) or ""))
 
     # delete ------------------------------------------------------------------
 
@@ -325,6 +528,41 @@ def _check_ours(lv: LogicalVolume, req: Request) -> None:
             f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
             "made by this plugin; leaving it alone"
         )
+
+
+def _check_snapshot(lv: LogicalVolume, name: str) -> None:
+    if lv.tag_value(TAG_KIND) != KIND_SNAPSHOT or lv.tag_value(TAG_SNAPSHOT) != name:
+        raise DhvError(f"LV {lv.vg}/{lv.name} exists but is not snapshot {name!r} made by "
+                       "this plugin; leaving it alone")
+
+
+def _namespace(lv: LogicalVolume) -> str:
+    return decode_hex_tag(lv.tag_value(TAG_NAMESPACE)) or ""
+
+
+def _source_ref(source: LogicalVolume) -> str:
+    """The source tag of a clone of `source`: "volume:<ID>" or "snapshot:<name>"."""
+    if source.tag_value(TAG_KIND) == KIND_SNAPSHOT:
+        return f"snapshot:{source.tag_value(TAG_SNAPSHOT)}"
+    return f"volume:{source.tag_value(TAG_ID)}"
+
+
+def _check_same_source(lv: LogicalVolume, req: Request, params: Parameters) -> None:
+    """An existing volume's source cannot change. Checked against its tags,
+    never by looking the source up again: Nomad repeats the create request at
+    every client start, also after the source is gone."""
+    if params.source is None:
+        return  # a volume's parameters may drop the source once it is made
+    kind, ref = params.source
+    made_from = lv.tag_value(TAG_SOURCE)
+    if made_from == f"{kind}:{ref}":
+        return
+    if kind == "volume" and made_from is not None and made_from.startswith("volume:") \
+            and decode_hex_tag(lv.tag_value(TAG_SOURCE_NAME)) == ref:
+        return
+    was = f"was made from {made_from}" if made_from else "was not made from a source"
+    raise DhvError(f"volume {req.volume_id} exists and {was}; its source cannot change to "
+                   f"{kind} {ref!r} (delete the volume first to make it anew)")
 
 
 def _created_path(req: Request) -> str | None:

@@ -26,7 +26,10 @@ from csi_local.errors import MountOptionError
 
 OPERATIONS = ("fingerprint", "create", "delete")
 LV_PREFIX = "dhv-"
-PARAMETERS = ("fs_type", "mount_options")
+SNAPSHOT_LV_PREFIX = "dhv-snap-"
+PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode")
+ATTACHMENT_MODES = ("file-system", "block-device")
+_MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _LV_RE = re.compile(r"^dhv-[0-9a-f]{32}$")
@@ -41,6 +44,17 @@ class DhvError(Exception):
 class Parameters:
     fs_type: str | None  # None: the configured default (or the existing volume's)
     mount_options: tuple[str, ...]
+    source_volume: str | None = None  # a host volume's Nomad ID or name: clone it
+    source_snapshot: str | None = None  # a snapshot's name: clone it
+
+    @property
+    def source(self) -> tuple[str, str] | None:
+        """("volume" | "snapshot", what the parameter names), or None."""
+        if self.source_volume is not None:
+            return ("volume", self.source_volume)
+        if self.source_snapshot is not None:
+            return ("snapshot", self.source_snapshot)
+        return None
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,22 @@ def lv_name_for(volume_id: str) -> str:
     """The LV name: a hash of the (validated) Nomad volume ID."""
     digest = hashlib.sha256(check_volume_id(volume_id).encode()).hexdigest()[:32]
     return LV_PREFIX + digest
+
+
+def check_snapshot_name(name: str) -> str:
+    if not _ID_RE.match(name) or ".." in name:
+        raise DhvError(
+            f"snapshot name {name!r} is not valid "
+            "(letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit)"
+        )
+    return name
+
+
+def snapshot_lv_name(name: str) -> str:
+    """A snapshot's LV name: a hash of its (validated) name, in its own prefix
+    (never a volume's LV name, whatever the two names are)."""
+    digest = hashlib.sha256(check_snapshot_name(name).encode()).hexdigest()[:32]
+    return SNAPSHOT_LV_PREFIX + digest
 
 
 def is_dhv_lv_name(name: str) -> bool:
@@ -142,8 +172,44 @@ def parse_parameters(raw: str) -> Parameters:
     if fs_type is not None and fs_type not in fsrules.SUPPORTED_FS:
         raise DhvError(f"unsupported fs_type {fs_type!r}; "
                        f"supported: {', '.join(fsrules.SUPPORTED_FS)}")
+    _check_attachment_mode(data.get("attachment_mode") or "file-system")
+    source_volume = _source(data, "source_volume")
+    source_snapshot = _source(data, "source_snapshot")
+    if source_volume is not None and source_snapshot is not None:
+        raise DhvError("give source_volume or source_snapshot, not both")
+    if source_snapshot is not None:
+        check_snapshot_name(source_snapshot)
     return Parameters(fs_type=fs_type, mount_options=parse_mount_options(
-        data.get("mount_options", "")))
+        data.get("mount_options", "")), source_volume=source_volume,
+        source_snapshot=source_snapshot)
+
+
+def _source(data: Mapping[str, str], key: str) -> str | None:
+    value = data.get(key, "").strip()
+    if not value:
+        return None
+    if len(value) > _MAX_SOURCE or any(ord(c) < 32 for c in value):
+        raise DhvError(f"parameter {key} {value[:64]!r} is not a volume ID, name or snapshot name")
+    return value
+
+
+def _check_attachment_mode(mode: str) -> None:
+    """Nomad does not support block-device host volumes: it never passes a
+    volume's capability to the plugin (no DHV_* variable holds it), and its
+    client gives a host volume to a task as a bind mount of the path, a
+    directory, whatever the capability says; task drivers add no device
+    cgroup rule for it. A volume asked for as a raw device is refused here
+    rather than handed out as a file system."""
+    if mode == "file-system":
+        return
+    if mode == "block-device":
+        raise DhvError(
+            "attachment_mode block-device is not supported: Nomad gives host volumes to "
+            "tasks as bind-mounted directories and never tells the plugin a volume's "
+            "capability, so a raw LV could not reach a task; use the CSI plugin "
+            "(csi-local) for block volumes"
+        )
+    raise DhvError(f"unknown attachment_mode {mode!r}; supported: file-system")
 
 
 def parse_request(operation: str, env: Mapping[str, str], argv0: str = "") -> Request:
