@@ -82,35 +82,38 @@ class Request:
         return os.path.join(self.volumes_dir, self.volume_id)
 
 
+_ID_RULE = "letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit"
+
+
+def _checked_id(value: str, what: str, noun: str) -> str:
+    """`value` if it is a volume ID or snapshot name: safe in a path, a tag and
+    a log line."""
+    if not _ID_RE.match(value) or ".." in value:
+        raise DhvError(f"{what} {value!r} is not {noun} ({_ID_RULE})")
+    return value
+
+
+def _hashed(prefix: str, value: str) -> str:
+    return prefix + hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
 def check_volume_id(volume_id: str) -> str:
-    if not _ID_RE.match(volume_id) or ".." in volume_id:
-        raise DhvError(
-            f"DHV_VOLUME_ID {volume_id!r} is not a volume ID "
-            "(letters, digits, '.', '_' and '-', at most 128)"
-        )
-    return volume_id
+    return _checked_id(volume_id, "DHV_VOLUME_ID", "a volume ID")
 
 
 def lv_name_for(volume_id: str) -> str:
     """The LV name: a hash of the (validated) Nomad volume ID."""
-    digest = hashlib.sha256(check_volume_id(volume_id).encode()).hexdigest()[:32]
-    return LV_PREFIX + digest
+    return _hashed(LV_PREFIX, check_volume_id(volume_id))
 
 
 def check_snapshot_name(name: str) -> str:
-    if not _ID_RE.match(name) or ".." in name:
-        raise DhvError(
-            f"snapshot name {name!r} is not valid "
-            "(letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit)"
-        )
-    return name
+    return _checked_id(name, "snapshot name", "valid")
 
 
 def snapshot_lv_name(name: str) -> str:
     """A snapshot's LV name: a hash of its (validated) name, in its own prefix
     (never a volume's LV name, whatever the two names are)."""
-    digest = hashlib.sha256(check_snapshot_name(name).encode()).hexdigest()[:32]
-    return SNAPSHOT_LV_PREFIX + digest
+    return _hashed(SNAPSHOT_LV_PREFIX, check_snapshot_name(name))
 
 
 def is_dhv_lv_name(name: str) -> bool:
