@@ -131,19 +131,20 @@ class HostVolumePlugin:
         if params is None:
             raise DhvError("create needs the volume's parameters")
         with self._hold(req.lv_name):
-            lv = self.lvm.find(req.lv_name)
-            created = False
-            if lv is None and params.source is not None:
-                lv, fs_type = self._new_clone(req, params)
-                created = True
-                log.info("created LV %s/%s (%d bytes) for volume %s, a clone of %s",
-                         lv.vg, lv.name, lv.size, req.volume_id, lv.tag_value(TAG_SOURCE))
-            elif lv is None:
-                fs_type = params.fs_type or self.config.fs_type
-                lv = self._new_lv(req, fs_type)
-                created = True
-                log.info("created LV %s/%s (%d bytes) for volume %s",
-                         lv.vg, lv.name, lv.size, req.volume_id)
+            # One report, under the pool lock, says whether the volume exists and,
+            # if not, whether (and from what) it may be made.
+            with self.pool.reserved(self._lock_timeout()) as report:
+                lv = report.find(req.lv_name)
+                created = lv is None
+                if lv is None and params.source is not None:
+                    lv, fs_type = self._new_clone(req, params, report)
+                elif lv is None:
+                    fs_type = params.fs_type or self.config.fs_type
+                    lv = self._new_lv(req, fs_type, report)
+            if created:
+                source = lv.tag_value(TAG_SOURCE)
+                log.info("created LV %s/%s (%d bytes) for volume %s%s", lv.vg, lv.name,
+                         lv.size, req.volume_id, f", a clone of {source}" if source else "")
             else:
                 _check_ours(lv, req)
                 _check_same_source(lv, req, params)
@@ -163,57 +164,58 @@ class HostVolumePlugin:
                 raise
             return req.path, lv.size
 
-    def _new_lv(self, req: Request, fs_type: str) -> LogicalVolume:
-        with self.pool.reserved(self._lock_timeout()) as report:
-            size = sizes.size_for(
-                req.capacity_min, req.capacity_max, report.extent_size,
-                default=self.config.default_size, minimum=fsrules.min_size(fs_type),
-            )
-            return self.pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
+    def _new_lv(self, req: Request, fs_type: str, report: VgReport) -> LogicalVolume:
+        """A new thin LV for the volume (inside `pool.reserved()`)."""
+        size = sizes.size_for(
+            req.capacity_min, req.capacity_max, report.extent_size,
+            default=self.config.default_size, minimum=fsrules.min_size(fs_type),
+        )
+        return self.pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
 
-    def _new_clone(self, req: Request, params: Parameters) -> tuple[LogicalVolume, str]:
+    def _new_clone(self, req: Request, params: Parameters,
+                   report: VgReport) -> tuple[LogicalVolume, str]:
         """A writable thin snapshot of the source the parameters name; returns it
         and its file system (the source's). Never formatted: it holds the
-        source's file system as it was at the instant of the snapshot."""
+        source's file system as it was at the instant of the snapshot.
+
+        Inside `pool.reserved()`: found and snapshotted against the one report
+        read under the pool lock. The source's own lock is not needed: its
+        first create formats it outside the pool lock but keeps the fresh tag
+        until done (refused below), a grow of it takes the pool lock, and a
+        delete racing with lvcreate either loses (the clone is independent) or
+        makes it fail before anything exists."""
         assert params.source is not None
         kind, ref = params.source
-        # Found and snapshotted under the pool lock, against the one report read
-        # under it. The source's own lock is not needed: its first create
-        # formats it outside the pool lock but keeps the fresh tag until done
-        # (refused below), a grow of it takes the pool lock, and a delete
-        # racing with lvcreate either loses (the clone is independent) or makes
-        # it fail before anything exists.
-        with self.pool.reserved(self._lock_timeout()) as report:
-            source = self._find_source(report, kind, ref, req.namespace)
-            fs_type = source.tag_value(TAG_FS) or ""
-            if fs_type not in fsrules.SUPPORTED_FS:
-                raise DhvError(f"source LV {source.vg}/{source.name} has no usable "
-                               f"{TAG_FS} tag ({fs_type!r})")
-            if params.fs_type and params.fs_type != fs_type:
-                raise DhvError(
-                    f"the source holds a {fs_type} file system, not {params.fs_type}; a "
-                    "clone keeps its source's file system (leave fs_type out)"
-                )
-            if req.capacity_max and source.size > req.capacity_max:
-                raise DhvError(
-                    f"the source is {source.size} bytes, more than capacity_max "
-                    f"{req.capacity_max}; a clone is at least as large as its source"
-                )
-            # Admitted at the size it will have once grown to capacity_min.
-            final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
-            self.pool.admit(report, final)
-            tags = volume_tags(req, fs_type, _source_ref(source), new_fsid=fs_type == "btrfs")
-            if kind == "volume":
-                # Its name too: a repeated create may name the source either way.
-                tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")
-            if TAG_GROW_FS in source.tags:
-                # The source's LV was extended and its file system not yet grown
-                # (its create is between lvextend and the grow, or was killed
-                # there): the clone copies both, so it must grow its own.
-                tags.append(TAG_GROW_FS)
-            self._commit_if_mounted(source)
-            lv = self.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
-                                   read_back=False, size=source.size)
+        source = self._find_source(report, kind, ref, req.namespace)
+        fs_type = source.tag_value(TAG_FS) or ""
+        if fs_type not in fsrules.SUPPORTED_FS:
+            raise DhvError(f"source LV {source.vg}/{source.name} has no usable "
+                           f"{TAG_FS} tag ({fs_type!r})")
+        if params.fs_type and params.fs_type != fs_type:
+            raise DhvError(
+                f"the source holds a {fs_type} file system, not {params.fs_type}; a "
+                "clone keeps its source's file system (leave fs_type out)"
+            )
+        if req.capacity_max and source.size > req.capacity_max:
+            raise DhvError(
+                f"the source is {source.size} bytes, more than capacity_max "
+                f"{req.capacity_max}; a clone is at least as large as its source"
+            )
+        # Admitted at the size it will have once grown to capacity_min.
+        final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
+        self.pool.admit(report, final)
+        tags = volume_tags(req, fs_type, _source_ref(source), new_fsid=fs_type == "btrfs")
+        if kind == "volume":
+            # Its name too: a repeated create may name the source either way.
+            tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")
+        if TAG_GROW_FS in source.tags:
+            # The source's LV was extended and its file system not yet grown
+            # (its create is between lvextend and the grow, or was killed
+            # there): the clone copies both, so it must grow its own.
+            tags.append(TAG_GROW_FS)
+        self._commit_if_mounted(source)
+        lv = self.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
+                               read_back=False, size=source.size)
         return lv, fs_type
 
     def _find_source(self, report: VgReport, kind: str, ref: str,
