@@ -13,7 +13,6 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from csi_local._gen import csi_pb2_grpc
@@ -34,6 +33,8 @@ class ServerError(Exception):
 
 def redact(request: Message) -> str:
     """The request as text, with every `secrets` field emptied."""
+    from google.protobuf import text_format  # only when debug logging is on
+
     if any(f.name == "secrets" for f in request.DESCRIPTOR.fields):
         request = type(request).FromString(request.SerializeToString())
         request.ClearField("secrets")
@@ -72,7 +73,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
         def wrapped(request: Message, context: grpc.ServicerContext) -> Any:
             started = time.monotonic()
-            log.debug("%s request: %s", method, redact(request))
+            if log.isEnabledFor(logging.DEBUG):  # never pay for the text otherwise
+                log.debug("%s request: %s", method, redact(request))
             try:
                 reply = inner(request, context)
             except (RpcError, StorageError) as err:

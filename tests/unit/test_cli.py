@@ -1,5 +1,6 @@
 import logging
 import re
+import types
 
 import grpc
 import pytest
@@ -183,3 +184,26 @@ def test_main_refuses_bad_environment_before_serving(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"invalid choice: {bad!r}" in err and "Traceback" not in err
+
+
+def test_requests_are_rendered_only_when_debug_logging_is_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Rendering a request as text costs a copy and text_format on every RPC;
+    at the default level nobody reads it."""
+    from csi_local import server
+
+    rendered: list[str] = []
+    real = server.redact
+    monkeypatch.setattr(server, "redact", lambda req: rendered.append("x") or real(req))
+    interceptor = server.ErrorInterceptor()
+    details = types.SimpleNamespace(method="/csi.v1.Identity/Probe")
+    handler = interceptor.intercept_service(
+        lambda _: grpc.unary_unary_rpc_method_handler(lambda req, ctx: pb.ProbeResponse()),
+        details)  # type: ignore[arg-type]
+    assert handler is not None and handler.unary_unary is not None
+    with caplog.at_level(logging.INFO, logger="csi_local.server"):
+        handler.unary_unary(pb.ProbeRequest(), None)
+    assert rendered == []
+    with caplog.at_level(logging.DEBUG, logger="csi_local.server"):
+        handler.unary_unary(pb.ProbeRequest(), None)
+    assert rendered == ["x"] and "Probe request: " in caplog.text
