@@ -164,9 +164,25 @@ def parse(text: str) -> dict[str, VolumeRecord]:
     return {str(vid): _from_json(str(vid), rec) for vid, rec in vols.items()}
 
 
-def render(records: dict[str, VolumeRecord]) -> str:
-    vols = {vid: _to_json(r) for vid, r in sorted(records.items()) if not r.empty}
-    return json.dumps({"version": VERSION, "volumes": vols}, indent=1, sort_keys=True) + "\n"
+def render_line(record: VolumeRecord) -> str:
+    """One volume's line of the file. Compact JSON, so that json's C encoder
+    does it (indent= falls back to the pure-Python encoder, which made
+    rendering the whole file the largest cost of a publish)."""
+    return f"{json.dumps(record.volume_id)}: {json.dumps(_to_json(record), sort_keys=True)}"
+
+
+def render(records: dict[str, VolumeRecord],
+           lines: dict[str, str] | None = None) -> str:
+    """The file's text: one volume a line, sorted. `lines` holds lines already
+    rendered, and gets the ones rendered now (the store keeps it, so that one
+    change renders one line)."""
+    known = {} if lines is None else lines
+    for vid, r in records.items():
+        if vid not in known and not r.empty:
+            known[vid] = render_line(r)
+    body = ",\n".join(known[vid] for vid, r in sorted(records.items()) if not r.empty)
+    head = f'{{"version": {VERSION}, "volumes": {{'
+    return f"{head}\n{body}\n}}}}\n" if body else f"{head}}}}}\n"
 
 
 class StateStore:
@@ -196,6 +212,7 @@ class StateStore:
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         self._mutex = threading.RLock()
         self._records = self._load(rebuild, reconcile)
+        self._lines: dict[str, str] = {}  # rendered lines, filled as records change
         self._remove_stale_temps()
 
     def _load(
@@ -264,12 +281,15 @@ class StateStore:
     def put(self, record: VolumeRecord) -> None:
         with self._mutex:
             records = dict(self._records)
+            lines = dict(self._lines)
+            lines.pop(record.volume_id, None)
             if record.empty:
                 records.pop(record.volume_id, None)
             else:
                 records[record.volume_id] = record
-            write_atomic(self.path, render(records))
-            self._records = records
+                lines[record.volume_id] = render_line(record)
+            write_atomic(self.path, render(records, lines))
+            self._records, self._lines = records, lines
 
     def set_staging(self, volume_id: str, staging: Staging | None) -> None:
         with self._mutex:

@@ -83,3 +83,31 @@ def test_render_parse_roundtrip() -> None:
     assert st.parse(st.render(recs)) == recs
     with pytest.raises(ValueError):
         st.parse(json.dumps({"version": 99, "volumes": {}}))
+
+
+def test_one_volume_a_line_and_one_change_renders_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = StateStore(str(tmp_path))
+    for i in range(50):
+        store.set_staging(f"v{i:02}", Staging(f"/s{i}", "mount", "ext4", (), 1))
+    text = (tmp_path / "state.json").read_text()
+    lines = text.splitlines()
+    assert len(lines) == 52 and lines[1].startswith('"v00": {') and lines[50].startswith('"v49"')
+    assert st.parse(text) == store.all()  # still the JSON the store (and status) reads
+    rendered: list[str] = []
+    real = st.render_line
+    monkeypatch.setattr(st, "render_line", lambda rec: rendered.append(rec.volume_id) or real(rec))
+    store.add_publish("v07", "/t", Publish(False, 1))
+    assert rendered == ["v07"]  # not the 49 others: a publish costs the same at any scale
+    assert st.parse((tmp_path / "state.json").read_text())["v07"].publishes == {
+        "/t": Publish(False, 1)}
+    store.close()
+    again = StateStore(str(tmp_path))  # records loaded from disk render once, then are kept
+    rendered.clear()
+    again.remove_publish("v07", "/t")
+    assert len(rendered) == 50
+    rendered.clear()
+    again.add_publish("v08", "/t", Publish(True, 1))
+    assert rendered == ["v08"]
+    assert st.parse((tmp_path / "state.json").read_text()) == again.all()
+    again.close()
