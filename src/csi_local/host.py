@@ -78,22 +78,23 @@ class Host:
         """Mounts whose mount point is `path` (normalised), oldest first."""
         return mounts.mounts_at(path, self.mounts() if table is None else table)
 
-    def top_mount(self, path: str) -> Mount | None:
+    def top_mount(self, path: str, table: list[Mount] | None = None) -> Mount | None:
         """The mount visible at `path` (the last one stacked there)."""
-        found = self.mounts_at(path)
+        found = self.mounts_at(path, table)
         return found[-1] if found else None
 
-    def is_mount_point(self, path: str) -> bool:
-        return bool(self.mounts_at(path))
+    def is_mount_point(self, path: str, table: list[Mount] | None = None) -> bool:
+        return bool(self.mounts_at(path, table))
 
     def shows_device(self, mount: Mount, major: int, minor: int) -> bool:
         """Whether `mount` shows block device major:minor (see mounts.mount_is_device)."""
         return mounts.mount_is_device(mount, major, minor, numbers=self._numbers,
                                       backing=self.loop_backing)
 
-    def device_mounted_at(self, path: str, major: int, minor: int) -> bool:
+    def device_mounted_at(self, path: str, major: int, minor: int,
+                          table: list[Mount] | None = None) -> bool:
         """Whether the device is what is visible at `path` (a file system or a node bind)."""
-        top = self.top_mount(path)
+        top = self.top_mount(path, table)
         return top is not None and major >= 0 and self.shows_device(top, major, minor)
 
     def mounts_of(self, major: int, minor: int,

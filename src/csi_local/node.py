@@ -20,7 +20,7 @@ from csi_local._gen import csi_pb2_grpc
 from csi_local.backend import Backend
 from csi_local.locks import volume_key
 from csi_local.lvm import LogicalVolume
-from csi_local.mounts import mount_node
+from csi_local.mounts import Mount, mount_node
 from csi_local.rpc import (
     AlreadyExists,
     FailedPrecondition,
@@ -68,9 +68,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     def _volume(self, volume_id: str) -> LogicalVolume:
         return vols.get_volume(self.lvm, volume_id)
 
-    def _device_mounted_at(self, dev: Device, path: str) -> bool:
-        """True when the device is what is mounted at `path` (file system or node bind)."""
-        return self.host.device_mounted_at(path, dev.major, dev.minor)
+    def _device_mounted_at(self, dev: Device, path: str,
+                           table: list[Mount] | None = None) -> bool:
+        """True when the device is what is mounted at `path` (file system or node bind);
+        `table`: the mount table the caller read already."""
+        return self.host.device_mounted_at(path, dev.major, dev.minor, table)
 
     def _staged_device(self, volume_id: str) -> Device:
         """The device of a staged volume, from its node under /dev: a staged volume
@@ -225,8 +227,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             have = rec.publishes.get(target)
             if have is not None and not have.matches(want):
                 raise AlreadyExists(f"volume {volume_id} is published at {target} differently")
+            table = self.host.mounts()  # read once: both paths are answered from it
             if (cap.access_type is AccessType.MOUNT
-                    and not self._device_mounted_at(dev, staging_path)):
+                    and not self._device_mounted_at(dev, staging_path, table)):
                 # Binding the bare staging directory would hand the workload the
                 # node's own file system instead of its volume.
                 raise FailedPrecondition(
@@ -243,8 +246,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                         f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
                         f"writer at {writers[0]}"
                     )
-            if self._device_mounted_at(dev, target):
-                top = self.host.top_mount(target)
+            if self._device_mounted_at(dev, target, table):
+                top = self.host.top_mount(target, table)
                 if top is not None and top.read_only != readonly:
                     # A publish interrupted between the bind and its remount.
                     self.fs.remount_bind(target, readonly=readonly)
