@@ -235,8 +235,8 @@ class VmRun:
         ]
         # The guest cannot write bytecode back to the host; compile it here so
         # that every Python start inside the (emulated, slow) VM can use it.
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests"],
-                       cwd=REPO, check=False, capture_output=True)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests",
+                        "benchmarks"], cwd=REPO, check=False, capture_output=True)
         timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
         started = time.monotonic()
         for g in guests:

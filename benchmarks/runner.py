@@ -1,0 +1,460 @@
+"""The scenario: each RPC next to the raw commands it wraps, on one VG in one
+run; exec counts; concurrency; 10 / 100 (/ 1,000) volume scaling; start-up
+and import costs. Each section records what it measured and goes on when
+another failed; everything made is removed at the end, failure or not."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+import csi_local
+from benchmarks import measure
+from benchmarks.lab import Lab, Plugin, run, timed
+from benchmarks.report import ExecRow, MiB, Results, Row
+from csi_local import volumes as vols
+from csi_local._gen import csi_pb2 as pb
+from csi_local.lvm import LV_FIELDS
+
+try:  # the very options the plugin formats with
+    from csi_local.fs import _MKFS
+
+    MKFS_EXT4 = list(_MKFS["ext4"])
+except (ImportError, KeyError):  # pragma: no cover - the plugin moved them
+    MKFS_EXT4 = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1"]
+
+# The report the plugin reads (csi_local.lvm.Lvm.report): one `lvs` of the VG.
+LVS_REPORT = ["lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--config",
+              'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size"]
+VOLUME_BYTES = 64 * MiB
+FILLER_BYTES = 4 * MiB  # one extent: a thousand fit a small pool
+SERVE_IMPORTS = "import csi_local.cli, csi_local.server"
+
+
+@dataclass
+class Options:
+    scales: list[int] = field(default_factory=lambda: [10, 100])
+    rounds: int = 5
+    concurrency: int = 20
+    startup_rounds: int = 3
+    import_rounds: int = 3
+    plugin_args: list[str] = field(default_factory=list)
+    progress: Callable[[str], None] | None = None
+
+
+def _mount_cap() -> pb.VolumeCapability:
+    return pb.VolumeCapability(
+        mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
+        access_mode=pb.VolumeCapability.AccessMode(
+            mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+class Bench:
+    def __init__(self, opts: Options, results: Results) -> None:
+        self.opts = opts
+        self.res = results
+        self.lab: Lab | None = None
+        self.plugin: Plugin | None = None
+        self.fillers: list[str] = []
+
+    # plumbing ----------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        if self.opts.progress is not None:
+            self.opts.progress(text)
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        self.say(f"{name} ...")
+        t0 = time.monotonic()
+        try:
+            yield
+        except Exception as err:
+            detail = "".join(traceback.format_exception_only(err)).strip()
+            self.res.errors.append(f"{name}: {detail}")
+            self.say(f"{name} failed: {detail}\n{traceback.format_exc()}")
+            if self.plugin is not None and self.plugin.proc is not None:
+                self.say(f"plugin log (tail):\n{self.plugin.log()[-3000:]}")
+        else:
+            self.say(f"{name} done ({time.monotonic() - t0:.0f}s)")
+
+    @property
+    def vg(self) -> str:
+        assert self.lab is not None and self.lab.vg is not None
+        return self.lab.vg.name
+
+    @property
+    def pool(self) -> str:
+        return f"{self.vg}/pool"
+
+    def p(self) -> Plugin:
+        """The running plugin, restarted if it died."""
+        assert self.plugin is not None
+        if self.plugin.proc is None or self.plugin.proc.poll() is not None:
+            self.plugin.stop()
+            self.plugin.start()
+        return self.plugin
+
+    def lvs(self) -> float:
+        return timed(run, *LVS_REPORT, self.vg)
+
+    def create(self, name: str, size: int = VOLUME_BYTES) -> str:
+        reply = self.p().controller.CreateVolume(pb.CreateVolumeRequest(
+            name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+            volume_capabilities=[_mount_cap()]), timeout=600)
+        return str(reply.volume.volume_id)
+
+    def stage(self, vid: str, staging: str) -> None:
+        self.p().node.NodeStageVolume(pb.NodeStageVolumeRequest(
+            volume_id=vid, staging_target_path=staging, volume_capability=_mount_cap()),
+            timeout=600)
+
+    def publish(self, vid: str, staging: str, target: str) -> None:
+        self.p().node.NodePublishVolume(pb.NodePublishVolumeRequest(
+            volume_id=vid, staging_target_path=staging, target_path=target,
+            volume_capability=_mount_cap()), timeout=600)
+
+    def unpublish(self, vid: str, target: str) -> None:
+        self.p().node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(
+            volume_id=vid, target_path=target), timeout=600)
+
+    def unstage(self, vid: str, staging: str) -> None:
+        self.p().node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(
+            volume_id=vid, staging_target_path=staging), timeout=600)
+
+    def delete(self, vid: str) -> None:
+        self.p().controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid), timeout=600)
+
+    def capacity(self) -> None:
+        self.p().controller.GetCapacity(pb.GetCapacityRequest(
+            volume_capabilities=[_mount_cap()]), timeout=600)
+
+    def list_volumes(self) -> int:
+        reply = self.p().controller.ListVolumes(pb.ListVolumesRequest(), timeout=600)
+        return len(reply.entries)
+
+    def lv_names(self) -> set[str]:
+        out = run("lvs", "--noheadings", "-o", "lv_name", self.vg).stdout
+        return {x.strip() for x in out.split() if x.strip()}
+
+    def remove_lvs(self, names: list[str]) -> None:
+        """Remove LVs behind the plugin's back, in one command (not timed)."""
+        present = self.lv_names()
+        gone = [n for n in names if n in present]
+        if gone:
+            run("lvremove", "--yes", *[f"{self.vg}/{n}" for n in gone], timeout=3600)
+
+    # the sections ------------------------------------------------------------
+
+    def run(self) -> None:
+        biggest = max(self.opts.scales, default=0)
+        # Room for the fillers, the concurrent creates and the latency volumes,
+        # with the pool at 80% of the VG. The file is sparse, in tmpfs.
+        needed = biggest * FILLER_BYTES + (self.opts.concurrency + 8) * VOLUME_BYTES
+        gib = max(4, -(-int(needed / 0.8) // (1 << 30)) + 1)
+        self.res.meta["vg_gib"] = gib
+        self.lab = Lab(gib << 30)
+        try:
+            self.plugin = self.lab.plugin(*self.opts.plugin_args)
+            self.res.meta["first_start_s"] = self.plugin.start()
+            with self.section("latency"):
+                self.latency()
+            with self.section("exec counts"):
+                self.exec_counts()
+            with self.section("concurrency"):
+                self.concurrency()
+            for n in sorted(set(self.opts.scales)):
+                with self.section(f"scale {n}"):
+                    self.scale(n)
+            with self.section("imports"):
+                self.imports()
+        finally:
+            self.say("cleaning up ...")
+            t0 = time.monotonic()
+            self.lab.close()
+            self.say(f"cleaned up ({time.monotonic() - t0:.0f}s)")
+
+    def latency(self) -> None:
+        assert self.lab is not None
+        raw: dict[str, list[float]] = {k: [] for k in (
+            "lvcreate", "mkfs", "mount", "bind", "lvs", "umount bind", "umount", "lvremove")}
+        rpc: dict[str, list[float]] = {k: [] for k in (
+            "create", "stage", "publish", "capacity", "unpublish", "unstage", "delete")}
+        raw_sum: list[float] = []
+        rpc_sum: list[float] = []
+        for i in range(self.opts.rounds):
+            def raw_round(i: int = i) -> None:
+                assert self.lab is not None
+                name = f"raw{i}"
+                dev = f"/dev/{self.vg}/{name}"
+                t = {"lvcreate": timed(run, "lvcreate", "--yes", "--thin", "-V", "64m",
+                                       "-n", name, self.pool),
+                     "mkfs": timed(run, *MKFS_EXT4, dev)}
+                mnt, bind = self.lab.path(f"raw-m{i}"), self.lab.path(f"raw-b{i}")
+                t["mount"] = timed(run, "mount", "-t", "ext4", dev, mnt)
+                t["bind"] = timed(run, "mount", "--bind", mnt, bind)
+                t["lvs"] = self.lvs()
+                t["umount bind"] = timed(run, "umount", bind)
+                t["umount"] = timed(run, "umount", mnt)
+                t["lvremove"] = timed(run, "lvremove", "--yes", f"{self.vg}/{name}")
+                for k, v in t.items():
+                    raw[k].append(v)
+                raw_sum.append(t["lvcreate"] + t["mkfs"] + t["mount"] + t["bind"])
+
+            def rpc_round(i: int = i) -> None:
+                assert self.lab is not None
+                t0 = time.perf_counter()
+                vid = self.create(f"bench-latency-{i}")
+                t = {"create": time.perf_counter() - t0}
+                staging = os.path.join(self.lab.path(f"rpc{i}"), "staging")
+                target = os.path.join(self.lab.path(f"rpc{i}"), "target")
+                t["stage"] = timed(self.stage, vid, staging)
+                t["publish"] = timed(self.publish, vid, staging, target)
+                t["capacity"] = timed(self.capacity)
+                t["unpublish"] = timed(self.unpublish, vid, target)
+                t["unstage"] = timed(self.unstage, vid, staging)
+                t["delete"] = timed(self.delete, vid)
+                for k, v in t.items():
+                    rpc[k].append(v)
+                rpc_sum.append(t["create"] + t["stage"] + t["publish"])
+
+            # Alternate which goes first, so that neither always meets a warmer cache.
+            for step in ((raw_round, rpc_round) if i % 2 == 0 else (rpc_round, raw_round)):
+                step()
+            self.say(f"  round {i + 1}/{self.opts.rounds}")
+
+        def row(op: str, keys: list[str], rkeys: list[str], label: str,
+                goal: float | None = None) -> Row:
+            value_samples = [sum(x) for x in zip(*(rpc[k] for k in keys), strict=True)]
+            raw_samples = [sum(x) for x in zip(*(raw[k] for k in rkeys), strict=True)]
+            return Row(op, median(value_samples), median(raw_samples), label, goal=goal,
+                       samples=value_samples, raw_samples=raw_samples)
+
+        self.res.rows += [
+            row("CreateVolume (64 MiB)", ["create"], ["lvcreate"], "lvcreate --thin -V 64m", 1.0),
+            row("NodeStageVolume (ext4)", ["stage"], ["mkfs", "mount"], "mkfs.ext4 + mount", 1.1),
+            row("NodePublishVolume", ["publish"], ["bind"], "mount --bind", 1.5),
+            Row("create + stage + publish", median(rpc_sum), median(raw_sum),
+                "the four above", samples=rpc_sum, raw_samples=raw_sum),
+            row("GetCapacity", ["capacity"], ["lvs"], "one lvs of the VG", 1.0),
+            row("NodeUnpublishVolume", ["unpublish"], ["umount bind"], "umount"),
+            row("NodeUnstageVolume", ["unstage"], ["umount"], "umount"),
+            row("DeleteVolume", ["delete"], ["lvremove"], "lvremove"),
+        ]
+
+    def exec_counts(self) -> None:
+        assert self.lab is not None
+        rows = {name: ExecRow(name, lvm_goal=goal, goal_note=note) for name, goal, note in (
+            ("CreateVolume", 1, "(one lvcreate)"), ("NodeStageVolume", None, ""),
+            ("NodePublishVolume", 0, ""), ("GetCapacity", 1, ""), ("ListVolumes", 1, ""),
+            ("NodeUnpublishVolume", None, ""), ("NodeUnstageVolume", None, ""),
+            ("DeleteVolume", None, ""), ("Probe", None, ""))}
+        self.res.execs += rows.values()
+        staging = os.path.join(self.lab.path("trace"), "staging")
+        target = os.path.join(self.lab.path("trace"), "target")
+        holder: list[str] = []
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("CreateVolume", lambda: holder.append(self.create("bench-trace"))),
+            ("NodeStageVolume", lambda: self.stage(holder[0], staging)),
+            ("NodePublishVolume", lambda: self.publish(holder[0], staging, target)),
+            ("GetCapacity", self.capacity),
+            ("ListVolumes", self.list_volumes),
+            ("NodeUnpublishVolume", lambda: self.unpublish(holder[0], target)),
+            ("NodeUnstageVolume", lambda: self.unstage(holder[0], staging)),
+            ("DeleteVolume", lambda: self.delete(holder[0])),
+            ("Probe", lambda: self.p().identity.Probe(pb.ProbeRequest(), timeout=600)),
+        ]
+        for name, call in calls:
+            pid = self.p().pid
+            with measure.traced_execs(pid) as count:
+                call()
+            rows[name].count = count
+
+    def concurrency(self) -> None:
+        n = self.opts.concurrency
+        names = [f"conc-raw{j}" for j in range(n)]
+        t0 = time.perf_counter()
+        for name in names:
+            run("lvcreate", "--yes", "--thin", "-V", "64m", "-n", name, self.pool)
+        raw_total = time.perf_counter() - t0
+        self.remove_lvs(names)
+        self.p()
+        ids: list[str] = []
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
+            futures = [ex.submit(self.create, f"bench-conc-{j}") for j in range(n)]
+            try:
+                ids = [f.result() for f in futures]
+            finally:
+                rpc_total = time.perf_counter() - t0
+                self.remove_lvs([vols.volume_id_for(f"bench-conc-{j}") for j in range(n)])
+        self.res.rows.append(Row(f"{n} concurrent CreateVolume", rpc_total, raw_total,
+                                 f"{n} lvcreate back to back", goal=1.1,
+                                 note=f"one run of {len(ids)} creates"))
+
+    def fill(self, n: int) -> None:
+        """Thin LVs tagged as the plugin tags its volumes, until there are `n`.
+        Made in one `lvm` shell per batch (no process start per LV); whatever
+        that missed, one lvcreate each."""
+        wanted = [vols.volume_id_for(f"bench-fill-{i}") for i in range(len(self.fillers), n)]
+        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={FILLER_BYTES}",
+                vols.TAG_FRESH]
+
+        def argv(name: str) -> list[str]:
+            return ["lvcreate", "--yes", "--thin", self.pool, "--virtualsize",
+                    f"{FILLER_BYTES}b", "--name", name, *(x for t in tags for x in ("--addtag", t)),
+                    "--setactivationskip", "n", "--activate", "y"]
+
+        batch = 100
+        for start in range(0, len(wanted), batch):
+            chunk = wanted[start:start + batch]
+            script = "".join(" ".join(argv(name)) + "\n" for name in chunk) + "exit\n"
+            run("lvm", input=script, check=False, timeout=7200)
+            present = self.lv_names()
+            for name in chunk:
+                if name not in present:
+                    run(*argv(name))
+            self.fillers += chunk
+            self.say(f"  {len(self.fillers)}/{n} volumes")
+
+    def scale(self, n: int) -> None:
+        self.fill(n)
+        label = f"one lvs of the VG ({n} LVs)"
+        goal_note = "" if n >= 1000 else "at 1,000"
+        # Restarts first: then the RSS below is that of a process started with
+        # these volumes that served the same calls, at every scale.
+        starts: list[float] = []
+        for _ in range(self.opts.startup_rounds):
+            plugin = self.p()
+            plugin.stop()
+            starts.append(plugin.start())
+        raw_lvs: list[float] = []
+        listing: list[float] = []
+        caps: list[float] = []
+        counted = -1
+        for i in range(self.opts.rounds):
+            if i % 2:
+                raw_lvs.append(self.lvs())
+            t0 = time.perf_counter()
+            counted = self.list_volumes()
+            listing.append(time.perf_counter() - t0)
+            caps.append(timed(self.capacity))
+            if not i % 2:
+                raw_lvs.append(self.lvs())
+        note = "" if counted == n else f"listed {counted} volumes, expected {n}"
+        if note:
+            self.res.errors.append(f"scale {n}: {note}")
+        self.res.rows.append(Row(f"ListVolumes, {n} volumes", median(listing), median(raw_lvs),
+                                 label, goal=1.2, goal_applies=n >= 1000, goal_note=goal_note,
+                                 samples=listing, raw_samples=raw_lvs, note=note))
+        self.res.rows.append(Row(f"GetCapacity, {n} volumes", median(caps), median(raw_lvs),
+                                 label, goal=1.0, samples=caps, raw_samples=raw_lvs))
+        rss = measure.rss_bytes(self.p().pid)
+        self.res.rows.append(Row(f"plugin RSS, {n} volumes", float(rss), unit="bytes",
+                                 goal=60.0 * MiB, goal_kind="max", goal_applies=n >= 1000,
+                                 goal_note=goal_note,
+                                 note="started with these volumes, after ListVolumes and "
+                                 "GetCapacity"))
+        self.res.rows.append(Row(f"start-up to first Probe, {n} volumes", median(starts),
+                                 median(raw_lvs), label, goal=2.0, goal_applies=n >= 1000,
+                                 goal_note=goal_note, samples=starts, raw_samples=raw_lvs,
+                                 note=f"median of {len(starts)} starts"))
+
+    def imports(self) -> None:
+        rows, err = measure.import_costs(SERVE_IMPORTS)
+        if err:
+            raise RuntimeError(f"python -X importtime failed: {err[-2000:]}")
+        self.res.imports = measure.top_imports(rows)
+        self.res.import_total_us = sum(r.cumulative_us for r in rows if r.depth == 0)
+        py = sys.executable
+        bare = [timed(run, py, "-c", "pass") for _ in range(self.opts.import_rounds)]
+        full = [timed(run, py, "-c", SERVE_IMPORTS) for _ in range(self.opts.import_rounds)]
+        self.res.rows.append(Row("python + serve-path imports", median(full), median(bare),
+                                 "python -c pass", samples=full, raw_samples=bare,
+                                 note=f"median of {len(full)}"))
+
+
+def stale_bytecode() -> list[str]:
+    """csi_local modules whose cached bytecode is missing or older than the
+    source: a read-only tree (the VM's view) recompiles them at every start,
+    which the start-up figures would then include."""
+    root = Path(csi_local.__file__).parent
+    stale = []
+    for src in sorted(root.rglob("*.py")):
+        cache = Path(importlib.util.cache_from_source(str(src)))
+        try:
+            head = cache.read_bytes()[:16]
+            st = src.stat()
+            flags, mtime, size = struct.unpack("<III", head[4:16])
+            ok = flags != 0 or (mtime == int(st.st_mtime) & 0xFFFFFFFF
+                                and size == st.st_size & 0xFFFFFFFF)
+        except (OSError, struct.error):
+            ok = False
+        if not ok:
+            stale.append(str(src.relative_to(root.parent)))
+    return stale
+
+
+def _first_line(*argv: str) -> str:
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, check=False,
+                             timeout=60, stdin=subprocess.DEVNULL)
+    except OSError:
+        return ""
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def run_bench(opts: Options) -> Results:
+    res = Results()
+    stale = stale_bytecode()
+    notes = [
+        "ratios are what counts: absolute times under TCG emulation are many times slower "
+        "than on hardware",
+        f"volumes {VOLUME_BYTES // MiB} MiB; ListVolumes/GetCapacity scaling on CSI-tagged "
+        f"thin LVs of {FILLER_BYTES // MiB} MiB made with raw lvcreate",
+        "goals in parentheses are stated by the issue for 1,000 volumes",
+        "start-up: from the process start to its first successful Probe, restarting on "
+        "its own state directory; RSS: VmRSS of a plugin started with the volumes, after "
+        "ListVolumes and GetCapacity",
+    ]
+    if stale:
+        notes.append(f"{len(stale)} csi_local module(s) without current bytecode "
+                     f"(e.g. {stale[0]}): start-up figures include compiling them; run "
+                     "`python -m compileall -q src` on the host first")
+    cpus = os.cpu_count() or 0
+    res.meta.update(
+        rounds=opts.rounds, scales=opts.scales, concurrency=opts.concurrency,
+        startup_rounds=opts.startup_rounds, kernel=platform.release(), cpus=cpus,
+        python=platform.python_version(), lvm=_first_line("lvm", "version"),
+        started=time.strftime("%Y-%m-%d %H:%M:%S"), notes=notes,
+        where=f"kernel {platform.release()}, {cpus} CPU(s)",
+        stale_bytecode=stale,
+    )
+    t0 = time.monotonic()
+    try:
+        Bench(opts, res).run()
+    except grpc.RpcError as err:
+        res.errors.append(f"setup: {err.code().name}: {err.details()}")
+    except Exception as err:
+        res.errors.append(f"setup: {''.join(traceback.format_exception_only(err)).strip()}")
+    res.meta["seconds"] = round(time.monotonic() - t0, 1)
+    return res

@@ -1,0 +1,62 @@
+"""The benchmark runner's parsers and tables (the runner itself needs LVM: it
+runs in the VM, tests/integration/test_bench.py)."""
+
+from __future__ import annotations
+
+from benchmarks.measure import ExecCount, parse_execs, parse_importtime, top_imports
+from benchmarks.report import ExecRow, MiB, Results, Row, format_tables
+
+STRACE = """\
+101   execve("/usr/sbin/lvs", ["lvs", "--reportformat", "json"], 0x7ff /* 4 vars */) = 0
+102   execve("/usr/local/sbin/mkfs.ext4", ["mkfs.ext4"], 0x7ff /* 4 vars */) = -1 ENOENT (No such file or directory)
+102   execve("/usr/sbin/mkfs.ext4", ["mkfs.ext4", "-q"], 0x7ff /* 4 vars */ <unfinished ...>
+103   execve("/usr/sbin/lvcreate", ["lvcreate"], 0x7ff /* 4 vars */ <unfinished ...>
+102   <... execve resumed>)             = 0
+103   <... execve resumed>)             = 0
+104   execve("/usr/bin/mount", ["mount", "--bind", "a", "b"], 0x7ff /* 4 vars */) = 0
+105   execve("/usr/sbin/lvs", ["lvs"], 0x7ff /* 4 vars */) = 0
+"""  # noqa: E501
+
+
+def test_exec_counts_take_successful_execs_by_program() -> None:
+    count = parse_execs(STRACE)
+    assert count.programs == {"lvs": 2, "lvcreate": 1, "mkfs.ext4": 1, "mount": 1}
+    assert (count.lvm, count.other) == (3, 2)
+    assert count.names(lvm=True) == "lvcreate, lvs x2"
+    assert count.names(lvm=False) == "mkfs.ext4, mount"
+
+
+IMPORTTIME = """\
+import time: self [us] | cumulative | imported package
+import time:       100 |        100 |   _io
+import time:       500 |       4000 | site
+import time:      2000 |       2000 |     grpc._cython
+import time:       300 |       2300 |   grpc
+import time:        50 |         50 |   tiny
+import time:      1000 |       3350 | csi_local.server
+"""
+
+
+def test_import_costs_keep_the_tree_and_drop_the_cheap() -> None:
+    rows = parse_importtime(IMPORTTIME)
+    assert [(r.module, r.depth) for r in rows][:3] == [("_io", 1), ("site", 0),
+                                                       ("grpc._cython", 2)]
+    shown = [(r.module, r.depth) for r in top_imports(rows, share=0.05)]
+    assert shown == [("site", 0), ("csi_local.server", 0), ("grpc", 1), ("grpc._cython", 2)]
+
+
+def test_tables_show_ratio_goal_and_what_is_missing() -> None:
+    res = Results(meta={"rounds": 3})
+    res.rows = [Row("CreateVolume (64 MiB)", 3.0, 1.5, "lvcreate", goal=1.0),
+                Row("ListVolumes, 10 volumes", 0.5, 0.5, "lvs", goal=1.2, goal_applies=False),
+                Row("plugin RSS, 10 volumes", 40.0 * MiB, unit="bytes", goal=60.0 * MiB,
+                    goal_kind="max"),
+                Row("GetCapacity", 1.0, None, "lvs", goal=1.0)]
+    count = ExecCount()
+    count.programs.update({"lvcreate": 1})
+    res.execs = [ExecRow("CreateVolume", count, lvm_goal=1), ExecRow("Probe")]
+    text = format_tables(res)
+    assert "2.00x" in text and "(yes)" in text and "40.0 MiB" in text
+    assert [r.met for r in res.rows] == [False, True, True, None]
+    assert res.missing() == ["GetCapacity", "lvm execs of Probe", "import costs"]
+    assert format_tables(res, markdown=True).splitlines()[1].startswith("| operation |")
