@@ -25,7 +25,11 @@
 #
 # Client requirements (docs/nomad.md): docker driver with
 # allow_privileged = true and volumes { enabled = true }; each node has the
-# volume group and thin pool named below.
+# volume group and thin pool named below, or the pools of the device classes
+# in classes_toml (docs/device-classes.md):
+#
+#   nomad job run -var='nodes=["client-1"]' \
+#     -var="classes_toml=$(cat deploy/nomad/classes.toml)" csi-local.nomad.hcl
 
 variable "nodes" {
   type        = list(string)
@@ -45,6 +49,13 @@ variable "volume_group" {
 variable "thin_pool" {
   type    = string
   default = "pool"
+}
+
+variable "classes_toml" {
+  type        = string
+  description = "device classes: the text of a classes.toml (docs/device-classes.md); replaces volume_group and thin_pool when set"
+  # Empty: one class, named "default", from volume_group and thin_pool.
+  default = ""
 }
 
 variable "lvm_local_conf" {
@@ -119,15 +130,24 @@ job "csi-local" {
 
           # ENTRYPOINT is "csi-local serve". Nomad sets CSI_ENDPOINT to
           # unix:///csi/csi.sock (mount_dir below); passed explicitly anyway.
-          args = [
+          # The pools: the device classes of var.classes_toml when it is set,
+          # else one class from var.volume_group and var.thin_pool; never both
+          # (the plugin refuses to start with both).
+          args = concat([
             "--endpoint=unix:///csi/csi.sock",
             "--node-id=${node.unique.name}",
-            "--volume-group=${var.volume_group}",
-            "--thin-pool=${var.thin_pool}",
             "--state-dir=/var/lib/csi-local",
             "--log-format=json",
             "--metrics-address=:9810",
-          ]
+            ], var.classes_toml == "" ? [
+            "--volume-group=${var.volume_group}",
+            "--thin-pool=${var.thin_pool}",
+            ] : [
+            # Written by the template below. NOMAD_TASK_DIR is the task's
+            # local/ as the container sees it (/local), whatever the image's
+            # working directory.
+            "--config=${NOMAD_TASK_DIR}/classes.toml",
+          ])
 
           # Shared with host LVM, see deploy/container/lvm.conf: the same
           # VG locks, hints and metadata backup history as the host.
@@ -198,6 +218,19 @@ job "csi-local" {
         template {
           destination = "local/lvmlocal.conf"
           data        = var.lvm_local_conf
+        }
+
+        # The device classes, only when given: a template with empty data is
+        # an invalid job ("Must specify a source path or have an embedded
+        # template"), so the block is there or not. The plugin reads the file
+        # when it starts: run the job again with the changed text, which
+        # replaces the allocations.
+        dynamic "template" {
+          for_each = var.classes_toml == "" ? [] : [var.classes_toml]
+          content {
+            destination = "local/classes.toml"
+            data        = template.value
+          }
         }
 
         env {

@@ -14,17 +14,15 @@ from csi_local.config import Config
 from csi_local.fs import Filesystems
 from csi_local.host import Host
 from csi_local.locks import Locks
-from csi_local.lvm import Lvm
 from csi_local.pagination import Paginator
-from csi_local.pool import Pool
+from csi_local.pool import Pools
 from csi_local.state import StateStore
 
 
 @dataclass
 class Backend:
     config: Config
-    lvm: Lvm
-    pool: Pool
+    pools: Pools  # one per device class
     fs: Filesystems
     host: Host
     state: StateStore

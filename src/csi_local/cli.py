@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from csi_local import __version__
+from csi_local.classes import load_classes
 from csi_local.config import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_ENDPOINT,
@@ -94,10 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
       help="unix:///path/to/csi.sock")
     e("--node-id", action=_EnvDefault, env="NODE_ID", required=True,
       help="this node's name, as the CO knows it")
-    e("--volume-group", action=_EnvDefault, env="CSI_LOCAL_VOLUME_GROUP", required=True,
-      help="LVM volume group holding the thin pool")
-    e("--thin-pool", action=_EnvDefault, env="CSI_LOCAL_THIN_POOL", required=True,
+    e("--volume-group", action=_EnvDefault, env="CSI_LOCAL_VOLUME_GROUP", default="",
+      help="LVM volume group holding the thin pool (one device class, named default)")
+    e("--thin-pool", action=_EnvDefault, env="CSI_LOCAL_THIN_POOL", default="",
       help="thin pool LV in that group")
+    e("--config", action=_EnvDefault, env="CSI_LOCAL_CONFIG", default="",
+      help="TOML file of device classes (several thin pools), instead of --volume-group "
+      "and --thin-pool; see docs/device-classes.md")
     e("--state-dir", action=_EnvDefault, env="CSI_LOCAL_STATE_DIR", default=DEFAULT_STATE_DIR,
       help="directory of the node state file")
     e("--driver-name", action=_EnvDefault, env="CSI_LOCAL_DRIVER_NAME",
@@ -163,8 +168,8 @@ def _ratio(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 1.0:
-        raise argparse.ArgumentTypeError("the over-provisioning ratio must be >= 1.0")
+    if not value >= 1.0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError("the over-provisioning ratio must be a number >= 1.0")
     return value
 
 
@@ -177,22 +182,57 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+class _ClassSourceParser(argparse.ArgumentParser):
+    """The parser of `status` and `doctor`: their node's device classes come
+    from exactly one of --config and --volume-group with --thin-pool (flags
+    or environment), checked once everything is parsed (exit 2 otherwise)."""
+
+    def parse_known_args(  # type: ignore[override]
+            self, args: Sequence[str] | None = None,
+            namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        flags = {"--volume-group": parsed.volume_group, "--thin-pool": parsed.thin_pool}
+        if parsed.config:
+            if any(flags.values()):
+                self.error("give either --config (CSI_LOCAL_CONFIG) or --volume-group and "
+                           "--thin-pool (CSI_LOCAL_VOLUME_GROUP, CSI_LOCAL_THIN_POOL), not both")
+        elif not all(flags.values()):
+            missing = ", ".join(f for f, v in flags.items() if not v)
+            self.error(f"the following arguments are required: {missing} (or --config FILE "
+                       "with the node's device classes)")
+        return parsed, extras
+
+
 def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`status` and `doctor`: read-only, usable while the plugin is down."""
-    status = sub.add_parser("status", help="volumes, snapshots, host volumes, pool and "
-                            "possible orphans of this node, from LVM and the state file")
-    doctor = sub.add_parser("doctor", help="check what this node needs; exit 1 on a failure")
+    # argparse takes the class of a subcommand's parser from the subparsers
+    # action only: these two get one that checks where the classes come from.
+    parser_class = sub._parser_class
+    sub._parser_class = _ClassSourceParser
+    try:
+        status = sub.add_parser("status", help="volumes, snapshots, host volumes, pools and "
+                                "possible orphans of this node, from LVM and the state file")
+        doctor = sub.add_parser("doctor", help="check what this node needs; exit 1 on a "
+                                "failure")
+    finally:
+        sub._parser_class = parser_class
     for p in (status, doctor):
         p.add_argument("--volume-group", action=_EnvDefault, env="CSI_LOCAL_VOLUME_GROUP",
-                       required=True, type=_lvm_name, help="LVM volume group")
+                       type=_lvm_name, help="LVM volume group (one device class, named "
+                       "default; or --config)")
         p.add_argument("--thin-pool", action=_EnvDefault, env="CSI_LOCAL_THIN_POOL",
-                       required=True, type=_lvm_name, help="thin pool LV in that group")
+                       type=_lvm_name, help="thin pool LV in that group")
+        p.add_argument("--config", action=_EnvDefault, env="CSI_LOCAL_CONFIG",
+                       help="TOML file of the node's device classes, as serve's, instead of "
+                       "--volume-group and --thin-pool")
         p.add_argument("--state-dir", action=_EnvDefault, env="CSI_LOCAL_STATE_DIR",
                        default=DEFAULT_STATE_DIR, help="directory of the node state file")
         p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.add_argument("--overprovision-ratio", action=_EnvDefault,
                         env="CSI_LOCAL_OVERPROVISION_RATIO", default="1.0", type=_ratio,
-                        help="as serve's: for the room left for new volumes")
+                        help="as serve's: for the room left for new volumes (with --config: "
+                        "of the classes that set no ratio)")
     status.add_argument("--orphan-age", default="1h", type=_duration,
                         help="a CSI volume neither staged nor published and older than this "
                         "is a possible orphan (90s, 30m, 1h, 2d)")
@@ -204,11 +244,17 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def config_from_args(args: argparse.Namespace) -> Config:
     try:
+        classes = None
+        if args.config:
+            classes = load_classes(args.config,
+                                   overprovision_ratio=float(args.overprovision_ratio),
+                                   default_fs_type=args.default_fs_type)
         return Config(
             endpoint=args.endpoint,
             node_id=args.node_id,
             volume_group=args.volume_group,
             thin_pool=args.thin_pool,
+            device_classes=classes,
             state_dir=args.state_dir,
             driver_name=args.driver_name,
             overprovision_ratio=float(args.overprovision_ratio),

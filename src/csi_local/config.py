@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 
+from csi_local.classes import DeviceClasses, single_class
 from csi_local.fsrules import SUPPORTED_FS
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import check_name
@@ -55,8 +57,11 @@ def parse_listen_address(text: str) -> tuple[str, int]:
 class Config:
     endpoint: str
     node_id: str
-    volume_group: str
-    thin_pool: str
+    # One class by flags (--volume-group/--thin-pool), or device classes from
+    # a file (--config, csi_local.classes): exactly one of the two.
+    volume_group: str = ""
+    thin_pool: str = ""
+    device_classes: DeviceClasses | None = None
     state_dir: str = DEFAULT_STATE_DIR
     driver_name: str = DEFAULT_DRIVER_NAME
     overprovision_ratio: float = 1.0
@@ -78,16 +83,24 @@ class Config:
         socket_path(self.endpoint)
         if not self.node_id or len(self.node_id) > 128:
             raise ConfigError("node id must be 1 to 128 characters")
-        try:
-            check_name(self.volume_group)
-            check_name(self.thin_pool)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        if self.device_classes is not None:
+            if self.volume_group or self.thin_pool:
+                raise ConfigError("give either a configuration file (--config) or "
+                                  "--volume-group and --thin-pool, not both")
+        else:
+            if not self.volume_group or not self.thin_pool:
+                raise ConfigError("--volume-group and --thin-pool are required (or a "
+                                  "configuration file with device classes: --config)")
+            try:
+                check_name(self.volume_group)
+                check_name(self.thin_pool)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if not _DRIVER_RE.match(self.driver_name) or len(self.driver_name) > 63:
             raise ConfigError(
                 f"driver name {self.driver_name!r} must be a domain name of at most 63 characters"
             )
-        if not self.overprovision_ratio >= 1.0:
+        if not self.overprovision_ratio >= 1.0 or not math.isfinite(self.overprovision_ratio):
             raise ConfigError("overprovision ratio must be >= 1.0")
         if self.max_volumes_per_node < 0:
             raise ConfigError("max volumes per node must be >= 0")
@@ -100,6 +113,9 @@ class Config:
                 raise ConfigError(f"{path!r} must be an absolute path")
         if (self.backing_file is None) != (self.backing_size is None):
             raise ConfigError("--backing-file and --backing-size go together")
+        if self.backing_file is not None and self.device_classes is not None:
+            raise ConfigError("--backing-file makes one VG and pool for the flags' class; "
+                              "it does not go with --config")
         if self.backing_file is not None and not os.path.isabs(self.backing_file):
             raise ConfigError("--backing-file must be an absolute path")
         try:
@@ -119,6 +135,15 @@ class Config:
             autoextend_threshold=self.pool_autoextend_threshold_percent,
             autoextend_percent=self.pool_autoextend_percent,
         )
+
+    @property
+    def classes(self) -> DeviceClasses:
+        """The node's device classes: the file's, or the one the flags define."""
+        if self.device_classes is not None:
+            return self.device_classes
+        return single_class(self.volume_group, self.thin_pool,
+                            overprovision_ratio=self.overprovision_ratio,
+                            default_fs_type=self.default_fs_type)
 
     @property
     def socket(self) -> str:

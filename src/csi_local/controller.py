@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -21,6 +22,7 @@ from csi_local.backend import Backend
 from csi_local.errors import VolumeGroupMissing
 from csi_local.locks import volume_key
 from csi_local.lvm import LogicalVolume, VgReport
+from csi_local.pool import Pool
 from csi_local.rpc import (
     AlreadyExists,
     FailedPrecondition,
@@ -43,8 +45,7 @@ def condition_message(cond: vols.Condition) -> pb.VolumeCondition:
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def __init__(self, backend: Backend) -> None:
         self.config = backend.config
-        self.lvm = backend.lvm
-        self.pool = backend.pool
+        self.pools = backend.pools
         self.fs = backend.fs
         self.state = backend.state
         self.locks = backend.locks
@@ -91,13 +92,35 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 src.volume.volume_id, "volume_content_source.volume_id"))
         raise InvalidArgument("volume_content_source needs a snapshot or a volume")
 
+    def _asked_class(self, parameters: Mapping[str, str]) -> str | None:
+        """The device class the parameters name (None: the default); INVALID_ARGUMENT
+        for unknown parameters."""
+        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,))
+        return own.get(vols.DEVICE_CLASS_PARAMETER) or None
+
+    def _elsewhere(self, pool: Pool, lv: LogicalVolume | None, what: str,
+                   asked: str | None) -> None:
+        """INVALID_ARGUMENT when `lv`, the source of a new volume or snapshot, is
+        in another class than `pool`'s: a thin snapshot lives in its origin's
+        pool, so nothing made from a source can change class."""
+        other = self.pools.of_lv(lv) if lv is not None else None
+        if other is None or other is pool:
+            return
+        how = f"asks for class {asked!r}" if asked else (
+            f"names no deviceClass, so the default class {pool.class_name!r}")
+        raise InvalidArgument(
+            f"{what} is in device class {other.class_name!r} and what is made from it stays "
+            f"there, but the request {how}: use a class parameter of {other.class_name!r}")
+
     # volumes -------------------------------------------------------------
 
     def CreateVolume(self, request: pb.CreateVolumeRequest,
                      context: grpc.ServicerContext) -> pb.CreateVolumeResponse:
         name = validation.required(request.name, "name")
-        caps = validation.capabilities(request.volume_capabilities, self.config.default_fs_type)
-        validation.parameters(request.parameters)
+        asked = self._asked_class(request.parameters)
+        pool = self.pools.select(asked)
+        caps = validation.capabilities(request.volume_capabilities, pool.default_fs_type)
+        raw_caps = request.volume_capabilities
         rng = request.capacity_range if request.HasField("capacity_range") else None
         validation.topology_allows(
             request.accessibility_requirements
@@ -115,24 +138,53 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 # as its own source is not locked twice (that waits on itself): it
                 # is NOT_FOUND below, or ALREADY_EXISTS for an existing volume.
                 stack.enter_context(self.locks.hold(volume_key(source.id)))
+            # With several classes the volume (a retry) or its source may be in
+            # another VG than the chosen pool's, and a source names the class
+            # when the request names none: one `lvs` over the classes' VGs first.
+            # Both are under their locks, so this stays true. A missing VG other
+            # than the chosen pool's does not stop a new volume (its own pool's
+            # report fails if it is its VG), but a source that may be in it does.
+            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
+            if not self.pools.single_vg or (source is not None and len(self.pools) > 1):
+                names = [volume_id] if source is None else [volume_id, source.id]
+                elsewhere = self.pools.locate(
+                    *names, required=[] if source is None else [source.id])
+                if source is not None and asked is None and source.id in elsewhere:
+                    # A restore or clone stays in its source's class.
+                    pool = elsewhere[source.id][0]
+                    caps = validation.capabilities(raw_caps, pool.default_fs_type)
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
-            report = stack.enter_context(self.pool.reserved())
-            existing = report.find(volume_id)
+            report = stack.enter_context(pool.reserved())
+            existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
             if existing is not None:
-                lv = self._reuse(report, existing, name, caps, rng, source)
+                lv = self._reuse(pool, report, existing, name, caps, rng, source, asked)
             else:
-                lv = self._create(report, volume_id, caps, rng, source,
+                source_lv = None
+                if source is not None:
+                    source_lv = (report.find(source.id)
+                                 or elsewhere.get(source.id, (pool, None))[1])
+                    if source_lv is None or not vols.is_source(source_lv, source):
+                        raise NotFound(f"{source.kind} {source.id!r} not found")
+                    self._elsewhere(pool, source_lv, f"{source.kind} {source.id}", asked)
+                lv = self._create(pool, report, volume_id, caps, rng, source, source_lv,
                                   vols.co_name_tags(dict(request.parameters)))
         return pb.CreateVolumeResponse(volume=self._volume_message(lv))
 
-    def _reuse(self, report: VgReport, lv: LogicalVolume, name: str,
+    def _reuse(self, pool: Pool, report: VgReport, lv: LogicalVolume, name: str,
                caps: list[validation.Capability], rng: pb.CapacityRange | None,
-               source: Source | None) -> LogicalVolume:
+               source: Source | None, asked: str | None) -> LogicalVolume:
         """The same name again: the same volume if compatible, converging an
         interrupted create; ALREADY_EXISTS otherwise (under the pool lock)."""
-        if not vols.is_csi_volume(lv):
-            raise AlreadyExists(f"name {name!r} maps to LV {lv.name}, which is not a volume")
+        if not vols.is_csi_volume(lv) or self.pools.of_lv(lv) is None:
+            raise AlreadyExists(f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not "
+                                "a volume")
+        other = self.pools.of_lv(lv)
+        if other is not pool:
+            assert other is not None
+            raise AlreadyExists(
+                f"volume {name!r} exists in device class {other.class_name!r}, not in "
+                f"{pool.class_name!r}" + ("" if asked else " (the default)"))
         if vols.source_of(lv) != source:
             raise AlreadyExists(f"volume {name!r} exists with another content source")
         want = vols.requested_size(lv)
@@ -147,21 +199,19 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 f"file system (at least {minimum} bytes)"
             )
         if lv.size < want:  # killed between snapshot and extend: finish the job
-            self.pool.require_room(report, want - lv.size)
-            lv = self.lvm.extend(lv.name, want)
+            pool.require_room(report, want - lv.size)
+            lv = pool.lvm.extend(lv.name, want)
         return lv
 
-    def _create(self, report: VgReport, volume_id: str, caps: list[validation.Capability],
-                rng: pb.CapacityRange | None, source: Source | None,
+    def _create(self, pool: Pool, report: VgReport, volume_id: str,
+                caps: list[validation.Capability], rng: pb.CapacityRange | None,
+                source: Source | None, source_lv: LogicalVolume | None,
                 co_tags: list[str]) -> LogicalVolume:
-        """Make the volume (hold its lock, its source's and the pool's)."""
+        """Make the volume (hold its lock, its source's and the pool's); `source_lv`
+        is the source, found in `pool`."""
         extent = report.extent_size
         minimum = max(fsrules.min_size(c.fs_type) for c in caps)
-        source_lv: LogicalVolume | None = None
-        if source is not None:
-            source_lv = report.find(source.id)
-            if source_lv is None or not vols.is_source(source_lv, source):
-                raise NotFound(f"{source.kind} {source.id!r} not found")
+        if source_lv is not None:
             if rng is not None and rng.limit_bytes and rng.limit_bytes < source_lv.size:
                 raise OutOfRange(
                     f"limit_bytes {rng.limit_bytes} is smaller than the source's "
@@ -171,19 +221,19 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         size = validation.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags]
         if source is None or source_lv is None:
-            return self.pool.create_thin(report, volume_id, size, [*tags, vols.TAG_FRESH])
-        self.pool.admit(report, size)
+            return pool.create_thin(report, volume_id, size, [*tags, vols.TAG_FRESH])
+        pool.admit(report, size)
         tags += [source.tag(), vols.TAG_NEW_FSID]
         if size > source_lv.size:
             tags.append(vols.TAG_GROW_FS)
         if source.kind is SourceKind.VOLUME:
             self._flush_if_mounted(source.id)
-        lv = self.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
+        lv = pool.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
         try:
             if size > lv.size:
-                lv = self.lvm.extend(volume_id, size)
+                lv = pool.lvm.extend(volume_id, size)
         except BaseException:
-            self.lvm.remove(volume_id)  # leave nothing half-made
+            pool.lvm.remove(volume_id)  # leave nothing half-made
             raise
         return lv
 
@@ -199,9 +249,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 raise FailedPrecondition(
                     f"volume {volume_id} is still staged or published on this node ({where})"
                 )
-            lv = self.lvm.find(volume_id)
-            if lv is not None and vols.is_csi_volume(lv):
-                self.lvm.remove(volume_id)  # VolumeInUse: FAILED_PRECONDITION
+            found = self.pools.find(volume_id)
+            if found is not None and vols.is_csi_volume(found[1]):
+                found[0].lvm.remove(volume_id)  # VolumeInUse: FAILED_PRECONDITION
         return pb.DeleteVolumeResponse()
 
     def ValidateVolumeCapabilities(
@@ -210,15 +260,18 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         volume_id = validation.object_id(request.volume_id, "volume_id")
         if not request.volume_capabilities:
             raise InvalidArgument("volume_capabilities is required")
-        vols.get_volume(self.lvm, volume_id)
+        pool, _ = vols.get_volume(self.pools, volume_id)
         for cap in request.volume_capabilities:
-            problem = validation.capability_problem(cap, self.config.default_fs_type)
+            problem = validation.capability_problem(cap, pool.default_fs_type)
             if problem:
                 return pb.ValidateVolumeCapabilitiesResponse(message=problem)
         try:
-            validation.parameters(request.parameters)
+            asked = self._asked_class(request.parameters)
         except InvalidArgument as err:
             return pb.ValidateVolumeCapabilitiesResponse(message=err.message)
+        if asked is not None and asked != pool.class_name:
+            return pb.ValidateVolumeCapabilitiesResponse(
+                message=f"the volume is in device class {pool.class_name!r}, not {asked!r}")
         confirmed = pb.ValidateVolumeCapabilitiesResponse.Confirmed(
             volume_context=request.volume_context,
             volume_capabilities=request.volume_capabilities,
@@ -226,60 +279,82 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
         return pb.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
 
-    def _listed_volumes(self) -> tuple[list[LogicalVolume], LogicalVolume | None]:
-        lvs = self.lvm.list()
-        pool = next((lv for lv in lvs if lv.name == self.lvm.pool), None)
-        return [lv for lv in lvs if vols.is_csi_volume(lv)], pool
+    def _listed(self, want: Callable[[LogicalVolume], bool], *, partial: bool = False
+                ) -> tuple[list[tuple[Pool, LogicalVolume]], dict[str, LogicalVolume]]:
+        """The CSI objects `want` picks in every class, with their pools, and each
+        class's thin pool LV, from one `lvs`. A missing VG is UNAVAILABLE (a
+        list without its volumes would say they are gone) unless `partial`."""
+        lvs, missing = self.pools.scan()
+        if missing and not partial:
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: its volumes cannot be listed")
+        found = [(pool, lv) for pool, lv in lvs if pool is not None and want(lv)]
+        return found, self.pools.thin_pool_lvs(lvs)
 
     def ListVolumes(self, request: pb.ListVolumesRequest,
                     context: grpc.ServicerContext) -> pb.ListVolumesResponse:
-        volumes, pool = self._listed_volumes()
+        volumes, thin_pools = self._listed(vols.is_csi_volume)
         page, token = self.paginator.page(
-            volumes, lambda lv: lv.name, request.max_entries, request.starting_token
+            volumes, lambda found: found[1].name, request.max_entries, request.starting_token
         )
         entries = [
             pb.ListVolumesResponse.Entry(
                 volume=self._volume_message(lv),
                 status=pb.ListVolumesResponse.VolumeStatus(
-                    volume_condition=self._condition(lv, pool)
+                    volume_condition=self._condition(pool, lv, thin_pools)
                 ),
             )
-            for lv in page
+            for pool, lv in page
         ]
         return pb.ListVolumesResponse(entries=entries, next_token=token)
 
     def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,
                             context: grpc.ServicerContext) -> pb.ControllerGetVolumeResponse:
         volume_id = validation.object_id(request.volume_id, "volume_id")
-        volumes, pool = self._listed_volumes()
-        lv = next((x for x in volumes if x.name == volume_id), None)
-        if lv is None:
+        lvs, missing = self.pools.scan()
+        found = next(((p, lv) for p, lv in lvs
+                      if p is not None and lv.name == volume_id and vols.is_csi_volume(lv)),
+                     None)
+        if found is None:
+            if missing:
+                raise VolumeGroupMissing(f"volume group {', '.join(missing)} not found: "
+                                         f"volume {volume_id!r} may be there")
             raise NotFound(f"volume {volume_id!r} not found")
+        pool, lv = found
         return pb.ControllerGetVolumeResponse(
             volume=self._volume_message(lv),
             status=pb.ControllerGetVolumeResponse.VolumeStatus(
-                volume_condition=self._condition(lv, pool)
+                volume_condition=self._condition(pool, lv, self.pools.thin_pool_lvs(lvs))
             ),
         )
 
-    def _condition(self, lv: LogicalVolume | None,
-                   pool: LogicalVolume | None) -> pb.VolumeCondition:
-        return condition_message(vols.condition(lv, pool, self.pool.name,
-                                                self.pool.fill_problem(pool)))
+    @staticmethod
+    def _condition(pool: Pool, lv: LogicalVolume | None,
+                   thin_pools: dict[str, LogicalVolume]) -> pb.VolumeCondition:
+        pool_lv = thin_pools.get(pool.class_name)
+        return condition_message(vols.condition(lv, pool_lv, pool.name,
+                                                pool.fill_problem(pool_lv)))
 
     def GetCapacity(self, request: pb.GetCapacityRequest,
                     context: grpc.ServicerContext) -> pb.GetCapacityResponse:
-        validation.parameters(request.parameters)
+        asked = self._asked_class(request.parameters)
+        pool = self.pools.get(asked)
+        if pool is None:
+            # A StorageClass's class that this node does not have: Kubernetes
+            # asks every node for every StorageClass (CSIStorageCapacity), and
+            # room for nothing is the answer that keeps volumes away.
+            log.debug("GetCapacity: no device class %r on this node; reporting 0", asked)
+            return pb.GetCapacityResponse(available_capacity=0)
         if request.HasField("accessible_topology"):
             segs = request.accessible_topology.segments
             if segs.get(self.config.topology_key) != self.config.node_id:
                 return pb.GetCapacityResponse(available_capacity=0)
         for cap in request.volume_capabilities:
-            if validation.capability_problem(cap, self.config.default_fs_type):
+            if validation.capability_problem(cap, pool.default_fs_type):
                 return pb.GetCapacityResponse(available_capacity=0)
         try:
-            report = self.lvm.report()
-            cap_info = self.pool.capacity(report)
+            report = pool.lvm.report()
+            cap_info = pool.capacity(report)
         except VolumeGroupMissing as err:
             # A query, not a change: a node without its VG or pool has room for
             # nothing. An error here would leave external-provisioner's last
@@ -287,7 +362,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             # would keep sending volumes to this node.
             log.warning("GetCapacity: %s; reporting 0", err.message)
             return pb.GetCapacityResponse(available_capacity=0)
-        problem = self.pool.fill_problem(report.find(self.lvm.pool))
+        problem = pool.fill_problem(report.find(pool.lvm.pool))
         if problem is not None:
             # Above the high-water mark CreateVolume refuses everything: say so,
             # or the scheduler keeps sending volumes here.
@@ -322,13 +397,13 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             raise FailedPrecondition("controller expansion is disabled (--node-expansion-only)")
         if request.HasField("volume_capability"):
             problem = validation.capability_problem(request.volume_capability,
-                                                    self.config.default_fs_type)
+                                                    self.pools.default.default_fs_type)
             if problem:
                 raise InvalidArgument(problem)
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
-            lv = vols.get_volume(self.lvm, volume_id)
-            lv = self.pool.grow(lv, rng.required_bytes, rng.limit_bytes)
+            pool, lv = vols.get_volume(self.pools, volume_id)
+            lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
                  and request.volume_capability.HasField("block"))
         return pb.ControllerExpandVolumeResponse(
@@ -358,7 +433,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                        context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
         source_id = validation.object_id(request.source_volume_id, "source_volume_id")
         name = validation.required(request.name, "name")
-        validation.parameters(request.parameters)
+        asked = self._asked_class(request.parameters)
+        if asked is not None:
+            self.pools.select(asked)  # an unknown class: INVALID_ARGUMENT
         snapshot_id = vols.snapshot_id_for(name)
         # Lock order: snapshot, source, pool. One report then answers all: a retry,
         # the source, and the pool's room. A source ID that is this snapshot's own
@@ -367,27 +444,44 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             stack.enter_context(self.locks.hold(volume_key(snapshot_id)))
             if source_id != snapshot_id:
                 stack.enter_context(self.locks.hold(volume_key(source_id)))
-            report = stack.enter_context(self.pool.reserved())
-            existing = report.find(snapshot_id)
+            # A snapshot lives in its source's pool. With one class that is the
+            # pool; with several, one `lvs` over them finds the source (and a
+            # snapshot of the same name in any class) first.
+            pool = self.pools.default
+            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
+            if len(self.pools) > 1:
+                # A snapshot can only be in its source's pool: a missing VG matters
+                # only when the source is not found (it may be there).
+                elsewhere = self.pools.locate(snapshot_id, source_id, required=[source_id])
+                pool = elsewhere.get(source_id, elsewhere.get(snapshot_id, (pool, None)))[0]
+            report = stack.enter_context(pool.reserved())
+            existing = report.find(snapshot_id) or elsewhere.get(snapshot_id, (pool, None))[1]
             if existing is not None:
                 src = vols.source_of(existing)
-                if not vols.is_csi_snapshot(existing) or src != Source(SourceKind.VOLUME,
-                                                                        source_id):
+                if (not vols.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
+                        or src != Source(SourceKind.VOLUME, source_id)):
                     raise AlreadyExists(
                         f"snapshot {name!r} exists for another source volume"
                     )
+                if asked is not None:
+                    self._elsewhere(self.pools.select(asked), existing,
+                                    f"snapshot {snapshot_id}", asked)
                 return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(existing))
             source_lv = report.find(source_id)
-            if source_lv is None or not vols.is_csi_volume(source_lv):
+            if (source_lv is None or not vols.is_csi_volume(source_lv)
+                    or self.pools.of_lv(source_lv) is not pool):
                 raise NotFound(f"volume {source_id!r} not found")
+            if asked is not None:
+                self._elsewhere(self.pools.select(asked), source_lv, f"volume {source_id}",
+                                asked)
             # A thin snapshot shares blocks now but may own all of them once the
             # origin is rewritten, so it counts against the pool like a volume of
             # its size.
-            self.pool.admit(report, source_lv.size)
+            pool.admit(report, source_lv.size)
             tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
                     Source(SourceKind.VOLUME, source_id).tag()]
             self._flush_if_mounted(source_id)
-            lv = self.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
+            lv = pool.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
         return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
 
     def _flush_if_mounted(self, volume_id: str) -> None:
@@ -412,14 +506,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         if not vols.is_snapshot_id(snapshot_id):
             return pb.DeleteSnapshotResponse()
         with self.locks.hold(volume_key(snapshot_id)):
-            lv = self.lvm.find(snapshot_id)
-            if lv is not None and vols.is_csi_snapshot(lv):
-                self.lvm.remove(snapshot_id)
+            found = self.pools.find(snapshot_id)
+            if found is not None and vols.is_csi_snapshot(found[1]):
+                found[0].lvm.remove(snapshot_id)
         return pb.DeleteSnapshotResponse()
 
     def ListSnapshots(self, request: pb.ListSnapshotsRequest,
                       context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
-        snaps = [lv for lv in self.lvm.list() if vols.is_csi_snapshot(lv)]
+        found, _ = self._listed(vols.is_csi_snapshot)
+        snaps = [lv for _, lv in found]
         if request.snapshot_id:
             snaps = [lv for lv in snaps if lv.name == request.snapshot_id]
         if request.source_volume_id:
@@ -438,5 +533,5 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
         snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
         return pb.GetSnapshotResponse(snapshot=self._snapshot_message(
-            vols.get_snapshot(self.lvm, snapshot_id)))
+            vols.get_snapshot(self.pools, snapshot_id)[1]))
 

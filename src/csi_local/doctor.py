@@ -8,6 +8,11 @@ and the environment), so unit tests drive every branch with a directory tree
 and canned replies, without processes.
 
 Nothing is changed: no directory is made, no module loaded, no lock taken.
+
+The VG, thin pool, zeroing and fill checks run for every device class of the
+node: the flags' one (`--volume-group`, `--thin-pool`; labelled as they always
+were) or each class of a configuration file (`--config`; labelled
+"class NAME: ...", after a check of the file itself).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from csi_local import config as config_mod
+from csi_local.classes import ClassConfigError, load_classes
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, read_config
@@ -216,7 +222,8 @@ def check_volume_group(lvm: Lvm) -> Check:
     return Check(label, OK, f"size {human_size(vg.size)}, free {human_size(vg.free)}")
 
 
-def check_pool(lvm: Lvm, report: VgReport) -> Check:
+def check_pool(lvm: Lvm, report: VgReport, *, setting: str = "--thin-pool") -> Check:
+    """`setting`: where the pool's name is given, for the fix."""
     label = f"thin pool {lvm.vg}/{lvm.pool}"
     lv = report.find(lvm.pool)
     if lv is None:
@@ -224,7 +231,7 @@ def check_pool(lvm: Lvm, report: VgReport) -> Check:
                      f"lvcreate --type thin-pool --extents 90%FREE --name {lvm.pool} {lvm.vg}")
     if not lv.is_thin_pool:
         return Check(label, FAIL, f"exists but is not a thin pool (lv_attr {lv.attr})",
-                     "give --thin-pool the name of a thin pool, or convert this LV: "
+                     f"give {setting} the name of a thin pool, or convert this LV: "
                      f"lvconvert --type thin-pool {lvm.vg}/{lvm.pool}")
     if not lv.active:
         return Check(label, FAIL, "not active: no volume can be created or used",
@@ -419,11 +426,12 @@ def check_propagation(system: System, path: str = KUBELET_DIR) -> Check:
 
 @dataclass(frozen=True)
 class Options:
-    volume_group: str
-    thin_pool: str
+    volume_group: str = ""
+    thin_pool: str = ""
     state_dir: str = config_mod.DEFAULT_STATE_DIR
     lock_dir: str = DEFAULT_LOCK_DIR
     endpoint: str = config_mod.DEFAULT_ENDPOINT
+    config: str | None = None  # the device classes' file, instead of the VG and pool
 
 
 def run_checks(system: System, opts: Options) -> list[Check]:
@@ -437,14 +445,7 @@ def run_checks(system: System, opts: Options) -> list[Check]:
         check_tools(system),
         *(check_fs_tools(system, fs) for fs in FS_TOOLS),
     ]
-    lvm = Lvm(system.runner, opts.volume_group, opts.thin_pool)
-    vg_check = check_volume_group(lvm)
-    checks.append(vg_check)
-    if vg_check.status == OK:
-        checks += _pool_checks(lvm)
-    else:
-        checks.append(Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
-                            "not checked: the volume group cannot be read", vg_check.fix))
+    checks += _class_checks(system, opts)
     checks += check_lvm_settings(system)
     checks.append(check_directory(system, "state directory", opts.state_dir, "--state-dir"))
     checks.append(check_directory(system, "lock directory", opts.lock_dir, "--lock-dir"))
@@ -453,13 +454,44 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     return checks
 
 
-def _pool_checks(lvm: Lvm) -> list[Check]:
+def _class_checks(system: System, opts: Options) -> list[Check]:
+    """The VG and pool checks of every device class."""
+    if not opts.config:
+        return _lvm_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool))
+    label = f"configuration file {opts.config}"
+    try:
+        classes = load_classes(system.path(os.path.abspath(opts.config)))
+    except ClassConfigError as err:
+        return [Check(label, FAIL, f"{err}; no device class checked",
+                      "correct the file (docs/device-classes.md): the plugin refuses to "
+                      "start with it")]
+    names = ", ".join(c.name for c in classes.classes)
+    checks = [Check(label, OK, f"{len(classes.classes)} device class(es): {names}; "
+                    f"default {classes.default}")]
+    for c in classes.classes:
+        lvm = Lvm(system.runner, c.volume_group, c.thin_pool)
+        setting = f"thin_pool of class {c.name} in {opts.config}"
+        checks += [dataclasses.replace(check, name=f"class {c.name}: {check.name}")
+                   for check in _lvm_checks(lvm, setting)]
+    return checks
+
+
+def _lvm_checks(lvm: Lvm, setting: str = "--thin-pool") -> list[Check]:
+    """One class's: its VG, then its pool, zeroing and fill."""
+    vg_check = check_volume_group(lvm)
+    if vg_check.status != OK:
+        return [vg_check, Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
+                                "not checked: the volume group cannot be read", vg_check.fix)]
+    return [vg_check, *_pool_checks(lvm, setting)]
+
+
+def _pool_checks(lvm: Lvm, setting: str = "--thin-pool") -> list[Check]:
     try:
         report = lvm.report()
     except StorageError as err:
         return [Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL, f"cannot be read: {err.message}",
                       "")]
-    pool_check = check_pool(lvm, report)
+    pool_check = check_pool(lvm, report, setting=setting)
     pool = report.find(lvm.pool)
     checks = [pool_check]
     if pool is not None and pool.is_thin_pool:
@@ -498,8 +530,8 @@ def to_json(checks: list[Check]) -> str:
 
 
 def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
-    opts = Options(args.volume_group, args.thin_pool, args.state_dir, args.lock_dir,
-                   args.endpoint)
+    opts = Options(args.volume_group or "", args.thin_pool or "", args.state_dir,
+                   args.lock_dir, args.endpoint, getattr(args, "config", None) or None)
     checks = run_checks(system, opts)
     out.write(to_json(checks) if args.json else render(checks))
     return exit_code(checks)

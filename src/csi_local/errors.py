@@ -49,6 +49,11 @@ class VolumeGroupMissing(StorageError):
     volumes now, and a caller must retry rather than forget anything."""
 
 
+class UnknownDeviceClass(StorageError):
+    """A request names a device class this node does not define, or one its
+    source is not in."""
+
+
 class LvNotFound(StorageError):
     """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
     "not found", mapped once, in lvm.py."""

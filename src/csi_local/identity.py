@@ -12,16 +12,16 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import Config
 from csi_local.errors import StorageError, VolumeGroupMissing
-from csi_local.lvm import Lvm
+from csi_local.pool import Pools
 
 log = logging.getLogger(__name__)
 Cap = pb.PluginCapability
 
 
 class IdentityServicer(csi_pb2_grpc.IdentityServicer):
-    def __init__(self, config: Config, lvm: Lvm) -> None:
+    def __init__(self, config: Config, pools: Pools) -> None:
         self.config = config
-        self.lvm = lvm
+        self.pools = pools
         self._last_status: tuple[bool, str | None] | None = None
 
     def GetPluginInfo(
@@ -57,23 +57,36 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
         A volume group without its thin pool, or with an inactive one, is a
         storage node that is broken or still coming up: not ready.
         """
-        try:
-            self.lvm.volume_group()
-        except VolumeGroupMissing:
-            return True, (
-                f"volume group {self.lvm.vg} not found on this node: ready, but no volume can "
-                "be created or used here until it exists"
-            )
-        except StorageError as err:
-            return False, err.message
-        try:
-            pool = self.lvm.thin_pool()
-        except StorageError as err:
-            return False, err.message
-        if not pool.active:
-            return False, f"thin pool {self.lvm.vg}/{self.lvm.pool} is not active"
+        problems = []
+        missing = []
+        for pool in self.pools:
+            lvm = pool.lvm
+            try:
+                lvm.volume_group()
+            except VolumeGroupMissing:
+                missing.append(f"volume group {lvm.vg} not found (device class "
+                               f"{pool.class_name})")
+                continue
+            except StorageError as err:
+                problems.append(f"class {pool.class_name}: {err.message}")
+                continue
+            try:
+                lv = lvm.thin_pool()
+            except StorageError as err:
+                problems.append(f"class {pool.class_name}: {err.message}")
+                continue
+            if not lv.active:
+                problems.append(f"class {pool.class_name}: thin pool {lvm.vg}/{lvm.pool} "
+                                "is not active")
+        if problems:
+            return False, "; ".join(problems)
+        if missing:
+            # Every class's VG missing: a node without this kind of storage. Some
+            # missing: those classes answer GetCapacity 0 and their volumes are
+            # UNAVAILABLE; the others serve.
+            return True, (f"{'; '.join(missing)} on this node: ready, but no volume can be "
+                          "created or used there until it exists")
         return True, None
-
     def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeResponse:
         status = self.pool_status()
         # Logged on a change only: sidecars probe every few seconds.

@@ -21,8 +21,12 @@ from collections.abc import Iterator
 from csi_local.errors import LockBusy, LockDirError
 
 DEFAULT_LOCK_DIR = "/run/lock/csi-local"
-# Held around every capacity check and the lvcreate/lvextend it allows.
-POOL_KEY = "pool"
+
+
+def pool_key(vg: str, pool: str) -> str:
+    """The key of one thin pool, held around every capacity check of it and the
+    lvcreate or lvextend it allows (each device class's pool has its own)."""
+    return f"pool:{vg}/{pool}"
 
 
 def volume_key(lv_name: str) -> str:

@@ -241,10 +241,14 @@ def _is_not_found(err: CommandError) -> bool:
 class Lvm:
     """LVM operations on one VG and thin pool."""
 
-    def __init__(self, runner: Runner, vg: str, pool: str) -> None:
+    def __init__(self, runner: Runner, vg: str, pool: str,
+                 create_args: Sequence[str] = ()) -> None:
         self.runner = runner
         self.vg = check_name(vg)
         self.pool = check_name(pool)
+        # A device class's extra lvcreate options (csi_local.classes, an
+        # allow-list), given to every new thin LV that is activated.
+        self.create_args = tuple(create_args)
 
     def _raise_if_vg_missing(self, err: CommandError) -> None:
         if _vg_missing(err):
@@ -339,7 +343,7 @@ class Lvm:
         argv = [
             "lvcreate", "--yes", "--thin", f"{self.vg}/{self.pool}",
             "--virtualsize", f"{size}b", "--name", check_name(name),
-            "--setactivationskip", "n", "--activate", "y",
+            "--setactivationskip", "n", "--activate", "y", *self.create_args,
         ]
         argv += _tag_args(tag_list)
         self.runner.run(argv)
@@ -366,7 +370,7 @@ class Lvm:
         tag_list = list(tags)
         argv = ["lvcreate", "--yes", "--snapshot", "--name", check_name(name)]
         if writable_volume:
-            argv += ["--setactivationskip", "n", "--activate", "y"]
+            argv += ["--setactivationskip", "n", "--activate", "y", *self.create_args]
         else:
             argv += ["--setactivationskip", "y", "--activate", "n"]
         argv += _tag_args(tag_list)
@@ -447,6 +451,40 @@ class Lvm:
             "--name", self.pool, self.vg,
         ])
         self.runner.run(["lvchange", "--errorwhenfull", "y", f"{self.vg}/{self.pool}"])
+
+
+def _missing_vgs(err: CommandError, vgs: Sequence[str]) -> list[str]:
+    """The VGs of `vgs` that LVM says are not there ("Volume group "x" not found")."""
+    return [vg for vg in vgs if f'Volume group "{vg}" not found' in err.stderr]
+
+
+def _read_vgs(runner: Runner, argv: list[str], vgs: Sequence[str]) -> tuple[str, list[str]]:
+    """Run a report over `vgs`: (its output, the VGs missing). A missing VG makes
+    LVM exit 5 after reporting the others, whose rows are kept."""
+    try:
+        return runner.run([*argv, *vgs]).stdout, []
+    except CommandError as err:
+        missing = _missing_vgs(err, vgs) if _vg_missing(err) else []
+        if not missing:
+            raise
+        return err.stdout, missing
+
+
+def find_in_vgs(runner: Runner, vgs: Sequence[str],
+                names: Sequence[str]) -> tuple[list[LogicalVolume], list[str]]:
+    """The LVs named `names` in any of `vgs`, in one `lvs`, and the VGs that
+    are missing (where such an LV might be, so it cannot be called gone)."""
+    select = " || ".join(f"lv_name=\"{check_name(n)}\"" for n in names)
+    out, missing = _read_vgs(runner, ["lvs", *_REPORT, "-o", LV_FIELDS, "--select", select],
+                             [check_name(vg) for vg in vgs])
+    return parse_lvs(out), missing
+
+
+def list_vgs(runner: Runner, vgs: Sequence[str]) -> tuple[list[LogicalVolume], list[str]]:
+    """Every LV of `vgs` in one `lvs`, and the VGs that are missing."""
+    out, missing = _read_vgs(runner, ["lvs", *_REPORT, "-o", LV_FIELDS],
+                             [check_name(vg) for vg in vgs])
+    return parse_lvs(out), missing
 
 
 def _tag_args(tags: Iterable[str]) -> list[str]:

@@ -6,10 +6,12 @@ one, so nothing else in the process leaks into it):
 - events, counted as they happen through hooks that know nothing of
   Prometheus: the server's interceptor (RPCs), the runner (external
   commands), the pool monitor (autoextends) and the state store (rebuilds);
-- the VG, its thin pool and its volumes, read at scrape time by a collector
-  from the pool monitor's shared reading (`PoolMonitor.latest`), so a scrape
-  costs at most one `lvs` and one `vgs`, and none while the last reading is
-  younger than `MAX_AGE` seconds.
+- the VGs, the thin pool of every device class and their volumes, read at
+  scrape time by one collector from the pool monitors' shared readings
+  (`PoolMonitor.latest`, one monitor per class), so a scrape costs at most
+  one `lvs` and one `vgs` per VG, and none while the last reading is younger
+  than `MAX_AGE` seconds. Pool and volume figures carry a `device_class`
+  label.
 
 The host volume plugin (csi_local.dhv) never imports this module.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -48,8 +50,10 @@ MAX_AGE = 5.0  # seconds a reading of the VG serves scrapes before it is refresh
 # From a fast RPC or `lvs` to a slow mkfs or a sync of a busy volume.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
            float("inf"))
-POOL_LABELS = ("volume_group", "thin_pool")
-VOLUME_LABELS = ("volume_id", "pvc_name", "pvc_namespace")
+# Every pool and volume figure names its device class; a VG's figures do not
+# (a VG may hold the pools of several classes).
+POOL_LABELS = ("device_class", "volume_group", "thin_pool")
+VOLUME_LABELS = ("volume_id", "pvc_name", "pvc_namespace", "device_class")
 
 
 class Metrics:
@@ -80,14 +84,12 @@ class Metrics:
             "LVM because it was missing or corrupt (a first start counts)",
             namespace=NAMESPACE, registry=r)
         self.autoextends = Counter(
-            "pool_autoextend", "Times the plugin extended the thin pool's data or metadata",
-            ["what"], namespace=NAMESPACE, registry=r)
+            "pool_autoextend", "Times the plugin extended a device class's thin pool's "
+            "data or metadata", ["what", "device_class"], namespace=NAMESPACE, registry=r)
         self.autoextend_bytes = Counter(
-            "pool_autoextend_bytes", "Bytes the plugin's autoextends added to the thin "
-            "pool's data or metadata", ["what"], namespace=NAMESPACE, registry=r)
-        for what in ("data", "metadata"):  # present at 0, so increase() works from the start
-            self.autoextends.labels(what=what)
-            self.autoextend_bytes.labels(what=what)
+            "pool_autoextend_bytes", "Bytes the plugin's autoextends added to a device "
+            "class's thin pool's data or metadata", ["what", "device_class"],
+            namespace=NAMESPACE, registry=r)
         started = Gauge("start_time_seconds", "When the plugin started, in seconds since "
                         "the epoch", namespace=NAMESPACE, registry=r)
         started.set(time.time())
@@ -108,129 +110,195 @@ class Metrics:
         if not ok:
             self.command_failures.labels(tool=tool).inc()
 
-    def observe_extend(self, what: str, size: int) -> None:
-        """For monitor.PoolMonitor: the pool's data or metadata grew by `size` bytes."""
-        self.autoextends.labels(what=what).inc()
-        self.autoextend_bytes.labels(what=what).inc(size)
+    def observe_extend(self, what: str, size: int, *, device_class: str) -> None:
+        """The thin pool of `device_class` grew: its data or metadata, by `size`
+        bytes. For monitor.PoolMonitor through extend_observer."""
+        self.autoextends.labels(what=what, device_class=device_class).inc()
+        self.autoextend_bytes.labels(what=what, device_class=device_class).inc(size)
+
+    def extend_observer(self, device_class: str) -> Callable[[str, int], None]:
+        """The `on_extend` hook of the PoolMonitor of `device_class`'s pool."""
+
+        def observe(what: str, size: int) -> None:
+            self.observe_extend(what, size, device_class=device_class)
+
+        return observe
 
     def state_rebuilt(self) -> None:
         self.state_rebuilds.inc()
 
-    def watch(self, monitor: PoolMonitor, max_age: float = MAX_AGE) -> PoolCollector:
-        """Export the VG, pool and volumes that `monitor` reads."""
-        collector = PoolCollector(monitor, max_age)
+    def watch(self, monitors: Sequence[PoolMonitor], max_age: float = MAX_AGE) -> PoolCollector:
+        """Export the VGs, pools and volumes that `monitors` (one per device
+        class) read, through one collector: the registry refuses a second one
+        (the same metric names). Once, with every class's monitor."""
+        collector = PoolCollector(monitors, max_age)
         self.registry.register(collector)
+        for monitor in monitors:  # present at 0, so increase() works from the start
+            for what in ("data", "metadata"):
+                self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
+                self.autoextend_bytes.labels(what=what, device_class=monitor.pool.class_name)
         return collector
 
 
-def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+VG_LABELS = ("volume_group",)
+# Every family the collector exports: name (without the namespace) -> help, labels.
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "thin_pool_data_limit_percent": (
+        "New volumes and snapshots are refused at or above this data fill", POOL_LABELS),
+    "thin_pool_metadata_limit_percent": (
+        "New volumes and snapshots are refused at or above this metadata fill", POOL_LABELS),
+    "thin_pool_autoextend_threshold_percent": (
+        "The plugin extends the thin pool at or above this fill (0: never)", POOL_LABELS),
+    "volume_group_up": (
+        "1 when the plugin could read the volume group (the figures of it, its pools and "
+        "their volumes are exported only then), 0 otherwise", VG_LABELS),
+    "volume_group_size_bytes": ("Size of the volume group", VG_LABELS),
+    "volume_group_free_bytes": (
+        "Unallocated space in the volume group (what its thin pools can be extended by)",
+        VG_LABELS),
+    "thin_pool_size_bytes": ("Size of the thin pool's data", POOL_LABELS),
+    "thin_pool_metadata_size_bytes": ("Size of the thin pool's metadata", POOL_LABELS),
+    "thin_pool_data_percent": ("How full the thin pool's data is", POOL_LABELS),
+    "thin_pool_metadata_percent": ("How full the thin pool's metadata is", POOL_LABELS),
+    "thin_pool_provisioned_bytes": (
+        "Virtual sizes of every thin LV in the pool, added up", POOL_LABELS),
+    "thin_pool_available_bytes": (
+        "Room for new volumes, over-provisioning included, as GetCapacity reports it while "
+        "the pool is below its high-water marks", POOL_LABELS),
+    "thin_pool_healthy": (
+        "1 when LVM reports no health problem of the thin pool; health_status is LVM's "
+        "lv_health_status (out_of_data, metadata_read_only, failed, ...)",
+        (*POOL_LABELS, "health_status")),
+    "volumes": ("CSI volumes in the device class's thin pool", POOL_LABELS),
+    "snapshots": ("CSI snapshots in the device class's thin pool", POOL_LABELS),
+    "volume_size_bytes": ("Virtual size of a CSI volume", VOLUME_LABELS),
+    "volume_data_percent": (
+        "How much of a CSI volume's virtual size the thin pool has allocated (absent while "
+        "the volume is inactive)", VOLUME_LABELS),
+}
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    doc, labels = FAMILIES[name]
     return GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=list(labels))
 
 
-class PoolCollector(Collector):
-    """The VG, its thin pool and the CSI volumes, at scrape time."""
+def _pool_labels(monitor: PoolMonitor) -> list[str]:
+    return [monitor.pool.class_name, monitor.lvm.vg, monitor.lvm.pool]
 
-    def __init__(self, monitor: PoolMonitor, max_age: float = MAX_AGE) -> None:
-        self.monitor = monitor
+
+class PoolCollector(Collector):
+    """The VGs, the thin pools of the device classes and their CSI volumes, at
+    scrape time. Each family is yielded once, with a sample per class (or per
+    VG): two families of one name would be two HELP lines in the text format.
+    A VG is read once per scrape however many classes it holds."""
+
+    def __init__(self, monitors: Sequence[PoolMonitor], max_age: float = MAX_AGE) -> None:
+        if not monitors:
+            raise ValueError("no pool monitor to export")
+        self.monitors = list(monitors)
         self.max_age = max_age
 
+    def describe(self) -> Iterator[Metric]:
+        """The names, without reading LVM: the registry refuses a second
+        collector (or metric) of the same names at registration."""
+        for name in FAMILIES:
+            yield _gauge(name)
+
+    def _by_vg(self) -> dict[str, list[PoolMonitor]]:
+        groups: dict[str, list[PoolMonitor]] = {}
+        for monitor in self.monitors:
+            groups.setdefault(monitor.lvm.vg, []).append(monitor)
+        return groups
+
+    def _reading(self, group: list[PoolMonitor]) -> Reading | None:
+        """One reading of a VG for all its classes: the newest recent one any of
+        their monitors has (autoextend rounds keep theirs fresh), else one
+        refresh through the first monitor."""
+        recent = [r for m in group if (r := m.recent(self.max_age)) is not None]
+        if recent:
+            return max(recent, key=lambda r: r.taken)
+        return group[0].latest(max_age=self.max_age)
+
     def collect(self) -> Iterator[Metric]:
-        lvm, policy = self.monitor.lvm, self.monitor.pool.policy
-        pool_labels = [lvm.vg, lvm.pool]
         # The high-water marks need no LVM: alerts can compare against them always.
-        for name, value, doc in (
-            ("data_limit_percent", policy.data_limit,
-             "New volumes and snapshots are refused at or above this data fill"),
-            ("metadata_limit_percent", policy.metadata_limit,
-             "New volumes and snapshots are refused at or above this metadata fill"),
-            ("autoextend_threshold_percent", policy.autoextend_threshold,
-             "The plugin extends the thin pool at or above this fill (0: never)"),
-        ):
-            family = _gauge(f"thin_pool_{name}", doc, POOL_LABELS)
-            family.add_metric(pool_labels, value)
+        for name, attr in (("data_limit_percent", "data_limit"),
+                           ("metadata_limit_percent", "metadata_limit"),
+                           ("autoextend_threshold_percent", "autoextend_threshold")):
+            family = _gauge(f"thin_pool_{name}")
+            for monitor in self.monitors:
+                family.add_metric(_pool_labels(monitor), getattr(monitor.pool.policy, attr))
             yield family
-        reading = self.monitor.latest(max_age=self.max_age)
-        up = _gauge("volume_group_up", "1 when the plugin could read its volume group "
-                    "(the figures below are exported only then), 0 otherwise",
-                    ["volume_group"])
-        up.add_metric([lvm.vg], 1 if reading is not None else 0)
+        readings = {vg: self._reading(group) for vg, group in self._by_vg().items()}
+        up = _gauge("volume_group_up")
+        for vg, reading in readings.items():
+            up.add_metric([vg], 1 if reading is not None else 0)
         yield up
-        if reading is None:
+        read = {vg: r for vg, r in readings.items() if r is not None}
+        if not read:
             return
-        yield from self._volume_group(reading)
-        yield from self._pool(reading, pool_labels)
-        yield from self._volumes(reading)
-
-    def _volume_group(self, reading: Reading) -> Iterator[Metric]:
-        labels = [reading.vg.name]
-        for name, value, doc in (
-            ("size_bytes", reading.vg.size, "Size of the volume group"),
-            ("free_bytes", reading.vg.free, "Unallocated space in the volume group "
-             "(what the thin pool can be extended by)"),
-        ):
-            family = _gauge(f"volume_group_{name}", doc, ["volume_group"])
-            family.add_metric(labels, value)
+        for name, attr in (("size_bytes", "size"), ("free_bytes", "free")):
+            family = _gauge(f"volume_group_{name}")
+            for vg, reading in read.items():
+                family.add_metric([vg], getattr(reading.vg, attr))
             yield family
+        readable = [(m, read[m.lvm.vg]) for m in self.monitors if m.lvm.vg in read]
+        yield from self._pools(readable)
+        yield from self._volumes(readable)
 
-    def _pool(self, reading: Reading, labels: list[str]) -> Iterator[Metric]:
-        pool_lv = reading.report.find(self.monitor.lvm.pool)
-        if pool_lv is None or not pool_lv.is_thin_pool:
-            return
-        try:
-            capacity = capacity_of(reading.report, self.monitor.lvm.pool,
-                                   self.monitor.pool.ratio)
-        except StorageError:
-            return
-        figures: list[tuple[str, float | None, str]] = [
-            ("size_bytes", pool_lv.size, "Size of the thin pool's data"),
-            ("metadata_size_bytes", pool_lv.metadata_size, "Size of the thin pool's metadata"),
-            ("data_percent", pool_lv.data_percent, "How full the thin pool's data is"),
-            ("metadata_percent", pool_lv.metadata_percent,
-             "How full the thin pool's metadata is"),
-            ("provisioned_bytes", capacity.provisioned,
-             "Virtual sizes of every thin LV in the pool, added up"),
-            ("available_bytes", capacity.available,
-             "Room for new volumes, over-provisioning included, as GetCapacity reports it "
-             "while the pool is below its high-water marks"),
-        ]
-        for name, value, doc in figures:
-            if value is None:  # an inactive pool reports no fill
+    def _pools(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
+        figures = ("size_bytes", "metadata_size_bytes", "data_percent", "metadata_percent",
+                   "provisioned_bytes", "available_bytes")
+        families = {name: _gauge(f"thin_pool_{name}") for name in figures}
+        health = _gauge("thin_pool_healthy")
+        for monitor, reading in readable:
+            pool_lv = reading.report.find(monitor.lvm.pool)
+            if pool_lv is None or not pool_lv.is_thin_pool:
                 continue
-            family = _gauge(f"thin_pool_{name}", doc, POOL_LABELS)
-            family.add_metric(labels, value)
-            yield family
-        health = _gauge("thin_pool_healthy", "1 when LVM reports no health problem of the "
-                        "thin pool; health_status is LVM's lv_health_status "
-                        "(out_of_data, metadata_read_only, failed, ...)",
-                        [*POOL_LABELS, "health_status"])
-        health.add_metric([*labels, pool_lv.health], 0 if pool_lv.health else 1)
-        yield health
+            try:
+                capacity = capacity_of(reading.report, monitor.lvm.pool, monitor.pool.ratio)
+            except StorageError:
+                continue
+            labels = _pool_labels(monitor)
+            values: dict[str, float | None] = {
+                "size_bytes": pool_lv.size,
+                "metadata_size_bytes": pool_lv.metadata_size,
+                "data_percent": pool_lv.data_percent,
+                "metadata_percent": pool_lv.metadata_percent,
+                "provisioned_bytes": capacity.provisioned,
+                "available_bytes": capacity.available,
+            }
+            for name, value in values.items():
+                if value is not None:  # an inactive pool reports no fill
+                    families[name].add_metric(labels, value)
+            health.add_metric([*labels, pool_lv.health], 0 if pool_lv.health else 1)
+        for family in (*families.values(), health):
+            if family.samples:
+                yield family
 
-    def _volumes(self, reading: Reading) -> Iterator[Metric]:
-        volumes = [lv for lv in reading.report.lvs if vols.is_csi_volume(lv)]
-        snapshots = [lv for lv in reading.report.lvs if vols.is_csi_snapshot(lv)]
-        for name, count, doc in (
-                ("volumes", len(volumes), "CSI volumes in the volume group"),
-                ("snapshots", len(snapshots), "CSI snapshots in the volume group")):
-            family = _gauge(name, doc)
-            family.add_metric([], count)
-            yield family
-        size = _gauge("volume_size_bytes", "Virtual size of a CSI volume", VOLUME_LABELS)
-        data = _gauge("volume_data_percent", "How much of a CSI volume's virtual size the "
-                      "thin pool has allocated (absent while the volume is inactive)",
-                      VOLUME_LABELS)
-        for lv in volumes:
-            labels = _volume_labels(lv)
-            size.add_metric(labels, lv.size)
-            if lv.data_percent is not None:
-                data.add_metric(labels, lv.data_percent)
+    def _volumes(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
+        counts = {"volumes": _gauge("volumes"), "snapshots": _gauge("snapshots")}
+        size, data = _gauge("volume_size_bytes"), _gauge("volume_data_percent")
+        for monitor, reading in readable:
+            # The reading is the whole VG's: only this class's pool's LVs.
+            mine = [lv for lv in reading.report.lvs if lv.pool == monitor.lvm.pool]
+            volumes = [lv for lv in mine if vols.is_csi_volume(lv)]
+            snapshots = [lv for lv in mine if vols.is_csi_snapshot(lv)]
+            counts["volumes"].add_metric(_pool_labels(monitor), len(volumes))
+            counts["snapshots"].add_metric(_pool_labels(monitor), len(snapshots))
+            for lv in volumes:
+                labels = _volume_labels(lv, monitor.pool.class_name)
+                size.add_metric(labels, lv.size)
+                if lv.data_percent is not None:
+                    data.add_metric(labels, lv.data_percent)
+        yield from counts.values()
         yield size
         yield data
 
 
-def _volume_labels(lv: LogicalVolume) -> list[str]:
+def _volume_labels(lv: LogicalVolume, device_class: str) -> list[str]:
     names = vols.co_names(lv)
-    return [lv.name, names.get("pvc_name", ""), names.get("pvc_namespace", "")]
+    return [lv.name, names.get("pvc_name", ""), names.get("pvc_namespace", ""), device_class]
 
 
 class MetricsServer:

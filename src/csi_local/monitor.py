@@ -1,6 +1,7 @@
-"""The plugin's watch on its thin pool: one background thread that reads the
-VG every few seconds, extends the pool when it crosses the autoextend
-threshold, and keeps the last reading for the metrics endpoint.
+"""The plugin's watch on its thin pools: one monitor per device class, each a
+background thread that reads its class's VG every few seconds, extends the
+class's pool when it crosses the autoextend threshold, and keeps the last
+reading for the metrics endpoint.
 
 Why a thread: the pool fills through writes to volumes, which never pass
 through the plugin, and dmeventd (LVM's own autoextend) does not run in the
@@ -34,7 +35,8 @@ class Reading:
 
 
 class PoolMonitor:
-    """Reads the VG every `interval` seconds (and on demand), autoextends."""
+    """Reads the VG of one class's pool every `interval` seconds (and on
+    demand), autoextends that pool."""
 
     def __init__(self, lvm: Lvm, pool: Pool, interval: float = 10.0,
                  on_extend: Callable[[str, int], None] | None = None) -> None:
@@ -47,20 +49,30 @@ class PoolMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def latest(self, max_age: float = 5.0) -> Reading | None:
-        """The last reading, refreshed first when older than `max_age` seconds;
-        None when the VG cannot be read (missing, LVM failing)."""
+    def recent(self, max_age: float = 5.0) -> Reading | None:
+        """The last reading if it is at most `max_age` seconds old, else None;
+        never reads LVM (the metrics share one reading of a VG among the
+        monitors of the classes it holds)."""
         reading = self._reading
         if reading is not None and time.time() - reading.taken <= max_age:
             return reading
+        return None
+
+    def latest(self, max_age: float = 5.0) -> Reading | None:
+        """The last reading, refreshed first when older than `max_age` seconds;
+        None when the VG cannot be read (missing, LVM failing)."""
+        reading = self.recent(max_age)
+        if reading is not None:
+            return reading
         with self._read_lock:  # one refresh at a time; others use its result
-            reading = self._reading
-            if reading is not None and time.time() - reading.taken <= max_age:
+            reading = self.recent(max_age)
+            if reading is not None:
                 return reading
             try:
                 reading = Reading(self.lvm.report(), self.lvm.volume_group(), time.time())
             except StorageError as err:
-                log.debug("pool monitor: cannot read the VG: %s", err.message)
+                log.debug("pool monitor of class %s: cannot read volume group %s: %s",
+                          self.pool.class_name, self.lvm.vg, err.message)
                 return None
             self._reading = reading
             return reading
@@ -87,7 +99,8 @@ class PoolMonitor:
         and every LVM call costs the node a process start."""
         if self._thread is not None or not self.pool.policy.autoextend_threshold:
             return
-        self._thread = threading.Thread(target=self._run, name="pool-monitor", daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"pool-monitor-{self.pool.class_name}")
         self._thread.start()
 
     def stop(self) -> None:
@@ -100,5 +113,5 @@ class PoolMonitor:
             try:
                 self.check()
             except Exception:  # never let the watch die silently
-                log.exception("pool monitor round failed")
+                log.exception("pool monitor round of class %s failed", self.pool.class_name)
             self._stop.wait(self.interval)

@@ -18,9 +18,11 @@ from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.backend import Backend
+from csi_local.errors import VolumeGroupMissing
 from csi_local.locks import volume_key
 from csi_local.lvm import LogicalVolume
 from csi_local.mounts import Mount, mount_node
+from csi_local.pool import Pool
 from csi_local.rpc import (
     AlreadyExists,
     FailedPrecondition,
@@ -55,8 +57,7 @@ class Device(NamedTuple):
 class NodeServicer(csi_pb2_grpc.NodeServicer):
     def __init__(self, backend: Backend) -> None:
         self.config = backend.config
-        self.lvm = backend.lvm
-        self.pool = backend.pool
+        self.pools = backend.pools
         self.fs = backend.fs
         self.host = backend.host
         self.state = backend.state
@@ -65,8 +66,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
         return self.locks.hold(volume_key(volume_id))
 
-    def _volume(self, volume_id: str) -> LogicalVolume:
-        return vols.get_volume(self.lvm, volume_id)
+    def _volume(self, volume_id: str) -> tuple[Pool, LogicalVolume]:
+        return vols.get_volume(self.pools, volume_id)
+
+    def _find(self, volume_id: str) -> LogicalVolume | None:
+        found = self.pools.find(volume_id)
+        return found[1] if found is not None else None
 
     def _device_mounted_at(self, dev: Device, path: str,
                            table: list[Mount] | None = None) -> bool:
@@ -78,11 +83,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         """The device of a staged volume, from its node under /dev: a staged volume
         is active, and a stat costs nothing where an `lvs` costs a process.
         Falls back to LVM (NOT_FOUND when the LV is gone)."""
-        path = os.path.join("/dev", self.lvm.vg, volume_id)
-        numbers = self.host.device_numbers(path)
-        if numbers is None:
-            return Device.of(self._volume(volume_id))
-        return Device(path, *numbers)
+        for vg in self.pools.classes.volume_groups:
+            path = os.path.join("/dev", vg, volume_id)
+            numbers = self.host.device_numbers(path)
+            if numbers is not None:
+                return Device(path, *numbers)
+        return Device.of(self._volume(volume_id)[1])
 
     # stage ---------------------------------------------------------------
 
@@ -92,9 +98,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         staging_path = validation.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
-        cap = validation.capability(request.volume_capability, self.config.default_fs_type)
+        default_fs = self.pools.default.default_fs_type
+        cap = validation.capability(request.volume_capability, default_fs)
         with self._lock(volume_id):
-            lv = self._volume(volume_id)
+            pool, lv = self._volume(volume_id)
+            if pool.default_fs_type != default_fs:  # no fs_type asked: the class's default
+                cap = validation.capability(request.volume_capability, pool.default_fs_type)
             rec = self.state.get(volume_id)
             if rec.staging is not None:
                 s = rec.staging
@@ -108,28 +117,29 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     raise AlreadyExists(
                         f"volume {volume_id} is staged at {s.path} with another capability"
                     )
-            lv = self.lvm.activate(lv)
+            lv = pool.lvm.activate(lv)
             self.host.wait_for_device(lv.path)
             if cap.access_type is AccessType.BLOCK:
-                staging = self._stage_block(lv, staging_path, cap)
+                staging = self._stage_block(pool, lv, staging_path, cap)
             else:
-                staging = self._stage_mount(lv, staging_path, cap)
+                staging = self._stage_mount(pool, lv, staging_path, cap)
             if rec.staging != staging:
                 self.state.set_staging(volume_id, staging)
         return pb.NodeStageVolumeResponse()
 
-    def _mark_used(self, lv: LogicalVolume) -> None:
+    @staticmethod
+    def _mark_used(pool: Pool, lv: LogicalVolume) -> None:
         """Drop the `fresh` tag before the volume is handed to anything that
         writes: from then on it is never formatted again."""
         if vols.TAG_FRESH in lv.tags:
-            self.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
+            pool.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
 
-    def _stage_block(self, lv: LogicalVolume, staging_path: str,
+    def _stage_block(self, pool: Pool, lv: LogicalVolume, staging_path: str,
                      cap: validation.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
         if not self._device_mounted_at(Device.of(lv), target):
-            self._mark_used(lv)
+            self._mark_used(pool, lv)
             if not os.path.exists(target):
                 with open(target, "a"):
                     pass
@@ -137,7 +147,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         # A grow-fs tag stays for the first stage as a file system (nothing to grow here).
         return Staging(path=staging_path, access_type=AccessType.BLOCK, access_mode=cap.mode)
 
-    def _stage_mount(self, lv: LogicalVolume, staging_path: str,
+    def _stage_mount(self, pool: Pool, lv: LogicalVolume, staging_path: str,
                      cap: validation.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
@@ -148,15 +158,15 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         else:
             fs_type = self.fs.ensure_filesystem(
                 lv.path, cap.fs_type, fresh=vols.TAG_FRESH in lv.tags, name=lv.name)
-            self._mark_used(lv)
+            self._mark_used(pool, lv)
             if vols.TAG_NEW_FSID in lv.tags:
                 # The origin is on this node too, most likely mounted.
                 self.fs.new_fsid(lv.path, fs_type)
-                self.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
+                pool.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
             self.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
         if vols.TAG_GROW_FS in lv.tags:
             self.fs.grow(lv.path, staging_path, fs_type)
-            self.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
+            pool.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
         return Staging(path=staging_path, access_type=AccessType.MOUNT, fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
 
@@ -177,7 +187,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 return pb.NodeUnstageVolumeResponse()  # never ours: nothing to undo
             # Without a record (a stage killed before its state write), LVM says
             # whether what is mounted there is this volume.
-            lv = self.lvm.find(volume_id) if rec.staging is None else None
+            lv = self._find(volume_id) if rec.staging is None else None
             block_file = block_stage_file(staging_path, volume_id)
             block_staged = (rec.staging is not None
                             and rec.staging.access_type is AccessType.BLOCK)
@@ -209,7 +219,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         staging_path = validation.path(request.staging_target_path, "staging_target_path")
         if not request.HasField("volume_capability"):
             raise InvalidArgument("volume_capability is required")
-        cap = validation.capability(request.volume_capability, self.config.default_fs_type)
+        cap = validation.capability(request.volume_capability,
+                                    self.pools.default.default_fs_type)
         readonly = request.readonly or cap.read_only_mode
         with self._lock(volume_id):
             rec = self.state.get(volume_id)
@@ -301,7 +312,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             # whether what is mounted there is this volume.
             ours = target in rec.publishes
             if not ours and vols.is_volume_id(volume_id) and self.host.is_mount_point(target):
-                lv = self.lvm.find(volume_id)
+                lv = self._find(volume_id)
                 ours = lv is not None and self._device_mounted_at(Device.of(lv), target)
             if ours:
                 self._unmount_target(target)
@@ -341,10 +352,16 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         rec = self.state.get(volume_id)
         path = self._volume_path(rec, raw_path)
         assert rec.staging is not None
-        lvs = self.lvm.list()
-        lv = next((x for x in lvs if x.name == volume_id and vols.is_csi_volume(x)), None)
-        pool = next((x for x in lvs if x.name == self.lvm.pool), None)
-        condition = vols.condition(lv, pool, self.pool.name, self.pool.fill_problem(pool))
+        lvs, missing = self.pools.scan()
+        found = next(((p, x) for p, x in lvs
+                      if p is not None and x.name == volume_id and vols.is_csi_volume(x)), None)
+        if found is None and missing:
+            raise VolumeGroupMissing(f"volume group {', '.join(missing)} not found: the "
+                                     f"volume {volume_id} cannot be checked")
+        lv = found[1] if found is not None else None
+        pool = found[0] if found is not None else self.pools.default
+        pool_lv = self.pools.thin_pool_lvs(lvs).get(pool.class_name)
+        condition = vols.condition(lv, pool_lv, pool.name, pool.fill_problem(pool_lv))
         problems = [condition.message] if condition.abnormal else []
         resp = pb.NodeGetVolumeStatsResponse()
         block = rec.staging.access_type is AccessType.BLOCK
@@ -382,13 +399,13 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         volume_id = validation.object_id(request.volume_id, "volume_id")
         raw_path = validation.required(request.volume_path, "volume_path")
         with self._lock(volume_id):
-            lv = self._volume(volume_id)
+            pool, lv = self._volume(volume_id)
             rec = self.state.get(volume_id)
             self._volume_path(rec, raw_path)
             assert rec.staging is not None
             if request.HasField("capacity_range"):
                 rng = request.capacity_range
-                lv = self.pool.grow(lv, rng.required_bytes, rng.limit_bytes)
+                lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
             if rec.staging.access_type is AccessType.MOUNT:
                 self.fs.grow(lv.path, rec.staging.path, rec.staging.fs_type)
         return pb.NodeExpandVolumeResponse(capacity_bytes=lv.size)

@@ -15,11 +15,10 @@ from csi_local.fs import Filesystems
 from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
-from csi_local.lvm import Lvm
 from csi_local.monitor import PoolMonitor
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
-from csi_local.pool import Pool
+from csi_local.pool import Pools
 from csi_local.recovery import rebuild_state, reconcile_state
 from csi_local.runner import ShRunner
 from csi_local.state import StateStore, VolumeRecord
@@ -61,30 +60,38 @@ class CsiPlugin:
         runner = ShRunner(timeout=config.command_timeout,
                           observe=metrics.observe_command if metrics else None)
         host = Host()
-        lvm = Lvm(runner, config.volume_group, config.thin_pool)
         locks = Locks(config.lock_dir)
+        pools = Pools(config.classes, runner, locks, config.pool_policy)
 
         def rebuild() -> dict[str, VolumeRecord]:
             if metrics is not None:
                 metrics.state_rebuilt()
-            return rebuild_state(lvm, host)
+            return rebuild_state(pools, host)
 
         state = StateStore(config.state_dir, rebuild=rebuild,
-                           reconcile=lambda records: reconcile_state(lvm, host, records))
-        pool = Pool(lvm, locks, config.overprovision_ratio, config.pool_policy)
-        self.monitor = PoolMonitor(lvm, pool, config.pool_monitor_interval,
-                                   on_extend=metrics.observe_extend if metrics else None)
+                           reconcile=lambda records: reconcile_state(pools, host, records))
+        # One monitor per class's pool: each reads its own VG and extends its pool.
+        self.monitors = [
+            PoolMonitor(pool.lvm, pool, config.pool_monitor_interval,
+                        on_extend=metrics.extend_observer(pool.class_name) if metrics else None)
+            for pool in pools
+        ]
         if metrics is not None:
-            metrics.watch(self.monitor)
+            metrics.watch(self.monitors)
         self.backend = Backend(
-            config=config, lvm=lvm, pool=pool,
+            config=config, pools=pools,
             fs=Filesystems(runner, host), host=host, state=state, locks=locks,
             paginator=Paginator(_token_key(config.state_dir)),
         )
-        self.identity = IdentityServicer(config, lvm)
+        self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
 
+    def start(self) -> None:
+        for monitor in self.monitors:
+            monitor.start()
+
     def close(self) -> None:
-        self.monitor.stop()
+        for monitor in self.monitors:
+            monitor.stop()
         self.backend.state.close()

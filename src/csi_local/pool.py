@@ -19,13 +19,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from csi_local import sizes
-from csi_local.errors import NoRoom, PoolUnusable, VolumeGroupMissing
-from csi_local.locks import POOL_KEY, Locks
-from csi_local.lvm import LogicalVolume, Lvm, VgReport
+from csi_local.classes import DeviceClass, DeviceClasses
+from csi_local.errors import NoRoom, PoolUnusable, UnknownDeviceClass, VolumeGroupMissing
+from csi_local.locks import Locks, pool_key
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, find_in_vgs, list_vgs
+
+if TYPE_CHECKING:
+    from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +89,21 @@ class Pool:
     """One VG's thin pool, its over-provisioning ratio, and the pool lock."""
 
     def __init__(self, lvm: Lvm, locks: Locks, ratio: float,
-                 policy: PoolPolicy | None = None) -> None:
+                 policy: PoolPolicy | None = None, *,
+                 device_class: DeviceClass | None = None) -> None:
         self.lvm = lvm
         self.locks = locks
         self.ratio = ratio
         self.policy = policy or PoolPolicy()
+        self.device_class = device_class or DeviceClass("default", lvm.vg, lvm.pool, ratio)
+
+    @property
+    def class_name(self) -> str:
+        return self.device_class.name
+
+    @property
+    def default_fs_type(self) -> str:
+        return self.device_class.default_fs_type
 
     @property
     def name(self) -> str:
@@ -185,7 +200,7 @@ class Pool:
         """Hold the pool lock and read the VG once. Whatever is checked against
         the report and then made or grown inside the block cannot be
         overtaken by another create, in this process or the other plugin."""
-        with self.locks.hold(POOL_KEY, timeout=timeout):
+        with self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout):
             yield self.lvm.report()
 
     def create_thin(self, report: VgReport, name: str, size: int,
@@ -215,3 +230,116 @@ class Pool:
             if before is not None:
                 before()
             return self.lvm.extend(lv.name, size)
+
+
+class Pools:
+    """The pools of every device class of the node, and how an LV is found
+    among them: by one report over the classes' VGs, its VG and thin pool
+    naming its class (nothing else records it)."""
+
+    def __init__(self, classes: DeviceClasses, runner: Runner, locks: Locks,
+                 policy: PoolPolicy | None = None) -> None:
+        self.classes = classes
+        self.runner = runner
+        self._pools = {
+            c.name: Pool(Lvm(runner, c.volume_group, c.thin_pool, c.lvcreate_args), locks,
+                          c.overprovision_ratio, policy, device_class=c)
+            for c in classes.classes
+        }
+
+    @classmethod
+    def of(cls, pool: Pool) -> Pools:
+        """The pools of a node with this one class (tests, tools)."""
+        pools = cls(DeviceClasses((pool.device_class,), pool.class_name), pool.lvm.runner,
+                    pool.locks, pool.policy)
+        pools._pools[pool.class_name] = pool
+        return pools
+
+    def __iter__(self) -> Iterator[Pool]:
+        return iter(self._pools.values())
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    @property
+    def default(self) -> Pool:
+        return self._pools[self.classes.default]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._pools)
+
+    def get(self, name: str | None) -> Pool | None:
+        """The pool of class `name` (None or "": the default), None if unknown."""
+        return self.default if not name else self._pools.get(name)
+
+    def select(self, name: str | None) -> Pool:
+        """As get(), UnknownDeviceClass naming the known classes otherwise."""
+        pool = self.get(name)
+        if pool is None:
+            raise UnknownDeviceClass(f"unknown device class {name!r} (this node has: "
+                                     f"{', '.join(sorted(self._pools))})")
+        return pool
+
+    def of_lv(self, lv: LogicalVolume) -> Pool | None:
+        """The pool (so the class) a thin LV belongs to; None for other LVs."""
+        c = self.classes.of_pool(lv.vg, lv.pool)
+        return self._pools[c.name] if c is not None else None
+
+    @property
+    def single_vg(self) -> bool:
+        return len(self.classes.volume_groups) == 1
+
+    def locate(self, *names: str, required: Iterable[str] | None = None
+               ) -> dict[str, tuple[Pool, LogicalVolume]]:
+        """{name: (its pool, its LV)} for those of `names` that are LVs of a
+        class's pool, from one `lvs`. VolumeGroupMissing when one of `required`
+        (default: all) is not found and a class's VG is missing: it may be
+        there, so it must never be called gone."""
+        if self.single_vg and len(names) == 1:
+            pool = next(iter(self._pools.values()))
+            lv = pool.lvm.find(names[0])  # one `lvs VG/LV`, as with one class
+            found = [lv] if lv is not None else []
+            missing: list[str] = []
+        else:
+            found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
+        out: dict[str, tuple[Pool, LogicalVolume]] = {}
+        for lv in found:
+            owner = self.of_lv(lv)
+            if owner is not None and lv.name in names and lv.name not in out:
+                out[lv.name] = (owner, lv)
+        wanted = set(names if required is None else required)
+        if missing and not wanted <= set(out):
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: the node cannot serve those "
+                "volumes until it is back")
+        return out
+
+    def find(self, name: str) -> tuple[Pool, LogicalVolume] | None:
+        return self.locate(name).get(name)
+
+    def scan(self) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
+        """Every LV of the classes' VGs with its pool (None: not a class's thin
+        LV, e.g. a pool itself or another user's LV), from one `lvs`; and the
+        VGs that are missing."""
+        if self.single_vg:
+            pool = next(iter(self._pools.values()))
+            try:
+                lvs = pool.lvm.list()
+                missing = []
+            except VolumeGroupMissing:
+                lvs, missing = [], [pool.lvm.vg]
+        else:
+            lvs, missing = list_vgs(self.runner, self.classes.volume_groups)
+        return [(self.of_lv(lv), lv) for lv in lvs], missing
+
+    def thin_pool_lvs(self, lvs: list[tuple[Pool | None, LogicalVolume]]
+                      ) -> dict[str, LogicalVolume]:
+        """{class name: its thin pool's LV} among `lvs` (a class whose pool is
+        missing is not in it)."""
+        out = {}
+        for pool in self:
+            for _, lv in lvs:
+                if lv.vg == pool.lvm.vg and lv.name == pool.lvm.pool:
+                    out[pool.class_name] = lv
+        return out

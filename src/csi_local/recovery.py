@@ -21,8 +21,9 @@ from dataclasses import replace
 from csi_local import volumes as vols
 from csi_local.errors import StorageError
 from csi_local.host import Host
-from csi_local.lvm import LogicalVolume, Lvm
+from csi_local.lvm import LogicalVolume
 from csi_local.mounts import Mount, mount_node
+from csi_local.pool import Pools
 from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 
 log = logging.getLogger(__name__)
@@ -105,20 +106,26 @@ def _staging(m: Mount, block_node: bool) -> Staging:
                    flags_known=False)
 
 
-def _csi_lvs(lvm: Lvm) -> list[LogicalVolume] | None:
+def _csi_lvs(pools: Pools) -> tuple[list[LogicalVolume], list[str]] | None:
+    """The CSI volumes of every class, and the VGs that are missing."""
     try:
-        return [lv for lv in lvm.list() if vols.is_csi_volume(lv)]
+        found, missing = pools.scan()
     except StorageError as err:
         log.error("cannot list LVs to recover the node state: %s", err.message)
         return None
+    if missing:
+        log.error("volume group %s not found: the state of its volumes cannot be recovered "
+                  "or checked", ", ".join(missing))
+    return [lv for pool, lv in found if pool is not None and vols.is_csi_volume(lv)], missing
 
 
-def rebuild_state(lvm: Lvm, host: Host) -> dict[str, VolumeRecord]:
+def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
     """Staging and publish records recovered from the kernel's mount table."""
     table = host.mounts()
-    lvs = _csi_lvs(lvm)
+    listed = _csi_lvs(pools)
+    lvs = listed[0] if listed is not None else []
     records: dict[str, VolumeRecord] = {}
-    for lv in lvs or []:
+    for lv in lvs:
         if lv.kernel_major < 0:
             continue
         rec = _record_from_mounts(lv, host.mounts_of(lv.kernel_major, lv.kernel_minor, table))
@@ -127,7 +134,7 @@ def rebuild_state(lvm: Lvm, host: Host) -> dict[str, VolumeRecord]:
     return records
 
 
-def reconcile_state(lvm: Lvm, host: Host,
+def reconcile_state(pools: Pools, host: Host,
                     records: dict[str, VolumeRecord]) -> dict[str, VolumeRecord]:
     """The records of a surviving state file, less what is no longer mounted.
 
@@ -138,13 +145,17 @@ def reconcile_state(lvm: Lvm, host: Host,
     records are kept as they are: nothing can be verified, and nothing is lost.
     """
     table = host.mounts()
-    lvs = _csi_lvs(lvm)
-    if lvs is None:
+    listed = _csi_lvs(pools)
+    if listed is None:
         return records
+    lvs, missing = listed
     by_name = {lv.name: lv for lv in lvs}
     out: dict[str, VolumeRecord] = {}
     for vid, rec in records.items():
         lv = by_name.get(vid)
+        if lv is None and missing:
+            out[vid] = rec  # perhaps in the missing VG: nothing can be verified
+            continue
         if lv is None or lv.kernel_major < 0:
             continue  # the LV is gone or inactive: nothing of it can be mounted
 

@@ -73,6 +73,7 @@ CODES: dict[type[errors.StorageError], str] = {
     # yet must never make a volume look deleted.
     errors.VolumeGroupMissing: "UNAVAILABLE",
     errors.LvNotFound: "NOT_FOUND",
+    errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.PoolUnusable: "FAILED_PRECONDITION",
     errors.NoRoom: "RESOURCE_EXHAUSTED",
     errors.SizeOutOfRange: "OUT_OF_RANGE",

@@ -147,7 +147,7 @@ def serve(config: Config) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    plugin.monitor.start()
+    plugin.start()
     metrics_server = None
     if plugin.metrics is not None:
         from csi_local.metrics import serve_metrics
@@ -160,10 +160,11 @@ def serve(config: Config) -> None:
             if os.path.lexists(path):
                 os.unlink(path)
             raise ServerError(f"cannot serve metrics on {config.metrics_address}: {err}") from None
+    classes = config.classes
     log.info(
-        "csi-local serving %s on %s (node %s, pool %s/%s)",
+        "csi-local serving %s on %s (node %s; device classes: %s; default %s)",
         config.driver_name, config.endpoint, config.node_id,
-        config.volume_group, config.thin_pool,
+        ", ".join(f"{c.name}={c.pool_name}" for c in classes.classes), classes.default,
     )
     stop.wait()
     # New RPCs are refused at once; in-flight ones get the grace period.

@@ -5,6 +5,11 @@ the state file read as it is (never through a StateStore, which takes the
 state directory's exclusive lock and would refuse, or block the plugin's
 start). Nothing is changed: not LVM, not the state, not the lock directory.
 
+Every device class is shown: its VG and thin pool (one `vgs` and one `lvs`
+per VG, however many classes it holds), and the class of every volume (its
+VG and thin pool say it). The classes are the flags' one (`--volume-group`,
+`--thin-pool`, named `default`) or a configuration file's (`--config`).
+
 Possible orphans are guesses, and say so: the node cannot know whether a CO
 still knows a volume. A CSI volume that is neither staged nor published and
 older than --orphan-age (a CreateVolume whose reply was lost, a claim deleted
@@ -27,6 +32,13 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from csi_local import volumes
+from csi_local.classes import (
+    ClassConfigError,
+    DeviceClass,
+    DeviceClasses,
+    load_classes,
+    single_class,
+)
 from csi_local.dhv import tags as dhv_tags
 from csi_local.dhv.request import LV_PREFIX as DHV_PREFIX
 from csi_local.errors import LockDirError, StorageError
@@ -68,9 +80,20 @@ class _NoLocks(Locks):
         yield  # pragma: no cover - makes this a generator
 
 
-def read_only_pool(lvm: Lvm, ratio: float = 1.0, policy: PoolPolicy | None = None) -> Pool:
+def read_only_pool(lvm: Lvm, ratio: float = 1.0, policy: PoolPolicy | None = None, *,
+                   device_class: DeviceClass | None = None) -> Pool:
     """A Pool for reading room and fill, without the lock directory."""
-    return Pool(lvm, _NoLocks(), ratio, policy or PoolPolicy())
+    return Pool(lvm, _NoLocks(), ratio, policy or PoolPolicy(), device_class=device_class)
+
+
+def node_classes(args: argparse.Namespace, ratio: float = 1.0) -> DeviceClasses:
+    """The device classes `status` or `doctor` was given: the configuration
+    file's (`--config`; ClassConfigError when it is unreadable or wrong) or
+    the one class of `--volume-group` and `--thin-pool`. `ratio` is the
+    over-provisioning ratio of a class that sets none."""
+    if getattr(args, "config", None):
+        return load_classes(args.config, overprovision_ratio=ratio)
+    return single_class(args.volume_group, args.thin_pool, overprovision_ratio=ratio)
 
 
 # the report ---------------------------------------------------------------------
@@ -93,6 +116,7 @@ class Published:
 class VolumeInfo:
     id: str
     kind: str  # "volume" or "snapshot"
+    device_class: str | None  # None: in a thin pool that is no class's
     size: int
     data_percent: float | None
     active: bool
@@ -120,6 +144,7 @@ class HostVolumeInfo:
     age_seconds: int
     kind: str = "volume"  # or "snapshot" (csi-local-dhv snapshot create)
     source: str | None = None  # a clone's or snapshot's: "volume:<ID>" or "snapshot:<name>"
+    device_class: str | None = None  # None: in a thin pool that is no class's
 
 
 @dataclass(frozen=True)
@@ -154,6 +179,18 @@ class PoolInfo:
 
 
 @dataclass(frozen=True)
+class ClassInfo:
+    """A device class: its VG (None when it cannot be read, `error` says why)
+    and its thin pool."""
+
+    name: str
+    default: bool
+    volume_group: VolumeGroupInfo | None
+    thin_pool: PoolInfo
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StateInfo:
     path: str
     error: str | None  # None: read (or absent, which means nothing is staged)
@@ -162,9 +199,14 @@ class StateInfo:
 
 @dataclass(frozen=True)
 class Status:
-    volume_group: VolumeGroupInfo
+    # The default class's VG and pool, as before device classes: what a script
+    # of a one-class node reads. Every class's are in `classes`.
+    volume_group: VolumeGroupInfo | None
     thin_pool: PoolInfo
     state: StateInfo
+    default_class: str
+    classes: list[ClassInfo]
+    config: str | None = None  # the configuration file of the classes; None: the flags
     volumes: list[VolumeInfo] = field(default_factory=list)
     snapshots: list[VolumeInfo] = field(default_factory=list)
     host_volumes: list[HostVolumeInfo] = field(default_factory=list)
@@ -206,43 +248,103 @@ def _source(lv: LogicalVolume) -> str | None:
 
 def collect(runner: Runner, vg: str, pool: str, state_dir: str, *, ratio: float = 1.0,
             orphan_age: float = DEFAULT_ORPHAN_AGE, now: float | None = None) -> Status:
-    """The node's status; VolumeGroupMissing (or another StorageError) when the
-    VG cannot be read."""
+    """The status of a node with one class, `vg`/`pool` (the flags')."""
+    return collect_classes(runner, single_class(vg, pool, overprovision_ratio=ratio),
+                           state_dir, orphan_age=orphan_age, now=now)
+
+
+@dataclass
+class _PoolContext:
+    """What a volume's condition needs of its thin pool."""
+
+    name: str
+    lv: LogicalVolume | None
+    fill: str | None = None
+
+
+def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
+                    orphan_age: float = DEFAULT_ORPHAN_AGE,
+                    now: float | None = None) -> Status:
+    """The node's status over every device class: one `vgs` and one `lvs` per
+    VG. A VG that cannot be read is shown as its classes' error; when none
+    can, its error is raised (VolumeGroupMissing or another StorageError)."""
     now = time.time() if now is None else now
-    lvm = Lvm(runner, vg, pool)
-    group = lvm.volume_group()
-    report = lvm.report()
-    the_pool = read_only_pool(lvm, ratio)
-    pool_info, pool_lv, fill = _pool_info(the_pool, report)
+    pools = {c.name: read_only_pool(Lvm(runner, c.volume_group, c.thin_pool),
+                                    c.overprovision_ratio, device_class=c)
+             for c in classes.classes}
+    infos: dict[str, ClassInfo] = {}
+    reports: list[VgReport] = []
+    contexts: dict[tuple[str, str], _PoolContext] = {}
+    failure: StorageError | None = None
+    for vg in classes.volume_groups:
+        members = [c for c in classes.classes if c.volume_group == vg]
+        lvm = pools[members[0].name].lvm
+        try:
+            group = lvm.volume_group()
+            report = lvm.report()
+        except StorageError as err:
+            failure = failure or err
+            for c in members:
+                pool = pools[c.name]
+                infos[c.name] = ClassInfo(
+                    c.name, c.name == classes.default, None,
+                    PoolInfo(pool.name, False, overprovision_ratio=pool.ratio,
+                             problem="not read: the volume group cannot be read"),
+                    err.message)
+            continue
+        reports.append(report)
+        vg_info = VolumeGroupInfo(group.name, group.size, group.free)
+        for c in members:
+            pool_info, pool_lv, fill = _pool_info(pools[c.name], report)
+            infos[c.name] = ClassInfo(c.name, c.name == classes.default, vg_info, pool_info)
+            contexts[(vg, c.thin_pool)] = _PoolContext(pools[c.name].name, pool_lv, fill)
+    if not reports and failure is not None:
+        raise failure
     records, state_info = read_state(state_dir)
-    status = Status(VolumeGroupInfo(group.name, group.size, group.free), pool_info,
-                    state_info, orphan_age_seconds=orphan_age)
-    for lv in report.lvs:
-        age = max(0, int(now) - lv.created) if lv.created else 0
-        if volumes.is_csi_volume(lv) or volumes.is_csi_snapshot(lv):
-            info = _volume_info(lv, records, pool_lv, the_pool.name, fill, age, orphan_age)
-            (status.volumes if info.kind == "volume" else status.snapshots).append(info)
-            if info.possible_orphan:
-                status.possible_orphans.append(Orphan(
-                    lv.name, "unused volume",
-                    f"neither staged nor published on this node, and older than "
-                    f"{duration_text(orphan_age)}", lv.created, age))
-        elif lv.name.startswith(DHV_PREFIX) and lv.tag_value(dhv_tags.TAG_KIND):
-            kind = lv.tag_value(dhv_tags.TAG_KIND) or "volume"
-            status.host_volumes.append(HostVolumeInfo(
-                lv=lv.name, kind=kind, source=lv.tag_value(dhv_tags.TAG_SOURCE),
-                id=lv.tag_value(dhv_tags.TAG_SNAPSHOT if kind == dhv_tags.KIND_SNAPSHOT
-                                else dhv_tags.TAG_ID),
-                name=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAME)),
-                namespace=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAMESPACE)),
-                fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
-                data_percent=lv.data_percent,
-                condition=_condition(lv, pool_lv, the_pool.name, fill),
-                created=lv.created, age_seconds=age))
-        elif any(t.startswith(TAG_NAMESPACE) for t in lv.tags):
-            status.possible_orphans.append(Orphan(lv.name, "stray LV", _stray_reason(lv),
-                                                  lv.created, age))
+    default = infos[classes.default]
+    status = Status(default.volume_group, default.thin_pool, state_info, classes.default,
+                    [infos[c.name] for c in classes.classes], classes.source or None,
+                    orphan_age_seconds=orphan_age)
+    for report in reports:
+        for lv in report.lvs:
+            _add_lv(status, classes, contexts, report, lv, records, orphan_age, now)
     return status
+
+
+def _add_lv(status: Status, classes: DeviceClasses,
+            contexts: dict[tuple[str, str], _PoolContext], report: VgReport,
+            lv: LogicalVolume, records: dict[str, VolumeRecord] | None, orphan_age: float,
+            now: float) -> None:
+    age = max(0, int(now) - lv.created) if lv.created else 0
+    owner = classes.of_pool(lv.vg, lv.pool) if lv.pool else None
+    # A thin LV of a pool that is no class's (a class taken out of the file)
+    # is shown too, against its own pool, without a class.
+    pool = contexts.get((lv.vg, lv.pool)) or _PoolContext(
+        f"{lv.vg}/{lv.pool}", report.find(lv.pool) if lv.pool else None)
+    device_class = owner.name if owner is not None else None
+    if volumes.is_csi_volume(lv) or volumes.is_csi_snapshot(lv):
+        info = _volume_info(lv, device_class, records, pool, age, orphan_age)
+        (status.volumes if info.kind == "volume" else status.snapshots).append(info)
+        if info.possible_orphan:
+            status.possible_orphans.append(Orphan(
+                lv.name, "unused volume",
+                f"neither staged nor published on this node, and older than "
+                f"{duration_text(orphan_age)}", lv.created, age))
+    elif lv.name.startswith(DHV_PREFIX) and lv.tag_value(dhv_tags.TAG_KIND):
+        kind = lv.tag_value(dhv_tags.TAG_KIND) or "volume"
+        status.host_volumes.append(HostVolumeInfo(
+            lv=lv.name, kind=kind, source=lv.tag_value(dhv_tags.TAG_SOURCE),
+            id=lv.tag_value(dhv_tags.TAG_SNAPSHOT if kind == dhv_tags.KIND_SNAPSHOT
+                            else dhv_tags.TAG_ID),
+            name=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAME)),
+            namespace=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAMESPACE)),
+            fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
+            data_percent=lv.data_percent,
+            condition=_condition(lv, pool.lv, pool.name, pool.fill),
+            created=lv.created, age_seconds=age, device_class=device_class))
+    elif any(t.startswith(TAG_NAMESPACE) for t in lv.tags):
+        status.possible_orphans.append(Orphan(lv.name, "stray LV", _stray_reason(lv),
+                                              lv.created, age))
 
 
 def _pool_info(pool: Pool, report: VgReport) -> tuple[PoolInfo, LogicalVolume | None,
@@ -260,8 +362,8 @@ def _pool_info(pool: Pool, report: VgReport) -> tuple[PoolInfo, LogicalVolume | 
                     lv.health, pool.capacity(report).available, pool.ratio, fill), lv, fill
 
 
-def _volume_info(lv: LogicalVolume, records: dict[str, VolumeRecord] | None,
-                 pool_lv: LogicalVolume | None, pool_name: str, fill: str | None, age: int,
+def _volume_info(lv: LogicalVolume, device_class: str | None,
+                 records: dict[str, VolumeRecord] | None, pool: _PoolContext, age: int,
                  orphan_age: float) -> VolumeInfo:
     kind = "volume" if volumes.is_csi_volume(lv) else "snapshot"
     rec = (records or {}).get(lv.name)
@@ -275,9 +377,10 @@ def _volume_info(lv: LogicalVolume, records: dict[str, VolumeRecord] | None,
     unused = staged is None and not published
     orphan = (kind == "volume" and records is not None and unused and age > orphan_age)
     return VolumeInfo(
-        id=lv.name, kind=kind, size=lv.size, data_percent=lv.data_percent, active=lv.active,
-        source=_source(lv), co_names=volumes.co_names(lv), staged=staged, published=published,
-        condition=_condition(lv, pool_lv, pool_name, fill), created=lv.created,
+        id=lv.name, kind=kind, device_class=device_class, size=lv.size,
+        data_percent=lv.data_percent, active=lv.active, source=_source(lv),
+        co_names=volumes.co_names(lv), staged=staged, published=published,
+        condition=_condition(lv, pool.lv, pool.name, pool.fill), created=lv.created,
         age_seconds=age, possible_orphan=orphan)
 
 
@@ -341,38 +444,66 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
             + r[-1] for r in rows]
 
 
+def _pool_lines(vg: VolumeGroupInfo | None, pool: PoolInfo, error: str | None,
+                indent: str = "") -> list[str]:
+    """A class's VG and thin pool."""
+    if vg is None:
+        name = pool.name.partition("/")[0]  # the pool's name is VG/POOL
+        return [f"{indent}Volume group {name}: PROBLEM: {error}"]
+    out = [f"{indent}Volume group {vg.name}: size {human_size(vg.size)}, "
+           f"free {human_size(vg.free)}"]
+    if pool.problem:
+        out.append(f"{indent}Thin pool {pool.name}: PROBLEM: {pool.problem}")
+        return out
+    state = "active" if pool.active else "NOT ACTIVE"
+    out.append(f"{indent}Thin pool {pool.name}: size {human_size(pool.size)}, data "
+               f"{_pct(pool.data_percent)}, metadata {_pct(pool.metadata_percent)}, "
+               f"{state}; room for new volumes {human_size(pool.available)} "
+               f"(over-provisioning ratio {pool.overprovision_ratio:g})")
+    if pool.health:
+        out.append(f"{indent}  PROBLEM: thin pool health is {pool.health}")
+    out.append(f"{indent}  WARNING: {pool.fill_problem}" if pool.fill_problem
+               else f"{indent}  below its high-water marks")
+    return out
+
+
+def _by_class(status: Status) -> bool:
+    """Whether the classes come from a configuration file: then every class is
+    named and so is every volume's. The flags' one class (`default`) is not,
+    and the output stays as it was before device classes."""
+    return status.config is not None or len(status.classes) > 1
+
+
 def render(status: Status) -> str:
     """The human table."""
     out: list[str] = []
-    vg, pool = status.volume_group, status.thin_pool
-    out.append(f"Volume group {vg.name}: size {human_size(vg.size)}, "
-               f"free {human_size(vg.free)}")
-    if pool.problem:
-        out.append(f"Thin pool {pool.name}: PROBLEM: {pool.problem}")
+    by_class = _by_class(status)
+    if by_class:
+        names = ", ".join(c.name for c in status.classes)
+        out.append(f"Device classes ({status.config or 'flags'}): {names}; "
+                   f"default {status.default_class}")
+        for c in status.classes:
+            out.append(f"Class {c.name}{' (default)' if c.default else ''}:")
+            out += _pool_lines(c.volume_group, c.thin_pool, c.error, "  ")
     else:
-        state = "active" if pool.active else "NOT ACTIVE"
-        out.append(f"Thin pool {pool.name}: size {human_size(pool.size)}, data "
-                   f"{_pct(pool.data_percent)}, metadata {_pct(pool.metadata_percent)}, "
-                   f"{state}; room for new volumes {human_size(pool.available)} "
-                   f"(over-provisioning ratio {pool.overprovision_ratio:g})")
-        if pool.health:
-            out.append(f"  PROBLEM: thin pool health is {pool.health}")
-        out.append(f"  WARNING: {pool.fill_problem}" if pool.fill_problem
-                   else "  below its high-water marks")
+        (only,) = status.classes
+        out += _pool_lines(only.volume_group, only.thin_pool, only.error)
     st = status.state
     if st.error:
         out.append(f"State file {st.path}: {st.error}; stagings and publishes unknown")
     else:
         out.append(f"State file {st.path}: {st.records} volume(s) staged or published")
 
+    klass: list[str] = ["CLASS"] if by_class else []
     for title, items in (("CSI volumes", status.volumes), ("CSI snapshots", status.snapshots)):
         out.append("")
         out.append(f"{title}: {len(items)}")
         if not items:
             continue
-        rows = [["ID", "SIZE", "DATA", "AGE", "CO NAME", "SOURCE", "CONDITION"]]
-        rows += [[v.id, human_size(v.size), _pct(v.data_percent), human_age(v.age_seconds),
-                  _co(v.co_names), v.source or "-", _cond(v.condition)] for v in items]
+        rows = [["ID", *klass, "SIZE", "DATA", "AGE", "CO NAME", "SOURCE", "CONDITION"]]
+        rows += [[v.id, *([v.device_class or "-"] if by_class else []), human_size(v.size),
+                  _pct(v.data_percent), human_age(v.age_seconds), _co(v.co_names),
+                  v.source or "-", _cond(v.condition)] for v in items]
         lines = _table(rows)
         out.append(lines[0])
         for v, line in zip(items, lines[1:], strict=True):
@@ -388,12 +519,12 @@ def render(status: Status) -> str:
     out.append("")
     out.append(f"Host volumes (csi-local-dhv): {len(status.host_volumes)}")
     if status.host_volumes:
-        rows = [["LV", "KIND", "SIZE", "DATA", "AGE", "FS", "NAME (NAMESPACE)",
+        rows = [["LV", *klass, "KIND", "SIZE", "DATA", "AGE", "FS", "NAME (NAMESPACE)",
                  "ID / SNAPSHOT", "SOURCE", "CONDITION"]]
-        rows += [[h.lv, h.kind, human_size(h.size), _pct(h.data_percent),
-                  human_age(h.age_seconds), h.fs_type or "-",
-                  f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-", h.source or "-",
-                  _cond(h.condition)] for h in status.host_volumes]
+        rows += [[h.lv, *([h.device_class or "-"] if by_class else []), h.kind,
+                  human_size(h.size), _pct(h.data_percent), human_age(h.age_seconds),
+                  h.fs_type or "-", f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-",
+                  h.source or "-", _cond(h.condition)] for h in status.host_volumes]
         out += _table(rows)
 
     out.append("")
@@ -418,16 +549,24 @@ def to_json(status: Status) -> str:
 
 def run(runner: Runner, args: argparse.Namespace, *, out: TextIO = sys.stdout,
         err: TextIO = sys.stderr, now: float | None = None) -> int:
-    """Print the status; 0, or 1 when the VG cannot be read."""
+    """Print the status; 0, or 1 when a class's VG cannot be read (the others
+    are shown), 2 when the configuration file cannot be used."""
     try:
-        status = collect(runner, args.volume_group, args.thin_pool, args.state_dir,
-                         ratio=float(args.overprovision_ratio),
-                         orphan_age=float(args.orphan_age), now=now)
+        classes = node_classes(args, float(args.overprovision_ratio))
+    except ClassConfigError as e:
+        print(f"csi-local status: {e}", file=err)
+        return 2
+    try:
+        status = collect_classes(runner, classes, args.state_dir,
+                                 orphan_age=float(args.orphan_age), now=now)
     except StorageError as e:
         print(f"csi-local status: {e.message}", file=err)
         return 1
     out.write(to_json(status) if args.json else render(status))
-    return 0
+    unread = [c for c in status.classes if c.error is not None]
+    for c in unread:
+        print(f"csi-local status: class {c.name}: {c.error}", file=err)
+    return 1 if unread else 0
 
 
 def main(args: argparse.Namespace) -> int:

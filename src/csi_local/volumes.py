@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from csi_local.errors import LvNotFound
-from csi_local.lvm import LogicalVolume, Lvm, decode_hex_tag, hex_tag
+from csi_local.lvm import LogicalVolume, decode_hex_tag, hex_tag
+from csi_local.pool import Pool, Pools
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
 _ID_RE = re.compile(r"^csi-[vs]-[0-9a-f]{32}$")
+
+# The StorageClass / VolumeSnapshotClass parameter that names a device class.
+DEVICE_CLASS_PARAMETER = "deviceClass"
 
 TAG_KIND = "csi-local.kind"
 KIND_VOLUME = "volume"
@@ -127,21 +131,22 @@ def requested_size(lv: LogicalVolume) -> int:
     return int(raw) if raw and raw.isdigit() else lv.size
 
 
-def get_volume(lvm: Lvm, volume_id: str) -> LogicalVolume:
-    """The LV of a CSI volume; LvNotFound for an ID that is not one of ours,
-    an LV that does not exist, or one that is not a CSI volume."""
-    lv = lvm.find(volume_id) if is_volume_id(volume_id) else None
-    if lv is None or not is_csi_volume(lv):
+def get_volume(pools: Pools, volume_id: str) -> tuple[Pool, LogicalVolume]:
+    """The LV of a CSI volume and its class's pool, from one `lvs` over the
+    classes' VGs; LvNotFound for an ID that is not one of ours, an LV that
+    does not exist, or one that is not a CSI volume."""
+    found = pools.find(volume_id) if is_volume_id(volume_id) else None
+    if found is None or not is_csi_volume(found[1]):
         raise LvNotFound(f"volume {volume_id!r} not found")
-    return lv
+    return found
 
 
-def get_snapshot(lvm: Lvm, snapshot_id: str) -> LogicalVolume:
-    """The LV of a CSI snapshot; LvNotFound as for get_volume."""
-    lv = lvm.find(snapshot_id) if is_snapshot_id(snapshot_id) else None
-    if lv is None or not is_csi_snapshot(lv):
+def get_snapshot(pools: Pools, snapshot_id: str) -> tuple[Pool, LogicalVolume]:
+    """The LV of a CSI snapshot and its pool; LvNotFound as for get_volume."""
+    found = pools.find(snapshot_id) if is_snapshot_id(snapshot_id) else None
+    if found is None or not is_csi_snapshot(found[1]):
         raise LvNotFound(f"snapshot {snapshot_id!r} not found")
-    return lv
+    return found
 
 
 def is_source(lv: LogicalVolume | None, source: Source) -> bool:

@@ -15,6 +15,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "kubernetes"
+# The device-classes variant: a kustomization over K8S_DIR's manifests (a patch
+# and a Kustomization are not manifests of their own); device_classes_docs()
+# renders it.
+DEVICE_CLASSES_DIR = K8S_DIR / "examples" / "device-classes"
 NOMAD_DIR = REPO / "deploy" / "nomad"
 CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 
@@ -32,7 +36,7 @@ SIDECAR_IMAGES = {
 
 
 def manifest_files() -> list[Path]:
-    return sorted(K8S_DIR.rglob("*.yaml"))
+    return sorted(p for p in K8S_DIR.rglob("*.yaml") if DEVICE_CLASSES_DIR not in p.parents)
 
 
 def load_docs(path: Path) -> list[dict[str, Any]]:
@@ -90,7 +94,11 @@ def _flag_names(args: list[str]) -> list[str]:
 
 
 def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
-    for path, doc in all_docs():
+    base = all_docs()
+    # the workloads the device-classes variant changes, as it renders them
+    variant = [(DEVICE_CLASSES_DIR, d) for d in device_classes_docs()
+               if all(d != b for _, b in base)]
+    for path, doc in base + variant:
         if doc.get("kind") not in ("DaemonSet", "Deployment", "StatefulSet", "Pod"):
             continue
         spec = doc["spec"] if doc["kind"] == "Pod" else pod_spec(doc)
@@ -104,6 +112,113 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
                 inv.env[e["name"]] = e.get("value")
             assert "envFrom" not in c, "list plugin env vars explicitly so they can be checked"
             yield inv
+
+
+# --- the device-classes variant (kustomize) -------------------------------------
+
+# Merge keys of the strategic-merge patches (the Kubernetes API's
+# patchMergeKey of these lists); any other list is replaced by the patch's.
+_MERGE_KEYS = {
+    "containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+    "volumeMounts": "mountPath", "ports": "containerPort",
+}
+
+
+def kustomization(directory: Path = DEVICE_CLASSES_DIR) -> dict[str, Any]:
+    (doc,) = load_docs(directory / "kustomization.yaml")
+    assert doc["kind"] == "Kustomization", doc
+    return doc
+
+
+def _merge_list(base: list[Any], patch: list[Any], key: str, where: str) -> list[Any]:
+    out = list(base)
+    added = []
+    for item in patch:
+        at = next((i for i, b in enumerate(out) if b.get(key) == item.get(key)), None)
+        if item.get("$patch") == "delete":
+            # kustomize ignores the deletion of what is not there: here it means
+            # the patch no longer matches its base
+            assert at is not None, f"{where}: deletes {key}={item.get(key)}, which is not there"
+            del out[at]
+        elif at is None:
+            added.append(item)
+        else:
+            out[at] = strategic_merge(out[at], item, f"{where}[{item.get(key)}]")
+    return added + out  # kustomize puts new entries first
+
+
+def strategic_merge(base: Any, patch: Any, where: str = "") -> Any:
+    """`patch` applied to `base` as a strategic-merge patch, for what the
+    repository's patches use: maps merged, the lists of _MERGE_KEYS merged by
+    their key (`$patch: delete` removes an entry), null removes a field."""
+    if not (isinstance(base, dict) and isinstance(patch, dict)):
+        return patch
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif k in _MERGE_KEYS and isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = _merge_list(out[k], v, _MERGE_KEYS[k], f"{where}.{k}")
+        elif k in out:
+            out[k] = strategic_merge(out[k], v, f"{where}.{k}")
+        else:
+            out[k] = v
+    return out
+
+
+def _identity(doc: dict[str, Any]) -> tuple[str, str, str | None]:
+    return doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
+
+
+def device_classes_docs(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, Any]]:
+    """The variant's objects, as `kubectl kustomize
+    --load-restrictor=LoadRestrictionsNone` builds them (tests compare the
+    two where kubectl is installed): the resources in order, each patch
+    merged into the one object it names."""
+    k = kustomization(directory)
+    assert set(k) <= {"apiVersion", "kind", "resources", "patches"}, set(k)
+    docs = [d for r in k["resources"] for d in load_docs((directory / r).resolve())]
+    for entry in k.get("patches", []):
+        assert set(entry) == {"path"}, entry  # a patch file that names its target
+        for patch in load_docs(directory / entry["path"]):
+            targets = [i for i, d in enumerate(docs) if _identity(d) == _identity(patch)]
+            assert len(targets) == 1, f"{entry['path']}: {_identity(patch)} matches {targets}"
+            i = targets[0]
+            docs[i] = strategic_merge(docs[i], patch, entry["path"])
+    return docs
+
+
+# The shape of a device classes file (docs/device-classes.md); the plugin's own
+# parser (csi_local.classes) is the authority, this is the part tests can
+# check without it.
+CLASS_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+CLASS_KEYS = {"volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",
+              "lvcreate"}
+LVCREATE_KEYS = {"readahead", "autoactivation"}
+
+
+def check_classes_shape(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The classes of a parsed classes.toml, after checking its shape."""
+    assert set(data) <= {"default", "classes"}, f"{where}: {sorted(data)}"
+    classes = data["classes"]
+    assert isinstance(classes, dict) and classes, f"{where}: no class"
+    pools = set()
+    for name, body in classes.items():
+        assert CLASS_NAME_RE.match(name), f"{where}: class name {name!r}"
+        assert set(body) <= CLASS_KEYS, f"{where}: class {name}: {sorted(body)}"
+        for key in ("volume_group", "thin_pool"):
+            assert isinstance(body.get(key), str) and body[key], f"{where}: {name}.{key}"
+        pool = (body["volume_group"], body["thin_pool"])
+        assert pool not in pools, f"{where}: two classes on {pool}"
+        pools.add(pool)
+        ratio = body.get("overprovision_ratio", 1.0)
+        assert not isinstance(ratio, bool) and ratio >= 1.0, f"{where}: {name} ratio"
+        assert body.get("default_fs_type", "ext4") in ("ext4", "xfs", "btrfs"), where
+        lvcreate = body.get("lvcreate", {})
+        assert set(lvcreate) <= LVCREATE_KEYS, f"{where}: {name}.lvcreate: {sorted(lvcreate)}"
+    if len(classes) > 1 or "default" in data:
+        assert data.get("default") in classes, f"{where}: default {data.get('default')!r}"
+    return classes
 
 
 def run_lvm(system_dir: Path, *command: str, lvmlocal: str | None = None,
@@ -162,6 +277,30 @@ def labelled(block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return unquote(keys[0]), block[keys[0]]
 
 
+_HCL_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+# concat([common...], var.X == "" ? [when unset...] : [when set...]), the one
+# expression the plugin job's args use
+_ARGS_BY_VARIABLE = re.compile(
+    r'^\$\{concat\(\[(?P<common>.*?)\], var\.(?P<var>\w+) == "" \? '
+    r'\[(?P<unset>.*?)\] : \[(?P<set>.*?)\]\)\}$')
+
+
+def hcl_list(value: Any, *, set_variable: bool | None = None) -> list[str]:
+    """The strings of a list attribute. python-hcl2 keeps an expression as its
+    text: for the plugin job's concat(..., var.X == "" ? [...] : [...]) the
+    list when var.X is set (set_variable=True) or empty (False); with None,
+    every string literal of the expression (all that may be passed)."""
+    if isinstance(value, list):
+        return [unquote(v) for v in value]
+    assert isinstance(value, str) and value.startswith("${"), value
+    if set_variable is None:
+        return [v for v in _HCL_STRING.findall(value) if v]
+    m = _ARGS_BY_VARIABLE.match(value)
+    assert m, f"not concat([...], var.X == \"\" ? [...] : [...]): {value}"
+    arm = m["set"] if set_variable else m["unset"]
+    return _HCL_STRING.findall(m["common"]) + _HCL_STRING.findall(arm)
+
+
 def nomad_plugin_tasks(job_file: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(group label, task body) for every task with a csi_plugin block,
     looking inside `dynamic "group"` content too."""
@@ -187,7 +326,7 @@ def nomad_plugin_invocations() -> Iterator[PluginInvocation]:
         for glabel, task in nomad_plugin_tasks(job_file):
             inv = PluginInvocation(where=f"{job_file.name}:{glabel}")
             for cfg in blocks(task, "config"):
-                inv.flags += _flag_names([unquote(a) for a in cfg.get("args", [])])
+                inv.flags += _flag_names(hcl_list(cfg.get("args", [])))
             for env in blocks(task, "env"):
                 for k, v in env.items():
                     if not k.startswith("__"):

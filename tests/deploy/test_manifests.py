@@ -3,26 +3,36 @@ properties csi-local depends on."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.deploy._deploy import (
+    DEVICE_CLASSES_DIR,
     DRIVER,
+    K8S_DIR,
     PLUGIN_IMAGE_RE,
     REPO,
     SIDECAR_IMAGES,
     TOPOLOGY_KEY,
     all_docs,
+    check_classes_shape,
     container,
+    device_classes_docs,
     find,
     image_repo,
+    kustomization,
     manifest_files,
     one,
     pod_spec,
     run_lvm,
+    strategic_merge,
 )
 
 # Oldest Kubernetes release this deployment supports; kubernetes-validate
@@ -404,3 +414,186 @@ def test_configmap_lvmlocal_conf_is_valid_lvm_config(tmp_path: Path) -> None:
     with_filter = data.replace("devices {", 'devices {\n  global_filter = [ "r|^/dev/sdb$|" ]', 1)
     r = run_lvm(tmp_path, "lvmconfig", "devices/global_filter", lvmlocal=with_filter)
     assert r.stdout.strip() == 'global_filter="r|^/dev/sdb$|"', r.stdout + r.stderr
+
+
+# --- device classes (examples/device-classes) ---------------------------------
+
+DEVICE_CLASSES_CONFIGMAP = "csi-local-classes"
+
+
+def _variant(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in device_classes_docs()
+             if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name} in the variant, found {len(found)}"
+    return found[0]
+
+
+def _classes_text() -> str:
+    data = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+    assert set(data) == {"classes.toml"}, set(data)
+    text: str = data["classes.toml"]
+    return text
+
+
+def test_device_classes_kustomization_takes_every_manifest() -> None:
+    """The variant is the default deployment plus its own files, never a copy:
+    every manifest of deploy/kubernetes/ is a resource (so a new one is not
+    left out), and every file of the variant is used."""
+    k = kustomization()
+    resources = k["resources"]
+    base = sorted(r.removeprefix("../../") for r in resources if r.startswith("../../"))
+    assert base == sorted(p.name for p in K8S_DIR.glob("*.yaml")), base
+    own = {r for r in resources if not r.startswith("../")}
+    own |= {p["path"] for p in k["patches"]}
+    assert own == {p.name for p in DEVICE_CLASSES_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    # the command the kustomization documents (kustomize refuses files outside
+    # the directory without it)
+    text = (DEVICE_CLASSES_DIR / "kustomization.yaml").read_text()
+    assert "kubectl kustomize --load-restrictor=LoadRestrictionsNone" in text
+
+
+def _changed_or_new() -> list[dict[str, Any]]:
+    base = [d for _, d in all_docs()]
+    return [d for d in device_classes_docs() if all(d != b for b in base)]
+
+
+def test_device_classes_changes_only_what_it_should() -> None:
+    """The node DaemonSet is changed, the ConfigMap and StorageClasses are
+    added; the resizer (a capabilities-only plugin) and the rest stay."""
+    changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new()}
+    assert changed == {("DaemonSet", "csi-local-node"),
+                       ("ConfigMap", DEVICE_CLASSES_CONFIGMAP),
+                       ("StorageClass", "csi-local-fast"),
+                       ("StorageClass", "csi-local-big")}, changed
+
+
+@pytest.mark.parametrize(
+    "doc", _changed_or_new(), ids=lambda d: f"device-classes:{d['kind']}/{d['metadata']['name']}")
+def test_device_classes_schema_valid(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_device_classes_render_matches_kustomize(tmp_path: Path) -> None:
+    """device_classes_docs(), which the other tests read, builds what kubectl's
+    kustomize builds (where kubectl is installed; CI has none)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    r = subprocess.run([kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone",
+                        str(DEVICE_CLASSES_DIR)], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    built = {(d["kind"], d["metadata"]["name"]): d
+             for d in yaml.safe_load_all(r.stdout) if d is not None}
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in device_classes_docs()}
+    assert set(built) == set(ours)
+    for key, doc in ours.items():
+        assert doc == built[key], key
+
+
+def test_device_classes_configmap_shape() -> None:
+    cm = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)
+    assert cm["metadata"]["namespace"] == one("Namespace", "csi-local")["metadata"]["name"]
+    data = tomllib.loads(_classes_text())
+    classes = check_classes_shape(data, "classes.toml")
+    assert set(classes) == {"fast", "big"}
+    assert data["default"] == "fast"
+    assert classes["fast"]["volume_group"] == "vg-nvme"
+    assert classes["big"]["volume_group"] == "vg-hdd"
+
+
+def test_device_classes_configmap_parses_with_the_plugins_parser() -> None:
+    """The plugin's own parser (the one that refuses a bad file at start) takes
+    the example as it is."""
+    from csi_local.classes import parse_classes
+
+    parsed = parse_classes(_classes_text(), source="classes.toml")
+    assert sorted(parsed.names) == ["big", "fast"]
+    assert parsed.default == "fast"
+    fast = parsed.get("fast")
+    assert fast is not None and fast.pool_name == "vg-nvme/pool"
+    assert fast.default_fs_type == "xfs" and fast.overprovision_ratio == 2.0
+
+
+def test_device_classes_examples_are_one() -> None:
+    """The ConfigMap's file, Nomad's and the docs' show the same classes."""
+    configmap = tomllib.loads(_classes_text())
+    nomad = tomllib.loads((REPO / "deploy" / "nomad" / "classes.toml").read_text())
+    docs = (REPO / "docs" / "device-classes.md").read_text()
+    first = docs.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert configmap == nomad == tomllib.loads(first)
+
+
+def test_device_classes_storage_classes() -> None:
+    """One StorageClass per class, each the default csi-local StorageClass but
+    for its name and parameters, naming a class the ConfigMap defines."""
+    classes = tomllib.loads(_classes_text())["classes"]
+    template = one("StorageClass", "csi-local")
+    named = {}
+    for sc in device_classes_docs():
+        if sc["kind"] != "StorageClass" or "deviceClass" not in sc.get("parameters", {}):
+            continue
+        params = sc["parameters"]
+        assert params["deviceClass"] in classes, params
+        for key in set(params) - {"deviceClass"}:
+            assert key.startswith("csi.storage.k8s.io/"), f"unknown StorageClass parameter {key}"
+        assert params["csi.storage.k8s.io/fstype"] in ("ext4", "xfs", "btrfs")
+        strip = ("metadata", "parameters")
+        assert {k: v for k, v in sc.items() if k not in strip} == (
+            {k: v for k, v in template.items() if k not in strip})
+        assert sc["metadata"]["labels"] == template["metadata"]["labels"]
+        named[sc["metadata"]["name"]] = params["deviceClass"]
+    assert named == {"csi-local-fast": "fast", "csi-local-big": "big"}
+    # one VolumeSnapshotClass serves every class: snapshots stay in their source's
+    for vsc in find("VolumeSnapshotClass"):
+        assert "deviceClass" not in vsc.get("parameters", {})
+
+
+def test_device_classes_node_plugin_reads_the_configmap() -> None:
+    """--config (CSI_LOCAL_CONFIG) names the file where the ConfigMap is
+    mounted, the flags' volume group and thin pool are gone (both at once is
+    an error at start), and nothing else of node.yaml changes."""
+    ds = _variant("DaemonSet", "csi-local-node")
+    c = container(ds, "csi-local")
+    env = _env(c)
+    assert "CSI_LOCAL_VOLUME_GROUP" not in env and "CSI_LOCAL_THIN_POOL" not in env
+    assert not any(a.split("=", 1)[0] in ("--volume-group", "--thin-pool", "--config")
+                   for a in c.get("args", []))
+    path = PurePosixPath(env["CSI_LOCAL_CONFIG"]["value"])
+    assert path == PurePosixPath("/etc/csi-local/classes.toml")
+    mount = _mounts(c)[str(path.parent)]
+    assert mount.get("readOnly") is True and "subPath" not in mount
+    source = _volume(ds, mount["name"])["configMap"]
+    assert source["name"] == DEVICE_CLASSES_CONFIGMAP
+    assert {"key": "classes.toml", "path": path.name} in source["items"]
+    assert "classes.toml" in _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+
+    # the rest is node.yaml's
+    base = one("DaemonSet", "csi-local-node")
+    base_plugin = container(base, "csi-local")
+    undo = {**c,
+            "env": [e for e in c["env"] if e["name"] != "CSI_LOCAL_CONFIG"],
+            "volumeMounts": [m for m in c["volumeMounts"] if m is not mount]}
+    assert undo == {**base_plugin, "env": [e for e in base_plugin["env"] if e["name"] not in
+                                           ("CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL")]}
+    spec, base_spec = pod_spec(ds), pod_spec(base)
+    assert [x for x in spec["containers"] if x["name"] != "csi-local"] == (
+        [x for x in base_spec["containers"] if x["name"] != "csi-local"])
+    assert [v for v in spec["volumes"] if v["name"] != mount["name"]] == base_spec["volumes"]
+    strip = ("containers", "volumes")
+    assert {k: v for k, v in spec.items() if k not in strip} == (
+        {k: v for k, v in base_spec.items() if k not in strip})
+
+
+def test_strategic_merge_helper() -> None:
+    """The little strategic merge that renders the variant: entries merged by
+    key, deleted, added first; a deletion of what is not there is an error
+    (the patch no longer fits its base)."""
+    base = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+            "args": ["--x"]}
+    patch = {"env": [{"name": "B", "$patch": "delete"}, {"name": "C", "value": "3"},
+                     {"name": "A", "value": "9"}], "args": ["--y"]}
+    assert strategic_merge(base, patch) == {
+        "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}], "args": ["--y"]}
+    with pytest.raises(AssertionError, match="Z"):
+        strategic_merge(base, {"env": [{"name": "Z", "$patch": "delete"}]})

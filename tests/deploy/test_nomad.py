@@ -6,6 +6,7 @@ api/host_volumes.go, command/volume_register_csi.go)."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from tests.deploy._deploy import (
     REPO,
     TOPOLOGY_KEY,
     blocks,
+    check_classes_shape,
+    hcl_list,
     labelled,
     load_hcl,
     nomad_plugin_tasks,
@@ -52,6 +55,9 @@ TASK = {
     "service", "shutdown_delay", "template", "user", "vault", "volume_mount", "dynamic",
 }
 CSI_PLUGIN = {"id", "type", "mount_dir", "stage_publish_base_dir", "health_timeout"}
+TEMPLATE = {"change_mode", "change_signal", "change_script", "data", "destination", "env",
+            "error_on_missing_key", "left_delimiter", "right_delimiter", "perms", "uid", "gid",
+            "source", "splay", "vault_grace", "wait", "once"}
 RESOURCES = {"cpu", "cores", "memory", "memory_max", "device", "numa", "secrets"}
 # docker task driver: the keys this repository uses, all documented config options
 DOCKER_CONFIG = {
@@ -108,7 +114,9 @@ def volume_files() -> list[Path]:
 def test_files_exist() -> None:
     names = {p.name for p in NOMAD_DIR.glob("*.hcl")}
     assert {"csi-local.nomad.hcl", "volume.hcl", "volume-from-snapshot.hcl",
-            "volume-clone.hcl", "host-volume.hcl"} <= names, names
+            "volume-clone.hcl", "host-volume.hcl", "volume-fast.hcl",
+            "host-volume-fast.hcl"} <= names, names
+    assert (NOMAD_DIR / "classes.toml").is_file()
 
 
 def _check_task(t: dict[str, Any], where: str) -> None:
@@ -126,6 +134,14 @@ def _check_task(t: dict[str, Any], where: str) -> None:
         check(vm, VOLUME_MOUNT, f"{where}.volume_mount")
     for c in blocks(t, "constraint"):
         check(c, CONSTRAINT, f"{where}.constraint")
+    for tpl in blocks(t, "template"):
+        check(tpl, TEMPLATE, f"{where}.template")
+    for d in blocks(t, "dynamic"):
+        kind, dbody = labelled(d)
+        assert kind == "template", f"{where}: dynamic {kind}"
+        check(dbody, DYNAMIC, f"{where}.dynamic")
+        for content in blocks(dbody, "content"):
+            check(content, TEMPLATE, f"{where}.dynamic[template].content")
 
 
 def _check_group(g: dict[str, Any], where: str) -> None:
@@ -202,7 +218,7 @@ def test_plugin_job_is_per_node_monolith() -> None:
     assert "${node." not in plugin_id and "${attr." not in plugin_id
     assert plugin_id == "csi-local-${group.value}"
     # the plugin's node id is the node name used in topology segments
-    args = [unquote(a) for a in cfg["args"]]
+    args = hcl_list(cfg["args"], set_variable=False)
     assert "--node-id=${node.unique.name}" in args
     assert f"--endpoint=unix://{unquote(plugin['mount_dir'])}/csi.sock" in args
     targets = {unquote(m["target"]) for m in blocks(cfg, "mount")}
@@ -277,6 +293,95 @@ def test_host_volume_uses_dhv_plugin() -> None:
     params = blocks(doc, "parameters")[0]
     assert set(keys(params)) <= {"fs_type", "mount_options"}
     assert unquote(params["fs_type"]) in ("ext4", "xfs", "btrfs")
+
+
+# --- device classes ------------------------------------------------------------
+
+CLASSES_TOML = NOMAD_DIR / "classes.toml"
+# csi-local-dhv's parameters (docs/nomad-host-volumes.md) and the CSI plugin's
+# own CreateVolume parameter (others but csi.storage.k8s.io/* are refused)
+DHV_PARAMETERS = {"fs_type", "mount_options", "source_volume", "source_snapshot",
+                  "attachment_mode", "device_class"}
+CSI_PARAMETERS = {"deviceClass"}
+
+
+def _classes() -> dict[str, dict[str, Any]]:
+    return check_classes_shape(tomllib.loads(CLASSES_TOML.read_text()), CLASSES_TOML.name)
+
+
+def test_classes_example_parses_with_the_plugins_parser() -> None:
+    from csi_local.classes import parse_classes
+
+    parsed = parse_classes(CLASSES_TOML.read_text(), source="classes.toml")
+    assert sorted(parsed.names) == sorted(_classes())
+
+
+def _parameters(path: Path) -> dict[str, str]:
+    doc = load_hcl(path)
+    params = blocks(doc, "parameters")
+    return {k: unquote(v) for k, v in keys_items(params[0])} if params else {}
+
+
+@pytest.mark.parametrize("path", volume_files(), ids=lambda p: p.name)
+def test_volume_parameters_are_the_plugins(path: Path) -> None:
+    """Every parameter is one the plugin takes (it refuses the others), and a
+    device class is one the example classes.toml defines."""
+    host = unquote(load_hcl(path)["type"]) == "host"
+    params = _parameters(path)
+    unknown = set(params) - (DHV_PARAMETERS if host else CSI_PARAMETERS)
+    assert not unknown, f"{path.name}: {sorted(unknown)}"
+    cls = params.get("device_class" if host else "deviceClass")
+    if cls is not None:
+        assert cls in _classes(), f"{path.name}: no class {cls!r} in {CLASSES_TOML.name}"
+
+
+def test_device_class_examples() -> None:
+    assert _parameters(NOMAD_DIR / "volume-fast.hcl")["deviceClass"] == "fast"
+    host = _parameters(NOMAD_DIR / "host-volume-fast.hcl")
+    assert host["device_class"] == "fast"
+    # otherwise as host-volume.hcl
+    doc = load_hcl(NOMAD_DIR / "host-volume-fast.hcl")
+    plain = load_hcl(NOMAD_DIR / "host-volume.hcl")
+    assert unquote(doc["plugin_id"]) == unquote(plain["plugin_id"]) == "csi-local-dhv"
+    assert blocks(doc, "constraint") == blocks(plain, "constraint")
+
+
+def test_plugin_job_takes_device_classes() -> None:
+    """classes_toml set: --config names the file its template writes, and no
+    --volume-group/--thin-pool (both at once is an error at start); unset: the
+    flags as before, and no template (one with empty data is an invalid job)."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    variables = dict(labelled(v) for v in blocks(load_hcl(path), "variable"))
+    assert unquote(variables["classes_toml"]["default"]) == ""
+    ((_, task),) = nomad_plugin_tasks(path)
+    args = blocks(task, "config")[0]["args"]
+
+    unset = hcl_list(args, set_variable=False)
+    assert "--volume-group=${var.volume_group}" in unset
+    assert "--thin-pool=${var.thin_pool}" in unset
+    assert not any(a.startswith("--config") for a in unset)
+
+    given = hcl_list(args, set_variable=True)
+    assert not any(a.startswith(("--volume-group", "--thin-pool")) for a in given)
+    (config,) = [a.split("=", 1)[1] for a in given if a.startswith("--config=")]
+    # the rest is the same either way
+    assert [a for a in given if not a.startswith("--config=")] == (
+        [a for a in unset if not a.startswith(("--volume-group=", "--thin-pool="))])
+
+    (dynamic,) = [labelled(d) for d in blocks(task, "dynamic")]
+    kind, body = dynamic
+    assert kind == "template"
+    assert body["for_each"] == '${var.classes_toml == "" ? [] : [var.classes_toml]}'
+    (content,) = blocks(body, "content")
+    assert content["data"] == "${template.value}"
+    # a template's destination is relative to the task directory, which the
+    # container sees as NOMAD_TASK_DIR (/local)
+    destination = unquote(content["destination"])
+    assert destination.startswith("local/")
+    assert config == "${NOMAD_TASK_DIR}/" + destination.removeprefix("local/")
+    # the docs' and the job's command lines pass the example file
+    for text in (path.read_text(), (REPO / "docs" / "nomad.md").read_text()):
+        assert '-var="classes_toml=$(cat deploy/nomad/classes.toml)"' in text
 
 
 def test_golden_clone_example_is_what_the_plugin_accepts() -> None:

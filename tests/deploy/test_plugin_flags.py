@@ -25,6 +25,7 @@ CONTRACT = {
     "--node-id": "NODE_ID",
     "--volume-group": "CSI_LOCAL_VOLUME_GROUP",
     "--thin-pool": "CSI_LOCAL_THIN_POOL",
+    "--config": "CSI_LOCAL_CONFIG",
     "--state-dir": "CSI_LOCAL_STATE_DIR",
     "--driver-name": "CSI_LOCAL_DRIVER_NAME",
     "--log-level": "CSI_LOCAL_LOG_LEVEL",
@@ -102,6 +103,7 @@ def test_plugin_is_deployed_everywhere() -> None:
     assert any(w.startswith("node.yaml") for w in where), where
     assert any(w.startswith("resizer.yaml") for w in where), where
     assert any(w.startswith("csi-local.nomad.hcl") for w in where), where
+    assert any(w.startswith("device-classes") for w in where), where
 
 
 @pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)
@@ -121,8 +123,14 @@ def test_literal_values_allowed(inv: PluginInvocation) -> None:
         if value is not None and name in VALUES:
             assert value in VALUES[name], f"{inv.where}: {name}={value}"
     # every plugin gets its required settings from a flag or the environment
-    for flag in ("--node-id", "--volume-group", "--thin-pool"):
-        assert flag in inv.flags or CONTRACT[flag] in inv.env, f"{inv.where}: no {flag}"
+    def given(flag: str) -> bool:
+        return flag in inv.flags or CONTRACT[flag] in inv.env
+
+    assert given("--node-id"), f"{inv.where}: no --node-id"
+    # its pools: one class from --volume-group and --thin-pool, or the device
+    # classes of --config (docs/device-classes.md)
+    assert (given("--volume-group") and given("--thin-pool")) or given("--config"), (
+        f"{inv.where}: neither --volume-group and --thin-pool nor --config")
 
 
 def test_configmap_values_allowed() -> None:

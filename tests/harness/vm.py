@@ -99,6 +99,8 @@ WEIGHTS = {
     "tests/integration/test_dhv.py": 3,
     "tests/integration/test_dhv_clones.py": 10,
     "tests/integration/test_crash.py": 4,
+    "tests/integration/test_device_classes.py": 3,
+    "tests/integration/test_dhv_classes.py": 3,
 }
 
 

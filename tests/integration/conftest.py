@@ -122,6 +122,8 @@ class PluginProcess:
     workdir: Path
     extra_args: list[str] = field(default_factory=list)
     node_id: str = "node-1"
+    # Device classes from this file (--config) instead of the VG's pool by flags.
+    config_file: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     channel: grpc.Channel | None = None
 
@@ -145,7 +147,8 @@ class PluginProcess:
         return [
             sys.executable, "-m", "csi_local", "serve",
             "--endpoint", self.endpoint, "--node-id", self.node_id,
-            "--volume-group", self.vg.name, "--thin-pool", self.vg.pool,
+            *(["--config", str(self.config_file)] if self.config_file is not None
+              else ["--volume-group", self.vg.name, "--thin-pool", self.vg.pool]),
             "--state-dir", str(self.state_dir), "--lock-dir", str(self.workdir / "locks"),
             "--log-level", "debug", *self.extra_args,
         ]

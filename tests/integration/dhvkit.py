@@ -63,10 +63,13 @@ class Dhv:
     def exe(self) -> str:
         return str(self.plugin_dir / "csi-local-dhv")
 
-    def install(self, lock_dir: Path | None = None) -> None:
+    def install(self, lock_dir: Path | None = None, classes_file: Path | None = None) -> None:
+        """`csi-local-dhv install` on the session's pool, or with `classes_file`
+        (--config) on the device classes that file names."""
+        where = (["--config", str(classes_file)] if classes_file is not None
+                 else ["--volume-group", self.vg.name, "--thin-pool", self.vg.pool])
         proc = subprocess.run(
-            [*INSTALL, "--plugin-dir", str(self.plugin_dir),
-             "--volume-group", self.vg.name, "--thin-pool", self.vg.pool,
+            [*INSTALL, "--plugin-dir", str(self.plugin_dir), *where,
              "--lock-dir", str(lock_dir or self.lock_dir),
              # the test VM (qemu without KVM) is far slower than Nomad's 60 s assumes
              "--timeout-seconds", "600"],
@@ -124,6 +127,8 @@ class Dhv:
         return str(self.volumes_dir / volume_id)
 
     def lvs(self) -> list[LogicalVolume]:
+        """The LVs of the session's VG but its pool (those of any other class's
+        VG: `all_lvs(that VG)`)."""
         return [lv for lv in all_lvs(self.vg) if lv.name != self.vg.pool]
 
     def lv(self, volume_id: str) -> LogicalVolume | None:

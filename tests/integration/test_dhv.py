@@ -20,7 +20,7 @@ from csi_local import mounts
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.dhv.request import lv_name_for
-from csi_local.locks import Locks
+from csi_local.locks import Locks, pool_key
 from csi_local.lvm import LogicalVolume
 from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
@@ -217,10 +217,11 @@ def test_xfs_and_mount_options(dhv: Dhv) -> None:
 
 def test_shares_the_pool_lock_with_the_csi_plugin(dhv: Dhv) -> None:
     vid = new_id()
-    with Locks(str(dhv.lock_dir)).hold("pool"):
+    # the key of this VG's pool (each device class's pool has its own)
+    with Locks(str(dhv.lock_dir)).hold(pool_key(dhv.vg.name, dhv.vg.pool)):
         proc = dhv.popen("create", vid, cap_min=64 * MIB)
         time.sleep(4)
-        assert proc.poll() is None and dhv.lv(vid) is None  # waiting for "pool"
+        assert proc.poll() is None and dhv.lv(vid) is None  # waiting for the pool's lock
     stdout, stderr = proc.communicate(timeout=120)
     ok(_result(proc.returncode, stdout, stderr, 0.0))
     assert dhv.lv(vid) is not None

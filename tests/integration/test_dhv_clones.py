@@ -330,7 +330,7 @@ def test_snapshot_of_a_volume_being_written_is_clean(dhv: Dhv) -> None:
     out = ok(res)
     name = snapshot_lv_name("busy-1")
     assert out == {"snapshot": "busy-1", "volume_id": src, "lv": f"{dhv.vg.name}/{name}",
-                   "bytes": src_lv.size}
+                   "bytes": src_lv.size, "device_class": "default"}
     print(f"snapshot create of a volume being written: {res.seconds:.2f}s")
 
     snap = snapshot_lv(dhv, "busy-1")
@@ -381,7 +381,8 @@ def test_snapshot_list_and_delete(dhv: Dhv) -> None:
     t0 = time.time()
     made_a = ok(dhv.snapshot("create", a, "snap-a"))
     assert made_a == {"snapshot": "snap-a", "volume_id": a, "bytes": size_a,
-                      "lv": f"{dhv.vg.name}/{snapshot_lv_name('snap-a')}"}
+                      "lv": f"{dhv.vg.name}/{snapshot_lv_name('snap-a')}",
+                      "device_class": "default"}  # the one class of --volume-group
     lvs = scene(dhv).lvs
     assert ok(dhv.snapshot("create", a, "snap-a")) == made_a  # idempotent
     assert scene(dhv).lvs == lvs
@@ -398,7 +399,8 @@ def test_snapshot_list_and_delete(dhv: Dhv) -> None:
     assert set(by_name) == {"snap-a", "snap-b"}, listed
     for made, size in ((made_a, size_a), (made_b, size_b)):
         entry = by_name[made["snapshot"]]
-        assert {k: entry[k] for k in ("snapshot", "volume_id", "lv", "bytes")} == made
+        assert {k: entry[k] for k in ("snapshot", "volume_id", "lv", "bytes",
+                                      "device_class")} == made
         assert entry["bytes"] == size
         assert entry["fs_type"] == "ext4"
         assert isinstance(entry["created"], int)

@@ -22,8 +22,18 @@ Fidelity rules, each the real behaviour the plugin must cope with:
 - mkfs.xfs and mkfs.btrfs (no -f) refuse a device with a signature, mkfs
   refuses a mounted one, and the kernel refuses a second xfs (without
   nouuid) or btrfs with a mounted one's UUID.
+- several volume groups, each with any number of thin pools (device classes):
+  LV names are unique per VG only, `lvs` takes several VG operands and a
+  `--select 'lv_name="a" || lv_name="b"'`, sorts its rows by VG then LV, and
+  with a VG missing among its operands reports the others' rows and exits 5
+  with `Volume group "x" not found` on stderr, as LVM does.
 Directories and files are real (under a pytest tmp_path); only the table of
 what is mounted on them is simulated.
+
+The first VG (the constructor's `vg`, `pool`) is the default of every helper
+that takes a `vg`: `host.lvs`, `host.vg_present` and `host.vg_size` are that
+VG's, so single-VG tests never name one. More VGs: `add_vg`; more pools:
+`add_pool`; every LV of every VG: `all_lvs()`, keyed by (vg, name).
 """
 
 from __future__ import annotations
@@ -98,6 +108,31 @@ class FakeLv:
     busy: bool = False  # held open by something the fake does not model (a process)
     content: Content = field(default_factory=Content)
     metadata_size: int = 8 * MiB  # a pool's metadata LV
+    vg: str = ""  # set when the LV is added to a VG
+    readahead: str = "auto"  # lvcreate --readahead
+    autoactivation: bool = True  # lvcreate --setautoactivation
+
+
+@dataclass
+class FakeVg:
+    """One volume group: its extent size, size, whether it is there (a VG that
+    is not present answers "not found" to everything, as a detached disk's
+    would), and its LVs by name."""
+
+    name: str
+    extent: int
+    size: int
+    present: bool = True
+    lvs: dict[str, FakeLv] = field(default_factory=dict)
+
+    @property
+    def pools(self) -> list[FakeLv]:
+        return [lv for lv in self.lvs.values() if lv.kind == "pool"]
+
+    @property
+    def free(self) -> int:
+        """What the pools (data and metadata) leave of the VG."""
+        return self.size - sum(lv.size + lv.metadata_size for lv in self.pools)
 
 
 @dataclass
@@ -160,6 +195,10 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
+def _vg_not_found(vg: str) -> str:
+    return f'  Volume group "{vg}" not found\n  Cannot process volume group {vg}\n'
+
+
 def _one(pos: list[str], argv: Sequence[str], n: int = 1) -> list[str]:
     if len(pos) != n:
         raise AssertionError(f"FakeHost expects {n} operand(s) in {argv!r}")
@@ -172,12 +211,9 @@ class FakeHost(Host):
     def __init__(self, vg: str = "vg0", pool: str = "pool0", pool_size: int = 10 * GiB,
                  extent: int = 4 * MiB, *, with_vg: bool = True, with_pool: bool = True,
                  vg_size: int | None = None) -> None:
-        self.vg = vg
-        self.pool_name = pool
-        self.extent = extent
-        self.vg_present = with_vg
-        self.vg_size = _round_up(vg_size if vg_size is not None else pool_size + GiB, extent)
-        self.lvs: dict[str, FakeLv] = {}
+        self.vg = vg  # the first VG: the default of every helper taking a `vg`
+        self.pool_name = pool  # its first pool: the default of add_lv
+        self.vgs: dict[str, FakeVg] = {}
         self.loops: dict[int, FakeLoop] = {}
         self.calls: list[tuple[str, ...]] = []
         self.clock = 1_700_000_000  # lv_time of the next LV; each lvcreate advances it
@@ -196,43 +232,116 @@ class FakeHost(Host):
             "btrfs": self._grow, "btrfstune": self._btrfstune, "sync": self._sync,
             "mount": self._mount, "umount": self._umount, "losetup": self._losetup,
         }
-        if with_vg and with_pool:
-            self._new_lv(FakeLv(pool, _round_up(pool_size, extent), "pool"))
+        self.add_vg(vg, pool=pool if with_pool else None, pool_size=pool_size, extent=extent,
+                    vg_size=vg_size, present=with_vg)
 
     # test-facing helpers ------------------------------------------------------
 
-    def lv(self, name: str) -> FakeLv:
-        return self.lvs[name]
+    def add_vg(self, name: str, *, pool: str | None = "pool0", pool_size: int = 10 * GiB,
+               extent: int = 4 * MiB, vg_size: int | None = None,
+               present: bool = True) -> FakeVg:
+        """Another volume group (the first is the constructor's), with a thin pool
+        `pool` unless None; `vg_size` defaults to the pool's size plus 1 GiB. A VG
+        not `present` is one vgcreate may make (or a test brings back)."""
+        assert name not in self.vgs, f"FakeHost: VG {name} exists already"
+        size = vg_size if vg_size is not None else pool_size + GiB
+        fvg = FakeVg(name, extent, _round_up(size, extent), present)
+        self.vgs[name] = fvg
+        if present and pool is not None:
+            self.add_pool(name, pool, pool_size)
+        return fvg
 
-    def lv_path(self, name: str) -> str:
-        return f"/dev/{self.vg}/{name}"
+    def add_pool(self, vg: str, name: str, size: int = 10 * GiB) -> FakeLv:
+        """Another thin pool in VG `vg` (made earlier: no lvcreate in `calls`). The
+        VG's size is not checked: add_vg's `vg_size` says what is left."""
+        fvg = self.vgs[vg]
+        return self._new_lv(fvg, FakeLv(name, _round_up(size, fvg.extent), "pool"))
+
+    def set_vg_present(self, vg: str, present: bool) -> None:
+        """A VG goes (a disk detached, not yet activated) or comes back, its LVs kept."""
+        self.vgs[vg].present = present
+
+    @property
+    def lvs(self) -> dict[str, FakeLv]:
+        """The first VG's LVs by name (the dict itself: tests add and delete)."""
+        return self.vgs[self.vg].lvs
+
+    @property
+    def vg_present(self) -> bool:
+        return self.vgs[self.vg].present
+
+    @vg_present.setter
+    def vg_present(self, present: bool) -> None:
+        self.vgs[self.vg].present = present
+
+    @property
+    def vg_size(self) -> int:
+        return self.vgs[self.vg].size
+
+    @vg_size.setter
+    def vg_size(self, size: int) -> None:
+        self.vgs[self.vg].size = size
+
+    @property
+    def extent(self) -> int:
+        return self.vgs[self.vg].extent
+
+    def all_lvs(self) -> dict[tuple[str, str], FakeLv]:
+        """Every LV of every VG, by (vg, name)."""
+        return {(fvg.name, name): lv for fvg in self.vgs.values()
+                for name, lv in fvg.lvs.items()}
+
+    def _vg_of(self, name: str, vg: str | None) -> str:
+        """`vg`, or the VG holding an LV `name`: the first VG's if it has one, else
+        the only other VG that has one (an AssertionError if several do)."""
+        if vg is not None:
+            return vg
+        if name in self.lvs:
+            return self.vg
+        holders = [v for v, fvg in self.vgs.items() if name in fvg.lvs]
+        assert len(holders) <= 1, f"FakeHost: LV {name} is in VGs {holders}: pass vg="
+        return holders[0] if holders else self.vg
+
+    def lv(self, name: str, vg: str | None = None) -> FakeLv:
+        """The LV `name` of `vg` (None: of the VG that has it; KeyError if none)."""
+        return self.vgs[self._vg_of(name, vg)].lvs[name]
+
+    def lv_path(self, name: str, vg: str | None = None) -> str:
+        return f"/dev/{self._vg_of(name, vg)}/{name}"
 
     def add_lv(self, name: str, size: int, *, tags: Iterable[str] = (), active: bool = True,
-               skip: bool = False, origin: str = "", fs: str | None = None) -> FakeLv:
-        """A thin volume as if made earlier (no lvcreate in `calls`)."""
-        lv = self._new_lv(FakeLv(name, _round_up(size, self.extent), "thin", set(tags),
-                                 active, skip, self.pool_name, origin))
+               skip: bool = False, origin: str = "", fs: str | None = None,
+               vg: str | None = None, pool: str | None = None) -> FakeLv:
+        """A thin volume as if made earlier (no lvcreate in `calls`), in `vg` (None:
+        the first VG) and `pool` (None: the first VG's first pool, or the other
+        VG's first pool)."""
+        fvg = self.vgs[vg or self.vg]
+        if pool is None:
+            pool = self.pool_name if fvg.name == self.vg else fvg.pools[0].name
+        assert name not in fvg.lvs, f"FakeHost: LV {fvg.name}/{name} exists already"
+        lv = self._new_lv(fvg, FakeLv(name, _round_up(size, fvg.extent), "thin", set(tags),
+                                      active, skip, pool, origin))
         if fs is not None:
-            self.set_content(name, fs=fs)
+            self.set_content(name, fs=fs, vg=fvg.name)
         return lv
 
     def set_content(self, name: str, fs: str | None = None, *, ambivalent: bool = False,
                     unreadable: bool = False, uuid: str | None = None,
-                    fs_size: int | None = None) -> Content:
+                    fs_size: int | None = None, vg: str | None = None) -> Content:
         """Replace what the LV's device holds (fs None: blank)."""
-        lv = self.lvs[name]
+        lv = self.lv(name, vg)
         lv.content = Content(fs, uuid or (self._uuid() if fs else ""),
                              lv.size if fs_size is None else fs_size, ambivalent, unreadable)
         return lv.content
 
-    def set_busy(self, name: str, busy: bool = True) -> None:
-        self.lvs[name].busy = busy
+    def set_busy(self, name: str, busy: bool = True, *, vg: str | None = None) -> None:
+        self.lv(name, vg).busy = busy
 
-    def remount_fs_read_only(self, name: str) -> None:
+    def remount_fs_read_only(self, name: str, vg: str | None = None) -> None:
         """What the kernel does on I/O errors with errors=remount-ro: the LV's file
         system turns read-only at its superblock, so every mount of it (binds
         too) shows "ro" in its super options; per-mount options stay."""
-        node = f"/dev/dm-{self.lvs[name].minor}"
+        node = f"/dev/dm-{self.lv(name, vg).minor}"
         for rec in self._table:
             if rec.dev_node == node:
                 sup = (rec.mount.super_options - {"rw"}) | {"ro"}
@@ -328,8 +437,9 @@ class FakeHost(Host):
         self._uuids += 1
         return f"{self._uuids:08x}-0000-4000-8000-000000000000"
 
-    def _mapper(self, lv: FakeLv) -> str:
-        return f"/dev/mapper/{self.vg.replace('-', '--')}-{lv.name.replace('-', '--')}"
+    @staticmethod
+    def _mapper(lv: FakeLv) -> str:
+        return f"/dev/mapper/{lv.vg.replace('-', '--')}-{lv.name.replace('-', '--')}"
 
     def _follow(self, path: str) -> str:
         """The device node a path shows: itself, or the node bound onto it."""
@@ -339,10 +449,10 @@ class FakeHost(Host):
         return node or path
 
     def _active_lv(self, path: str) -> FakeLv | None:
-        for lv in self.lvs.values():
+        for lv in self.all_lvs().values():
             names = {f"/dev/dm-{lv.minor}", self._mapper(lv)}
             if lv.kind == "thin":  # a thin pool has no /dev/VG/LV link
-                names.add(self.lv_path(lv.name))
+                names.add(f"/dev/{lv.vg}/{lv.name}")
             if lv.active and path in names:
                 return lv
         return None
@@ -374,21 +484,23 @@ class FakeHost(Host):
 
     # LVM ------------------------------------------------------------------------------
 
-    def _new_lv(self, lv: FakeLv) -> FakeLv:
+    def _new_lv(self, fvg: FakeVg, lv: FakeLv) -> FakeLv:
         lv.created = self.clock
         self.clock += 1
-        self.lvs[lv.name] = lv
+        lv.vg = fvg.name
+        fvg.lvs[lv.name] = lv
         if lv.active:
             self._activate(lv)
         return lv
 
     def _activate(self, lv: FakeLv) -> None:
-        used = {x.minor for x in self.lvs.values() if x.active and x is not lv}
+        """Active, with a dm minor no other active LV of any VG has."""
+        used = {x.minor for x in self.all_lvs().values() if x.active and x is not lv}
         lv.active, lv.minor = True, min(set(range(len(used) + 1)) - used)
 
     def _lv_open(self, lv: FakeLv) -> bool:
         if lv.kind == "pool":
-            return any(x.active and x.pool == lv.name for x in self.lvs.values())
+            return any(x.active and x.pool == lv.name for x in self.vgs[lv.vg].lvs.values())
         return lv.busy or (lv.active and self._is_open(f"/dev/dm-{lv.minor}"))
 
     def _attr(self, lv: FakeLv) -> str:
@@ -401,93 +513,157 @@ class FakeHost(Host):
     def _field(self, lv: FakeLv, name: str, argv: Sequence[str]) -> str:
         thin = lv.kind == "thin"
         values: dict[str, Callable[[], str]] = {
-            "lv_name": lambda: lv.name, "vg_name": lambda: self.vg,
+            "lv_name": lambda: lv.name, "vg_name": lambda: lv.vg,
             "lv_size": lambda: str(lv.size), "lv_tags": lambda: ",".join(sorted(lv.tags)),
             "lv_attr": lambda: self._attr(lv), "pool_lv": lambda: lv.pool,
-            "origin": lambda: lv.origin, "lv_path": lambda: self.lv_path(lv.name) if thin else "",
+            "origin": lambda: lv.origin,
+            "lv_path": lambda: f"/dev/{lv.vg}/{lv.name}" if thin else "",
             "data_percent": lambda: f"{lv.data_percent:.2f}" if lv.active else "",
             "metadata_percent": lambda: "" if thin else f"{lv.metadata_percent:.2f}",
             "lv_time": lambda: str(lv.created), "lv_health_status": lambda: "",
             "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
             "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
-            "vg_extent_size": lambda: str(self.extent),
+            "vg_extent_size": lambda: str(self.vgs[lv.vg].extent),
             "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
         }
         if name not in values:
             raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
         return values[name]()
 
-    def _vg_fail(self, vg: str) -> _Fail:
-        return _Fail(5, f'  Volume group "{vg}" not found\n  Cannot process volume group {vg}\n')
+    @staticmethod
+    def _vg_fail(vg: str, stdout: str = "") -> _Fail:
+        return _Fail(5, _vg_not_found(vg), stdout)
 
-    def _target(self, target: str, *, must_exist: bool = True) -> tuple[str, FakeLv | None]:
-        """VG/LV -> (name, LV); VG not found and LV not found as LVM says them."""
+    def _vg(self, name: str) -> FakeVg:
+        """A present VG; LVM's "not found" otherwise."""
+        fvg = self.vgs.get(name)
+        if fvg is None or not fvg.present:
+            raise self._vg_fail(name)
+        return fvg
+
+    def _target(self, target: str, *,
+                must_exist: bool = True) -> tuple[FakeVg, str, FakeLv | None]:
+        """VG/LV -> (VG, name, LV); VG not found and LV not found as LVM says them."""
         vg, _, name = target.partition("/")
-        if vg != self.vg or not self.vg_present:
-            raise self._vg_fail(vg)
-        lv = self.lvs.get(name)
+        fvg = self._vg(vg)
+        lv = fvg.lvs.get(name) if name else None
         if lv is None and must_exist:
             raise _Fail(5, f'  Failed to find logical volume "{target}"\n')
-        return name, lv
+        return fvg, name, lv
 
-    def _report(self, argv: Sequence[str]) -> tuple[list[str], str]:
-        opts, pos = _options(argv, {"--reportformat", "--units", "--config", "-o"},
+    def _report(self, argv: Sequence[str], *,
+                selectable: bool = False) -> tuple[list[str], list[str], list[str] | None]:
+        """(fields, operands, the LV names of a --select or None)."""
+        opts, pos = _options(argv, {"--reportformat", "--units", "--config", "-o", "--select"},
                              {"--nosuffix"})
         if (opts.get("--reportformat") != ["json"] or opts.get("--units") != ["b"]
                 or "--nosuffix" not in opts or "-o" not in opts
                 or 'report/time_format="%s"' not in opts.get("--config", [])):
             raise AssertionError(f"FakeHost only reports JSON in bytes with epoch times: {argv!r}")
-        return opts["-o"][-1].split(","), _one(pos, argv)[0]
+        if not pos:
+            raise AssertionError(f"FakeHost reports named VGs only (no operand): {argv!r}")
+        if len(pos) > 1 and any("/" in p for p in pos):
+            raise AssertionError(f"FakeHost reports one VG/LV, or VGs: {argv!r}")
+        names = None
+        if "--select" in opts:
+            if not selectable or "/" in pos[0] or len(opts["--select"]) != 1:
+                raise AssertionError(f"FakeHost does not simulate this --select: {argv!r}")
+            names = []
+            for part in opts["--select"][0].split(" || "):
+                m = re.fullmatch(r'lv_name="([A-Za-z0-9+_.][A-Za-z0-9+_.-]*)"', part)
+                if m is None:
+                    raise AssertionError("FakeHost only simulates --select "
+                                         f"'lv_name=\"a\" || lv_name=\"b\"': {argv!r}")
+                names.append(m.group(1))
+        return opts["-o"][-1].split(","), pos, names
+
+    def _present(self, operands: list[str]) -> tuple[list[FakeVg], list[str]]:
+        """The VGs named (each once, as LVM processes them) and those missing."""
+        found, missing = [], []
+        for name in dict.fromkeys(operands):
+            fvg = self.vgs.get(name)
+            if fvg is None or not fvg.present:
+                missing.append(name)
+            else:
+                found.append(fvg)
+        return found, missing
 
     def _lvs(self, argv: Sequence[str]) -> str:
-        fields, target = self._report(argv)
-        if "/" in target:
-            rows = [self._target(target)[1]]
+        fields, operands, names = self._report(argv, selectable=True)
+        rows: list[FakeLv]
+        missing: list[str]
+        if "/" in operands[0]:
+            lv = self._target(operands[0])[2]
+            assert lv is not None  # _target refuses a missing one
+            rows, missing = [lv], []
         else:
-            self._target(target, must_exist=False)
-            rows = [self.lvs[n] for n in sorted(self.lvs)]
-        lv_rows = [{f: self._field(lv, f, argv) for f in fields} for lv in rows if lv]
-        return json.dumps({"report": [{"lv": lv_rows}]}, indent=4) + "\n"
+            found, missing = self._present(operands)
+            rows = sorted((lv for fvg in found for lv in fvg.lvs.values()
+                           if names is None or lv.name in names),
+                          key=lambda lv: (lv.vg, lv.name))
+        lv_rows = [{f: self._field(lv, f, argv) for f in fields} for lv in rows]
+        out = json.dumps({"report": [{"lv": lv_rows}]}, indent=4) + "\n"
+        if missing:
+            # LVM reports the VGs it found, then fails for the others.
+            raise _Fail(5, "".join(_vg_not_found(vg) for vg in missing), out)
+        return out
 
     def _vgs(self, argv: Sequence[str]) -> str:
-        fields, target = self._report(argv)
-        self._target(target, must_exist=False)
-        used = sum(lv.size + lv.metadata_size for lv in self.lvs.values() if lv.kind == "pool")
-        values = {"vg_name": self.vg, "vg_size": str(self.vg_size),
-                  "vg_free": str(self.vg_size - used), "vg_extent_size": str(self.extent)}
-        if not set(fields) <= set(values):
-            raise AssertionError(f"FakeHost does not report {fields!r} in {argv!r}")
-        return json.dumps({"report": [{"vg": [{f: values[f] for f in fields}]}]}) + "\n"
+        fields, operands, _ = self._report(argv)
+        if any("/" in p for p in operands):
+            raise AssertionError(f"FakeHost: vgs of VGs only: {argv!r}")
+        found, missing = self._present(operands)
+        rows = []
+        for fvg in sorted(found, key=lambda v: v.name):
+            values = {"vg_name": fvg.name, "vg_size": str(fvg.size),
+                      "vg_free": str(fvg.free), "vg_extent_size": str(fvg.extent)}
+            if not set(fields) <= set(values):
+                raise AssertionError(f"FakeHost does not report {fields!r} in {argv!r}")
+            rows.append({f: values[f] for f in fields})
+        out = json.dumps({"report": [{"vg": rows}]}) + "\n"
+        if missing:
+            raise _Fail(5, "".join(_vg_not_found(vg) for vg in missing), out)
+        return out
 
-    def _new_name(self, opts: dict[str, list[str]], argv: Sequence[str]) -> str:
+    @staticmethod
+    def _new_name(fvg: FakeVg, opts: dict[str, list[str]], argv: Sequence[str]) -> str:
         name = opts.get("--name", [""])[-1]
         if not name:
             raise AssertionError(f"FakeHost needs --name in {argv!r}")
-        if name in self.lvs:
+        if name in fvg.lvs:
             raise _Fail(5, f'  Logical Volume "{name}" already exists in volume group '
-                           f'"{self.vg}"\n')
+                           f'"{fvg.name}"\n')
         return name
 
     def _lvcreate(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"--virtualsize", "--name", "--setactivationskip",
-                                    "--activate", "--addtag", "--type", "--extents"},
+                                    "--activate", "--addtag", "--type", "--extents",
+                                    "--readahead", "--setautoactivation"},
                              {"--yes", "--thin", "--snapshot"})
         (target,) = _one(pos, argv)
         tags = set(opts.get("--addtag", []))
+        readahead = opts.get("--readahead", ["auto"])[-1]
+        if readahead not in ("auto", "none") and not readahead.isdigit():
+            raise _Fail(3, f"  Invalid argument for --readahead: {readahead}\n")
+        autoactivation = opts.get("--setautoactivation", ["y"])[-1]
+        if autoactivation not in ("y", "n"):
+            raise _Fail(3, f"  Invalid argument for --setautoactivation: {autoactivation}\n")
         if opts.get("--type") == ["thin-pool"]:
-            self._target(target, must_exist=False)
+            if "/" in target:
+                raise AssertionError(f"FakeHost makes a thin pool in a VG operand: {argv!r}")
+            fvg = self._vg(target)
             pct = int(opts["--extents"][-1].removesuffix("%VG"))
-            size = self.vg_size * pct // 100 // self.extent * self.extent
-            self._new_lv(FakeLv(self._new_name(opts, argv), size, "pool", tags))
+            size = fvg.size * pct // 100 // fvg.extent * fvg.extent
+            self._new_lv(fvg, FakeLv(self._new_name(fvg, opts, argv), size, "pool", tags))
             return ""
         if "--thin" in opts and "--virtualsize" in opts:
-            pool_name, pool = self._target(target)
+            fvg, pool_name, pool = self._target(target)
             if pool is None or pool.kind != "pool":
                 raise _Fail(5, f"  Logical volume {target} is not a thin pool.\n")
-            size = _round_up(_size(opts["--virtualsize"][-1], argv), self.extent)
+            size = _round_up(_size(opts["--virtualsize"][-1], argv), fvg.extent)
             origin, content, default_skip = "", Content(), "n"
         elif "--snapshot" in opts:
-            _, src = self._target(target)
+            fvg, _, src = self._target(target)
             assert src is not None and src.kind == "thin", f"FakeHost: thin snapshots only {argv}"
             pool_name, size, origin = src.pool, src.size, src.name
             content, default_skip = dataclasses.replace(src.content), "y"
@@ -496,59 +672,59 @@ class FakeHost(Host):
         skip = opts.get("--setactivationskip", [default_skip])[-1] == "y"
         # LVM leaves an LV with the skip flag inactive, even with --activate y.
         active = opts.get("--activate", ["y"])[-1] == "y" and not skip
-        lv = FakeLv(self._new_name(opts, argv), size, "thin", tags, active, skip, pool_name,
-                    origin, content=content)
-        self._new_lv(lv)
+        lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
+                    pool_name, origin, content=content, readahead=readahead,
+                    autoactivation=autoactivation == "y")
+        self._new_lv(fvg, lv)
         return f'  Logical volume "{lv.name}" created.\n'
 
     def _lvextend(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"--size", "--poolmetadatasize"})
-        _, lv = self._target(_one(pos, argv)[0])
+        fvg, _, lv = self._target(_one(pos, argv)[0])
         assert lv is not None and ("--size" in opts or "--poolmetadatasize" in opts), \
             f"FakeHost: {argv!r}"
+        extent = fvg.extent
         if "--poolmetadatasize" in opts:  # always relative here: "+Nb"
             assert lv.kind == "pool", f"FakeHost: {argv!r}"
-            add = _round_up(_size(opts["--poolmetadatasize"][-1].lstrip("+"), argv),
-                            self.extent)
-            self._take_from_vg(add)
+            add = _round_up(_size(opts["--poolmetadatasize"][-1].lstrip("+"), argv), extent)
+            self._take_from_vg(fvg, add)
             lv.metadata_size += add
             lv.metadata_percent = lv.metadata_percent * (lv.metadata_size - add) \
                 / lv.metadata_size
-            return f"  Logical volume {self.vg}/{lv.name}_tmeta successfully resized.\n"
+            return f"  Logical volume {fvg.name}/{lv.name}_tmeta successfully resized.\n"
         raw = opts["--size"][-1]
         if raw.startswith("+"):
-            new = _round_up(lv.size + _size(raw[1:], argv), self.extent)
+            new = _round_up(lv.size + _size(raw[1:], argv), extent)
         else:
-            new = _round_up(_size(raw, argv), self.extent)
+            new = _round_up(_size(raw, argv), extent)
         if lv.kind == "pool" and new > lv.size:
-            self._take_from_vg(new - lv.size)
+            self._take_from_vg(fvg, new - lv.size)
             lv.data_percent = lv.data_percent * lv.size / new
         if new <= lv.size:
-            e_new, e_old = new // self.extent, lv.size // self.extent
+            e_new, e_old = new // extent, lv.size // extent
             verb = "matches" if new == lv.size else "not larger than"
             raise _Fail(5, f"  New size ({e_new} extents) {verb} existing size ({e_old} "
                            "extents).\n")
         lv.size = new
-        return f"  Logical volume {self.vg}/{lv.name} successfully resized.\n"
+        return f"  Logical volume {fvg.name}/{lv.name} successfully resized.\n"
 
-    def _take_from_vg(self, size: int) -> None:
+    @staticmethod
+    def _take_from_vg(fvg: FakeVg, size: int) -> None:
         """Room in the VG for a pool to grow by `size` bytes, as lvextend checks it."""
-        used = sum(x.size + x.metadata_size for x in self.lvs.values() if x.kind == "pool")
-        free = self.vg_size - used
-        if size > free:
-            raise _Fail(5, f"  Insufficient free space: {size // self.extent} extents needed, "
-                           f"but only {free // self.extent} available\n")
+        if size > fvg.free:
+            raise _Fail(5, f"  Insufficient free space: {size // fvg.extent} extents needed, "
+                           f"but only {fvg.free // fvg.extent} available\n")
 
     def _lvremove(self, argv: Sequence[str]) -> str:
         _, pos = _options(argv, (), {"--yes"})
-        name, lv = self._target(_one(pos, argv)[0])
+        fvg, name, lv = self._target(_one(pos, argv)[0])
         assert lv is not None
-        if lv.kind == "pool" and any(x.pool == name for x in self.lvs.values()):
+        if lv.kind == "pool" and any(x.pool == name for x in fvg.lvs.values()):
             raise AssertionError(f"FakeHost does not remove a pool with thin volumes: {argv!r}")
         if self._lv_open(lv):
-            raise _Fail(5, f"  Logical volume {self.vg}/{name} in use.\n")
-        del self.lvs[name]
-        for other in self.lvs.values():
+            raise _Fail(5, f"  Logical volume {fvg.name}/{name} in use.\n")
+        del fvg.lvs[name]
+        for other in fvg.lvs.values():
             if other.origin == name:
                 other.origin = ""  # a thin snapshot outlives its origin
         return f'  Logical volume "{name}" successfully removed.\n'
@@ -556,7 +732,7 @@ class FakeHost(Host):
     def _lvchange(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"--addtag", "--deltag", "--activate", "--setactivationskip",
                                     "--errorwhenfull"}, {"--ignoreactivationskip"})
-        name, lv = self._target(_one(pos, argv)[0])
+        fvg, name, lv = self._target(_one(pos, argv)[0])
         assert lv is not None
         lv.tags |= set(opts.get("--addtag", []))
         lv.tags -= set(opts.get("--deltag", []))
@@ -567,26 +743,28 @@ class FakeHost(Host):
             self._activate(lv)
         elif want == "n" and lv.active:
             if self._lv_open(lv):
-                raise _Fail(5, f"  Logical volume {self.vg}/{name} in use.\n")
+                raise _Fail(5, f"  Logical volume {fvg.name}/{name} in use.\n")
             lv.active, lv.minor = False, -1
         return ""
 
     def _vgcreate(self, argv: Sequence[str]) -> str:
         _, pos = _options(argv, (), {"--yes"})
         vg, device = _one(pos, argv, 2)
-        assert vg == self.vg, f"FakeHost simulates one VG, {self.vg}: {argv!r}"
-        if self.vg_present:
+        fvg = self.vgs.get(vg)
+        if fvg is not None and fvg.present:
             raise _Fail(5, f"  A volume group called {vg} already exists.\n")
         dev = self._need_device(device, 5, "  No device found for {d}.")
-        self.vg_size = dev.size // self.extent * self.extent
-        self.vg_present = True
+        if fvg is None:
+            fvg = self.add_vg(vg, pool=None, present=False)
+        fvg.size = dev.size // fvg.extent * fvg.extent
+        fvg.present = True
         return f'  Volume group "{vg}" successfully created\n'
 
     def _vgchange(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"--activate"})
-        self._target(_one(pos, argv)[0], must_exist=False)
+        fvg = self._vg(_one(pos, argv)[0])
         assert opts.get("--activate") == ["y"], f"FakeHost: {argv!r}"
-        for lv in self.lvs.values():
+        for lv in fvg.lvs.values():
             if not lv.active and not lv.skip:
                 self._activate(lv)
         return ""

@@ -5,7 +5,7 @@ reply). Used by the table-driven servicer tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import pytest
 from csi_local import validation, volumes
 from csi_local._gen import csi_pb2 as pb
 from csi_local.backend import Backend
+from csi_local.classes import parse_classes
 from csi_local.config import Config
 from csi_local.controller import ControllerServicer
 from csi_local.errors import StorageError
@@ -23,15 +24,15 @@ from csi_local.locks import Locks
 from csi_local.lvm import Lvm
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
-from csi_local.pool import Pool, PoolPolicy
+from csi_local.pool import Pool, PoolPolicy, Pools
 from csi_local.rpc import RpcError, status_of
 from csi_local.state import StateStore
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VG, POOL = "vg0", "pool0"
 Mode = pb.VolumeCapability.AccessMode
-__all__ = ["GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain", "make_node",
-           "mount_cap", "nothing", "vol_id"]
+__all__ = ["GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain", "make_class_node",
+           "make_node", "mount_cap", "nothing", "vol_id"]
 
 
 @dataclass
@@ -66,7 +67,50 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
                     node_expansion_only=node_expansion_only)
     lvm = Lvm(host, VG, POOL)
     locks = Locks(config.lock_dir, timeout=0.2)
-    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, ratio, policy),
+    backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, ratio, policy)),
+                      fs=Filesystems(host, host), host=host,
+                      state=StateStore(config.state_dir), locks=locks,
+                      paginator=Paginator(b"k" * 32))
+    root = tmp_path / "co"
+    root.mkdir()
+    return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
+
+
+def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_toml: str, *,
+                    pool_sizes: Mapping[str, int] | None = None,
+                    extents: Mapping[str, int] | None = None, ratio: float = 1.0,
+                    default_fs_type: str = "ext4", node_expansion_only: bool = False,
+                    policy: PoolPolicy | None = None) -> Node:
+    """A node with the device classes of `classes_toml`, built as the plugin builds
+    one from --config: every class's VG and thin pool exist on the fake host
+    (the first class's VG is the host's first VG, `host.lvs`).
+
+    `pool_sizes`: bytes of each class's pool, by class name (10 GiB otherwise);
+    `extents`: each VG's extent size, by VG name (4 MiB otherwise); `ratio` and
+    `default_fs_type` are the flags, the defaults of classes that set none."""
+    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    classes = parse_classes(classes_toml, source="classes.toml", overprovision_ratio=ratio,
+                            default_fs_type=default_fs_type)
+    sizes, extent_of = dict(pool_sizes or {}), dict(extents or {})
+    first = classes.classes[0]
+    host = FakeHost(vg=first.volume_group, pool=first.thin_pool,
+                    pool_size=sizes.get(first.name, 10 * GiB),
+                    extent=extent_of.get(first.volume_group, 4 * MiB))
+    for c in classes.classes[1:]:
+        size = sizes.get(c.name, 10 * GiB)
+        if c.volume_group not in host.vgs:
+            host.add_vg(c.volume_group, pool=c.thin_pool, pool_size=size,
+                        extent=extent_of.get(c.volume_group, 4 * MiB))
+        else:
+            host.add_pool(c.volume_group, c.thin_pool, size)
+    for fvg in host.vgs.values():  # room for every pool, and 1 GiB more
+        fvg.size = max(fvg.size, sum(p.size + p.metadata_size for p in fvg.pools) + GiB)
+    config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
+                    device_classes=classes, state_dir=str(tmp_path / "state"),
+                    lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
+                    default_fs_type=default_fs_type, node_expansion_only=node_expansion_only)
+    locks = Locks(config.lock_dir, timeout=0.2)
+    backend = Backend(config=config, pools=Pools(config.classes, host, locks, policy),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
                       paginator=Paginator(b"k" * 32))

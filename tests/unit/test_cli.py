@@ -207,3 +207,25 @@ def test_requests_are_rendered_only_when_debug_logging_is_on(
     with caplog.at_level(logging.DEBUG, logger="csi_local.server"):
         handler.unary_unary(pb.ProbeRequest(), None)
     assert rendered == ["x"] and "Probe request: " in caplog.text
+
+
+@pytest.mark.parametrize("command", ["status", "doctor"])
+def test_status_and_doctor_take_a_configuration_file(
+        command: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for env in ("CSI_LOCAL_CONFIG", "CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL"):
+        monkeypatch.delenv(env, raising=False)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    out = capsys.readouterr().out
+    for env in ("CSI_LOCAL_CONFIG", "CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL"):
+        assert re.search(rf"\b{env}\b", out), env
+    ns = build_parser().parse_args([command, "--config", "/etc/c.toml"])
+    assert (ns.config, ns.volume_group, ns.thin_pool) == ("/etc/c.toml", None, None)
+    ns = build_parser().parse_args([command, "--volume-group", "vg0", "--thin-pool", "p"])
+    assert (ns.config, ns.volume_group, ns.thin_pool) == (None, "vg0", "p")
+    for bad in (["--config", "/c", "--volume-group", "vg0"], ["--thin-pool", "p"], []):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args([command, *bad])
+        assert info.value.code == 2
+    assert "not both" in capsys.readouterr().err

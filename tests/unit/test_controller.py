@@ -27,7 +27,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import DEFAULT_DRIVER_NAME
 from csi_local.controller import ControllerServicer
-from csi_local.locks import POOL_KEY, volume_key
+from csi_local.locks import pool_key, volume_key
 from csi_local.lvm import LogicalVolume
 from csi_local.pool import PoolPolicy
 from csi_local.state import AccessType, Publish, Staging
@@ -350,7 +350,7 @@ CREATE_ERRORS = [
         setup=chain(vol(), staged(), fail("sync", rc=1)), ran="lvs sync"),
     # Another operation holds a lock this one needs.
     row("lock-busy-volume", cv(), "ABORTED", "already in progress", busy=volume_key(NEW)),
-    row("lock-busy-pool", cv(), "ABORTED", "already in progress", busy=POOL_KEY),
+    row("lock-busy-pool", cv(), "ABORTED", "already in progress", busy=pool_key("vg0", "pool0")),
     row("lock-busy-clone-source", cv(volume=V), "ABORTED", f"volume:{V}", setup=vol(),
         busy=volume_key(V)),
     # The name is taken (the ID is derived from it): incompatible retries.
@@ -780,12 +780,12 @@ def test_list_volumes_lists_csi_volumes_only(tmp_path: Path,
 def pool_health_failed(n: Node) -> None:
     """The pool's lv_health_status says "failed". FakeHost always reports it empty, so
     this node's Lvm reports the pool as parsed, with the health replaced."""
-    real = n.backend.lvm.list
+    real = n.backend.pools.default.lvm.list
 
     def listed() -> list[LogicalVolume]:
         return [dataclasses.replace(lv, health="failed") if lv.name == POOL else lv
                 for lv in real()]
-    vars(n.backend.lvm)["list"] = listed  # this test's own Lvm: nothing to undo
+    vars(n.backend.pools.default.lvm)["list"] = listed  # this test's own Lvm: nothing to undo
 
 
 def lv_inactive(n: Node) -> None:
@@ -1037,7 +1037,8 @@ EXPAND_ERRORS = [
         setup=chain(vol(), fail("lvextend")), ran="lvs lvextend"),
     row("lock-busy-volume", ce(), "ABORTED", "already in progress", setup=vol(),
         busy=volume_key(V)),
-    row("lock-busy-pool", ce(), "ABORTED", "'pool'", setup=vol(), busy=POOL_KEY, ran="lvs"),
+    row("lock-busy-pool", ce(), "ABORTED", "'pool:vg0/pool0'", setup=vol(),
+        busy=pool_key("vg0", "pool0"), ran="lvs"),
 ]
 
 
@@ -1084,7 +1085,8 @@ def test_controller_expand_volume_big_enough(tmp_path: Path, monkeypatch: pytest
     n = make_node(tmp_path, monkeypatch)
     add_volume(n)
     n.backend.locks.timeout = 0.02
-    with n.backend.locks.hold(POOL_KEY):  # nothing to grow: the pool lock is not needed
+    # nothing to grow: the pool lock is not needed
+    with n.backend.locks.hold(pool_key("vg0", "pool0")):
         code, reply = call(n.controller.ControllerExpandVolume, ce(rng=rng, cap=mount_cap()))
     assert code == "OK", reply
     assert (reply.capacity_bytes, reply.node_expansion_required) == (GiB, True)
@@ -1098,8 +1100,8 @@ def test_controller_expand_volume_grown_meanwhile(tmp_path: Path,
     # grown (by the host volume plugin's lvextend in between): nothing more to do.
     n = make_node(tmp_path, monkeypatch)
     add_volume(n, size=2 * GiB)
-    real = n.backend.lvm.get
-    monkeypatch.setattr(n.backend.lvm, "get", lambda name: dataclasses.replace(
+    real = n.backend.pools.default.lvm.get
+    monkeypatch.setattr(n.backend.pools.default.lvm, "get", lambda name: dataclasses.replace(
         real(name), size=GiB))
     code, reply = call(n.controller.ControllerExpandVolume, ce(rng=(2 * GiB, 0)))
     assert (code, reply.capacity_bytes) == ("OK", 2 * GiB), reply
@@ -1166,7 +1168,8 @@ SNAPSHOT_ERRORS = [
     row("lock-busy-snapshot", cs(), "ABORTED", f"volume:{S}", setup=vol(),
         busy=volume_key(S)),
     row("lock-busy-source", cs(), "ABORTED", f"volume:{V}", setup=vol(), busy=volume_key(V)),
-    row("lock-busy-pool", cs(), "ABORTED", "'pool'", setup=vol(), busy=POOL_KEY),
+    row("lock-busy-pool", cs(), "ABORTED", "'pool:vg0/pool0'", setup=vol(),
+        busy=pool_key("vg0", "pool0")),
 ]
 
 

@@ -888,8 +888,9 @@ def test_cli_create(cli: Cli) -> None:
     source()(cli.d)
     out = cli.ok("create", SRC, SNAP)
     lv = f"{VG}/{snapshot_lv_name(SNAP)}"
-    assert json.loads(out) == {"snapshot": SNAP, "volume_id": SRC, "lv": lv, "bytes": SRC_SIZE}
-    assert list(json.loads(out)) == ["snapshot", "volume_id", "lv", "bytes"]
+    assert json.loads(out) == {"snapshot": SNAP, "volume_id": SRC, "lv": lv, "bytes": SRC_SIZE,
+                               "device_class": "default"}
+    assert list(json.loads(out)) == ["snapshot", "volume_id", "lv", "bytes", "device_class"]
     assert cli.d.snap_lv().tags >= {f"{TAG_SNAPSHOT}={SNAP}", f"{TAG_SOURCE}=volume:{SRC}"}
     assert cli.configs[0].lock_dir == cli.d.config.lock_dir  # the plugin dir's config
     cli.d.host.calls.clear()
@@ -901,12 +902,13 @@ def test_cli_list(cli: Cli) -> None:
     chain(source("xfs"), source(vid=SRC2, name="other"))(cli.d)
     assert json.loads(cli.ok("list", "--json")) == {"snapshots": []}
     header = cli.ok("list")
-    assert header.split() == ["SNAPSHOT", "VOLUME", "ID", "SIZE", "FS", "CREATED", "LV"]
+    assert header.split() == ["SNAPSHOT", "VOLUME", "ID", "SIZE", "FS", "CREATED", "CLASS", "LV"]
     cli.ok("create", SRC, SNAP)
     cli.ok("create", SRC2, SNAP2)
     entries = json.loads(cli.ok("list", "--json"))["snapshots"]
     first = {"snapshot": SNAP, "volume_id": SRC, "lv": f"{VG}/{snapshot_lv_name(SNAP)}",
-             "bytes": SRC_SIZE, "fs_type": "xfs", "created": cli.d.snap_lv().created}
+             "bytes": SRC_SIZE, "fs_type": "xfs", "created": cli.d.snap_lv().created,
+             "device_class": "default"}
     assert entries[0] == first and [e["snapshot"] for e in entries] == [SNAP, SNAP2]
     assert isinstance(first["created"], int) and first["created"] > 1_600_000_000
     assert json.loads(cli.ok("list", SRC2, "--json"))["snapshots"][0]["snapshot"] == SNAP2
@@ -915,7 +917,7 @@ def test_cli_list(cli: Cli) -> None:
     assert table[0].startswith("SNAPSHOT") and len(table) == 3
     row = table[1].split()
     assert row[:4] == [SNAP, SRC, str(SRC_SIZE), "xfs"]
-    assert row[-1] == f"{VG}/{snapshot_lv_name(SNAP)}"
+    assert row[-2:] == ["default", f"{VG}/{snapshot_lv_name(SNAP)}"]
     assert len(cli.ok("list", SRC).splitlines()) == 2
 
 

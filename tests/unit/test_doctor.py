@@ -452,3 +452,109 @@ def test_no_kubelet_is_skipped(m: Machine) -> None:
 def test_mountinfo_escapes() -> None:
     rows = doctor.parse_propagation("40 1 0:1 / /a\\040b rw shared:3 - tmpfs t rw\n")
     assert rows == [("/a b", ["shared:3"])]
+
+
+# device classes ------------------------------------------------------------------------
+
+CONFIG = "/etc/csi-local/classes.toml"
+CLASSES = """\
+default = "fast"
+
+[classes.fast]
+volume_group = "vg0"
+thin_pool = "pool0"
+
+[classes.big]
+volume_group = "vg-hdd"
+thin_pool = "pool"
+"""
+
+
+def class_checks(m: Machine) -> dict[str, Check]:
+    got = doctor.run_checks(m.system(), Options(config=CONFIG, endpoint=ENDPOINT))
+    return {c.name: c for c in got}
+
+
+@pytest.fixture
+def classes(m: Machine) -> Machine:
+    m.write(CONFIG.lstrip("/"), CLASSES)
+    m.host.add_vg("vg-hdd", pool="pool")
+    return m
+
+
+def test_every_class_is_checked(classes: Machine, listening: None) -> None:
+    checks = class_checks(classes)
+    assert {c.status for c in checks.values()} == {OK}, [c for c in checks.values()
+                                                         if c.status != OK]
+    lvm_part = list(checks)[list(checks).index("btrfs tools") + 1:
+                            list(checks).index("lvm.conf udev")]
+    assert lvm_part == [
+        f"configuration file {CONFIG}",
+        "class fast: volume group vg0", "class fast: thin pool vg0/pool0",
+        "class fast: thin pool zeroing", "class fast: thin pool fill",
+        "class big: volume group vg-hdd", "class big: thin pool vg-hdd/pool",
+        "class big: thin pool zeroing", "class big: thin pool fill"]
+    assert checks[f"configuration file {CONFIG}"].message == \
+        "2 device class(es): fast, big; default fast"
+    assert checks["class big: thin pool vg-hdd/pool"].message == "active, size 10.0 GiB"
+
+
+def test_a_class_whose_volume_group_is_missing(classes: Machine, listening: None) -> None:
+    classes.host.set_vg_present("vg-hdd", False)
+    checks = class_checks(classes)
+    vg = checks["class big: volume group vg-hdd"]
+    assert (vg.status, vg.message) == (FAIL, "not found")
+    assert "vgchange --activate y vg-hdd" in vg.fix
+    pool = checks["class big: thin pool vg-hdd/pool"]
+    assert pool.status == FAIL and "volume group cannot be read" in pool.message
+    assert "class big: thin pool fill" not in checks
+    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 4
+    assert doctor.exit_code(checks.values()) == 1
+    out = io.StringIO()
+    ns = build_parser().parse_args(["doctor", "--config", CONFIG, "--endpoint", ENDPOINT])
+    assert doctor.run(classes.system(), ns, out=out) == 1
+    assert "FAIL  class big: volume group vg-hdd" in out.getvalue()
+
+
+def test_a_class_pool_that_is_no_thin_pool(classes: Machine) -> None:
+    classes.host.lv("pool", vg="vg-hdd").kind = "thin"
+    check = class_checks(classes)["class big: thin pool vg-hdd/pool"]
+    assert check.status == FAIL and "is not a thin pool" in check.message
+    assert check.fix.startswith(f"give thin_pool of class big in {CONFIG} the name of a thin "
+                                "pool")
+
+
+def test_a_class_pool_that_is_full(classes: Machine) -> None:
+    classes.host.lv("pool", vg="vg-hdd").data_percent = 100.0
+    checks = class_checks(classes)
+    assert checks["class big: thin pool fill"].status == FAIL
+    assert checks["class fast: thin pool fill"].status == OK
+    assert "vg-hdd/pool" in checks["class big: thin pool fill"].fix
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('[classes.fast]\nvolume_group = "vg0"\n', f"{CONFIG}:1: class 'fast' needs thin_pool"),
+    (None, "cannot read the configuration file"),
+])
+def test_a_bad_configuration_file_fails(m: Machine, listening: None, text: str | None,
+                                        words: str) -> None:
+    if text is not None:
+        m.write(CONFIG.lstrip("/"), text)
+    checks = class_checks(m)
+    check = checks[f"configuration file {CONFIG}"]
+    assert check.status == FAIL and words in check.message
+    assert check.message.endswith("; no device class checked")
+    assert not any(name.startswith("class ") for name in checks)
+    assert "lvm.conf udev" in checks  # the other checks still run
+    assert doctor.exit_code(checks.values()) == 1
+
+
+def test_doctor_takes_the_configuration_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CSI_LOCAL_CONFIG", "/etc/c.toml")
+    ns = build_parser().parse_args(["doctor"])
+    assert (ns.config, ns.volume_group, ns.thin_pool) == ("/etc/c.toml", None, None)
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["doctor", "--volume-group", "vg0", "--thin-pool", "p"])
+    assert info.value.code == 2

@@ -4,6 +4,7 @@ the fake. Error classes are matched by name, as src/ is being refactored."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from csi_local import mounts
 from csi_local.errors import CommandError
 from csi_local.fs import Filesystems
-from csi_local.lvm import Lvm
+from csi_local.lvm import Lvm, find_in_vgs, list_vgs
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VOL = "csi-v-" + "a" * 32
@@ -389,3 +390,239 @@ def test_no_real_process_or_device_is_touched(host: FakeHost) -> None:
     assert host.read_error(host.lv_path(VOL)) is None
     assert host.read_error("/dev/vg0/absent") is not None
     assert not os.path.exists(host.lv_path(VOL))
+
+
+# several volume groups and thin pools (device classes) ---------------------------
+
+REPORT = ["--reportformat", "json", "--units", "b", "--nosuffix", "--config",
+          'report/time_format="%s"']
+
+
+def _two_vgs() -> FakeHost:
+    """vg0/pool0 (10 GiB, 4 MiB extents) and vg1/pool1 (4 GiB, 8 MiB extents)."""
+    host = FakeHost()
+    host.add_vg("vg1", pool="pool1", pool_size=4 * GiB, extent=8 * MiB)
+    return host
+
+
+def _lvs(host: FakeHost, *operands: str, select: str | None = None,
+         fields: str = "lv_name,vg_name,pool_lv") -> list[tuple[str, ...]]:
+    """(lv_name, vg_name, pool_lv) of each row of a raw `lvs`, in LVM's order."""
+    argv = ["lvs", *REPORT, "-o", fields, *(["--select", select] if select else []), *operands]
+    out = host.run(argv).stdout
+    return [tuple(r.values()) for r in json.loads(out)["report"][0]["lv"]]
+
+
+def test_same_lv_name_in_two_vgs() -> None:
+    host = _two_vgs()
+    lvm0, lvm1 = Lvm(host, "vg0", "pool0"), Lvm(host, "vg1", "pool1")
+    a = lvm0.create_thin(VOL, 10 * MiB, ["in=vg0"])
+    b = lvm1.create_thin(VOL, 10 * MiB, ["in=vg1"])
+    # Each VG's own extent size; each LV its own path, mapper name and dm minor.
+    assert (a.vg, a.pool, a.size, a.path) == ("vg0", "pool0", 12 * MiB, f"/dev/vg0/{VOL}")
+    assert (b.vg, b.pool, b.size, b.path) == ("vg1", "pool1", 16 * MiB, f"/dev/vg1/{VOL}")
+    assert lvm0.report().extent_size == 4 * MiB and lvm1.report().extent_size == 8 * MiB
+    assert a.tags == {"in=vg0"} and b.tags == {"in=vg1"}
+    assert host.device_numbers(a.path) != host.device_numbers(b.path)
+    assert host.device_numbers(a.path) == (a.kernel_major, a.kernel_minor)
+    assert host.device_numbers(b.path) == (b.kernel_major, b.kernel_minor)
+    assert host.device_numbers(f"/dev/mapper/vg1-{VOL.replace('-', '--')}") == (
+        b.kernel_major, b.kernel_minor)
+    assert set(host.all_lvs()) == {("vg0", "pool0"), ("vg0", VOL), ("vg1", "pool1"),
+                                   ("vg1", VOL)}
+    assert host.lv(VOL, "vg1").size == 16 * MiB and host.lv_path(VOL, "vg1") == b.path
+    assert host.lv(VOL) is host.lvs[VOL]  # the first VG's, without a vg
+    # A thin pool is per VG: vg1's pool is not vg0's.
+    with pytest.raises(CommandError, match="Failed to find"):
+        host.run(["lvcreate", "--yes", "--thin", "vg0/pool1", "--virtualsize", "8m",
+                  "--name", CLONE])
+
+
+def test_writes_go_to_the_named_vg() -> None:
+    host = _two_vgs()
+    lvm0, lvm1 = Lvm(host, "vg0", "pool0"), Lvm(host, "vg1", "pool1")
+    lvm0.create_thin(VOL, 8 * MiB, [])
+    lvm1.create_thin(VOL, 8 * MiB, [])
+    assert lvm1.extend(VOL, 20 * MiB).size == 24 * MiB  # vg1's 8 MiB extents
+    assert lvm0.get(VOL).size == 8 * MiB
+    lvm1.add_tags(VOL, ["x=1"])
+    assert lvm1.get(VOL).tags == {"x=1"} and lvm0.get(VOL).tags == frozenset()
+    snap = lvm1.snapshot(VOL, SNAP, [], writable_volume=False)
+    assert (snap.vg, snap.pool, snap.origin) == ("vg1", "pool1", VOL)
+    assert lvm0.find(SNAP) is None
+    host.set_busy(VOL, vg="vg0")
+    _raises(lambda: lvm0.remove(VOL), "InUse")
+    assert lvm1.remove(VOL) is True  # vg1's, not busy
+    assert lvm1.find(VOL) is None and lvm0.get(VOL).size == 8 * MiB
+    assert lvm1.get(SNAP).origin == ""  # the snapshot outlives its origin, in its VG
+    assert ("lvremove", "--yes", f"vg1/{VOL}") in host.calls
+    # Pool growth takes from its own VG: vg1 has 1 GiB free, vg0 its own.
+    lvm1.extend_pool(GiB - 8 * MiB)
+    _raises(lambda: lvm1.extend_pool(8 * MiB), "CommandError")
+    lvm0.extend_pool(512 * MiB)
+    assert lvm0.volume_group().free == GiB - 512 * MiB - 8 * MiB
+
+
+def test_volume_group_reports_per_vg() -> None:
+    host = _two_vgs()
+    vg0, vg1 = Lvm(host, "vg0", "pool0").volume_group(), Lvm(host, "vg1", "pool1").volume_group()
+    assert (vg0.name, vg0.size, vg0.extent_size) == ("vg0", 11 * GiB, 4 * MiB)
+    assert (vg1.name, vg1.size, vg1.extent_size) == ("vg1", 5 * GiB, 8 * MiB)
+    assert vg1.free == GiB - 8 * MiB  # less the pool's data and metadata
+
+
+def test_lvs_of_several_vgs_and_select() -> None:
+    host = _two_vgs()
+    host.add_lv(CLONE, 8 * MiB, vg="vg1")
+    host.add_lv(VOL, 8 * MiB, vg="vg1")
+    host.add_lv(VOL, 8 * MiB)
+    # Rows sorted by VG, then LV, as LVM sorts them; each VG named once is enough.
+    assert _lvs(host, "vg1", "vg0", "vg1") == [
+        (VOL, "vg0", "pool0"), ("pool0", "vg0", ""),
+        (VOL, "vg1", "pool1"), (CLONE, "vg1", "pool1"), ("pool1", "vg1", "")]
+    assert _lvs(host, "vg0", "vg1", select=f'lv_name="{VOL}"') == [
+        (VOL, "vg0", "pool0"), (VOL, "vg1", "pool1")]
+    assert _lvs(host, "vg0", "vg1", select=f'lv_name="{CLONE}" || lv_name="{SNAP}"') == [
+        (CLONE, "vg1", "pool1")]
+    assert _lvs(host, "vg1", select=f'lv_name="{VOL}" || lv_name="pool1"') == [
+        (VOL, "vg1", "pool1"), ("pool1", "vg1", "")]
+    # The library functions the plugin uses.
+    lvs, missing = find_in_vgs(host, ["vg0", "vg1"], [CLONE, VOL])
+    assert [(lv.vg, lv.name) for lv in lvs] == [("vg0", VOL), ("vg1", VOL), ("vg1", CLONE)]
+    assert missing == []
+    lvs, missing = list_vgs(host, ["vg0", "vg1"])
+    assert len(lvs) == 5 and missing == []
+    assert len(host.commands("lvs")) == 6
+
+
+def test_a_missing_vg_among_several() -> None:
+    host = _two_vgs()
+    host.add_lv(VOL, 8 * MiB, vg="vg1")
+    host.add_lv(CLONE, 8 * MiB)
+    host.set_vg_present("vg1", False)
+    argv = ["lvs", *REPORT, "-o", "lv_name,vg_name", "vg0", "vg1", "gone"]
+    with pytest.raises(CommandError) as caught:
+        host.run(argv)
+    err = caught.value
+    # LVM reports the VGs it found, then exits 5 naming each missing one.
+    assert err.returncode == 5
+    assert 'Volume group "vg1" not found' in err.stderr
+    assert 'Volume group "gone" not found' in err.stderr
+    rows = json.loads(err.stdout)["report"][0]["lv"]
+    assert [(r["lv_name"], r["vg_name"]) for r in rows] == [(CLONE, "vg0"), ("pool0", "vg0")]
+    lvs, missing = find_in_vgs(host, ["vg0", "vg1"], [VOL, CLONE])
+    assert [(lv.vg, lv.name) for lv in lvs] == [("vg0", CLONE)] and missing == ["vg1"]
+    lvs, missing = list_vgs(host, ["vg0", "vg1"])
+    assert {lv.name for lv in lvs} == {CLONE, "pool0"} and missing == ["vg1"]
+    # Every command on the missing VG says so; the other VG works.
+    lvm1 = Lvm(host, "vg1", "pool1")
+    for fn in (lvm1.report, lvm1.list, lvm1.volume_group, lambda: lvm1.find(VOL),
+               lambda: lvm1.remove(VOL)):
+        _raises(fn, "VolumeGroup")
+    assert Lvm(host, "vg0", "pool0").get(CLONE).vg == "vg0"
+    with pytest.raises(CommandError) as caught:
+        host.run(["vgs", *REPORT, "-o", "vg_name", "vg0", "vg1"])
+    assert caught.value.returncode == 5 and 'Volume group "vg1" not found' in caught.value.stderr
+    assert json.loads(caught.value.stdout)["report"][0]["vg"] == [{"vg_name": "vg0"}]
+    # Back: its LVs are still there.
+    host.set_vg_present("vg1", True)
+    assert lvm1.get(VOL).vg == "vg1"
+
+
+def test_two_pools_in_one_vg() -> None:
+    host = FakeHost(pool_size=4 * GiB, vg_size=20 * GiB)
+    host.add_pool("vg0", "pool1", 8 * GiB)
+    a, b = Lvm(host, "vg0", "pool0"), Lvm(host, "vg0", "pool1")
+    a.create_thin(VOL, 8 * MiB, [])
+    b.create_thin(CLONE, 8 * MiB, [])
+    host.add_lv(SNAP, 8 * MiB, pool="pool1")
+    report = a.report()  # one VG: both pools' LVs
+    assert {(lv.name, lv.pool) for lv in report.lvs} == {
+        ("pool0", ""), ("pool1", ""), (VOL, "pool0"), (CLONE, "pool1"), (SNAP, "pool1")}
+    assert b.thin_pool().size == 8 * GiB and a.thin_pool().size == 4 * GiB
+    # vgs counts both pools, data and metadata.
+    assert a.volume_group().free == 20 * GiB - 12 * GiB - 16 * MiB
+    host.add_lv("other", 8 * MiB)  # without a pool: the first VG's first pool
+    assert host.lv("other").pool == "pool0"
+
+
+def test_extra_lvcreate_options() -> None:
+    host = _two_vgs()
+    lvm = Lvm(host, "vg1", "pool1", ("--readahead", "256", "--setautoactivation", "n"))
+    lvm.create_thin(VOL, 8 * MiB, [])
+    (argv,) = host.commands("lvcreate")
+    assert argv[argv.index("--readahead") + 1] == "256"
+    assert argv[argv.index("--setautoactivation") + 1] == "n"
+    lv = host.lv(VOL, "vg1")
+    assert (lv.readahead, lv.autoactivation, lv.active) == ("256", False, True)
+    clone = lvm.snapshot(VOL, CLONE, [], writable_volume=True)
+    assert clone.active and host.lv(CLONE, "vg1").readahead == "256"
+    snap = lvm.snapshot(VOL, SNAP, [], writable_volume=False)  # no extra options
+    assert not snap.active and host.lv(SNAP, "vg1").readahead == "auto"
+    assert "--readahead" not in host.commands("lvcreate")[-1]
+    assert host.lv(VOL, "vg1").autoactivation is False
+    for opt, value in (("--readahead", "fast"), ("--setautoactivation", "maybe")):
+        with pytest.raises(CommandError, match="Invalid argument") as err:
+            host.run(["lvcreate", "--yes", "--thin", "vg1/pool1", "--virtualsize", "8m",
+                      "--name", "x", opt, value])
+        assert err.value.returncode == 3
+    none = Lvm(host, "vg0", "pool0", ("--readahead", "none", "--setautoactivation", "y"))
+    none.create_thin(VOL, 8 * MiB, [])
+    assert (host.lv(VOL, "vg0").readahead, host.lv(VOL, "vg0").autoactivation) == ("none", True)
+
+
+def test_vgcreate_and_vgchange_of_another_vg(tmp_path: Path) -> None:
+    backing = tmp_path / "disk.img"
+    with open(backing, "wb") as f:
+        f.truncate(2 * GiB)
+    host = FakeHost()
+    loop = host.run(["losetup", "--find", "--show", str(backing)]).stdout.strip()
+    lvm = Lvm(host, "vg9", "pool9")
+    lvm.create_volume_group(loop)
+    lvm.activate_volume_group()
+    lvm.create_thin_pool(50)
+    assert lvm.thin_pool().size == GiB and lvm.volume_group().size == 2 * GiB
+    assert ("lvchange", "--errorwhenfull", "y", "vg9/pool9") in host.calls
+    assert Lvm(host, "vg0", "pool0").thin_pool().size == 10 * GiB  # untouched
+    _raises(lambda: lvm.create_volume_group(loop), "CommandError")  # exists now
+
+
+def test_helpers_with_several_vgs() -> None:
+    host = _two_vgs()
+    host.add_lv(VOL, 8 * MiB, vg="vg1", fs="ext4")
+    assert host.lv(VOL).vg == "vg1"  # only there: found without a vg
+    assert host.lv_path(VOL) == f"/dev/vg1/{VOL}"
+    assert host.lv(VOL).pool == "pool1" and host.lv(VOL).content.fs == "ext4"
+    host.set_content(VOL, fs="xfs")
+    host.set_busy(VOL)
+    assert host.lv(VOL).busy and host.lv(VOL).content.fs == "xfs"
+    host.add_vg("vg2", pool="pool2")
+    host.add_lv(VOL, 8 * MiB, vg="vg2")
+    with pytest.raises(AssertionError, match="pass vg="):  # in two VGs, neither the first
+        host.lv(VOL)
+    assert host.lv(VOL, "vg2").pool == "pool2"
+    host.add_lv(VOL, 8 * MiB)
+    assert host.lv(VOL) is host.lvs[VOL]  # the first VG's comes first
+    with pytest.raises(AssertionError, match="exists already"):
+        host.add_lv(VOL, 8 * MiB, vg="vg1")
+    with pytest.raises(KeyError):
+        host.lv("absent")
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(["--select", "lv_tags=x", "vg0"], id="select-other-field"),
+    pytest.param(["--select", 'lv_name="a" && lv_name="b"', "vg0"], id="select-and"),
+    pytest.param(["--select", 'lv_name=~"a"', "vg0"], id="select-regex"),
+    pytest.param(["--select", 'lv_name="a"', "vg0/a"], id="select-of-one-lv"),
+    pytest.param(["vg0/a", "vg1"], id="lv-among-vgs"),
+    pytest.param([], id="no-operand"),
+])
+def test_lvs_forms_not_simulated_assert(argv: list[str]) -> None:
+    host = _two_vgs()
+    with pytest.raises(AssertionError, match="FakeHost"):
+        host.run(["lvs", *REPORT, "-o", "lv_name", *argv])
+
+
+def test_vgs_select_is_not_simulated() -> None:
+    with pytest.raises(AssertionError, match="FakeHost"):
+        _two_vgs().run(["vgs", *REPORT, "-o", "vg_name", "--select", 'lv_name="a"', "vg0"])

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
 from csi_local.identity import IdentityServicer
-from csi_local.lvm import Lvm
+from csi_local.locks import Locks
+from csi_local.pool import Pools
 from tests.unit.conftest import FakeRunner
 
 VGS = json.dumps({"report": [{"vg": [{"vg_name": "vg0", "vg_size": "4290772992",
@@ -29,7 +31,7 @@ def pool_report(attr: str) -> str:
 def identity(runner: FakeRunner, **config: object) -> IdentityServicer:
     cfg = Config(endpoint="unix:///run/x.sock", node_id="n1", volume_group="vg0",
                  thin_pool="pool", **config)  # type: ignore[arg-type]
-    return IdentityServicer(cfg, Lvm(runner, "vg0", "pool"))
+    return IdentityServicer(cfg, Pools(cfg.classes, runner, Locks(tempfile.mkdtemp())))
 
 
 def probe(ident: IdentityServicer) -> bool:

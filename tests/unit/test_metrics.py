@@ -31,10 +31,10 @@ from csi_local.monitor import PoolMonitor
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ShRunner
 from csi_local.server import ErrorInterceptor
-from tests.unit.servicers import GiB, MiB, Node, make_node, mount_cap
+from tests.unit.servicers import GiB, MiB, Node, make_class_node, make_node, mount_cap
 
 PVC = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
-POOL_LABELS = {"volume_group": "vg0", "thin_pool": "pool0"}
+POOL_LABELS = {"device_class": "default", "volume_group": "vg0", "thin_pool": "pool0"}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -62,9 +62,9 @@ def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             **node_args: Any) -> tuple[Node, PoolMonitor, Metrics]:
     node = make_node(tmp_path, monkeypatch, **node_args)
     metrics = Metrics()
-    monitor = PoolMonitor(node.backend.lvm, node.backend.pool,
-                          on_extend=metrics.observe_extend)
-    metrics.watch(monitor)
+    pool = node.backend.pools.default
+    monitor = PoolMonitor(pool.lvm, pool, on_extend=metrics.extend_observer(pool.class_name))
+    metrics.watch([monitor])
     return node, monitor, metrics
 
 
@@ -112,10 +112,12 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert capacity.available_capacity == 20 * GiB - provisioned
     assert value(got, "csi_local_thin_pool_available_bytes", **POOL_LABELS) == \
         capacity.available_capacity
-    assert value(got, "csi_local_volumes") == 2
-    assert value(got, "csi_local_snapshots") == 1
-    labelled = {"volume_id": data.volume_id, "pvc_name": "data", "pvc_namespace": "ns"}
-    unlabelled = {"volume_id": plain.volume_id, "pvc_name": "", "pvc_namespace": ""}
+    assert value(got, "csi_local_volumes", **POOL_LABELS) == 2
+    assert value(got, "csi_local_snapshots", **POOL_LABELS) == 1
+    labelled = {"volume_id": data.volume_id, "pvc_name": "data", "pvc_namespace": "ns",
+                "device_class": "default"}
+    unlabelled = {"volume_id": plain.volume_id, "pvc_name": "", "pvc_namespace": "",
+                  "device_class": "default"}
     assert value(got, "csi_local_volume_size_bytes", **labelled) == GiB
     assert value(got, "csi_local_volume_size_bytes", **unlabelled) == 512 * MiB
     assert value(got, "csi_local_volume_data_percent", **labelled) == 40.0
@@ -150,7 +152,7 @@ def test_a_scrape_reuses_a_recent_reading(tmp_path: Path,
     assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
     first = scrape(metrics)  # within 5 s: no LVM at all
     assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
-    assert value(first, "csi_local_volumes") == 1
+    assert value(first, "csi_local_volumes", **POOL_LABELS) == 1
 
     create(node, "pvc-b", GiB)
     lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
@@ -158,7 +160,7 @@ def test_a_scrape_reuses_a_recent_reading(tmp_path: Path,
     monkeypatch.setattr(monitor_mod, "time", types.SimpleNamespace(time=lambda: real_time() + 6))
     later = scrape(metrics)  # older than 5 s: read once more
     assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 1, vgs + 1)
-    assert value(later, "csi_local_volumes") == 2
+    assert value(later, "csi_local_volumes", **POOL_LABELS) == 2
 
 
 def test_a_missing_volume_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,22 +182,163 @@ def test_a_volume_group_without_its_pool(tmp_path: Path,
     assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 1
     assert "csi_local_volume_group_size_bytes" in names(got)
     assert "csi_local_thin_pool_size_bytes" not in names(got)
-    assert value(got, "csi_local_volumes") == 0
+    assert value(got, "csi_local_volumes", **POOL_LABELS) == 0
 
 
 def test_autoextends_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = PoolPolicy(autoextend_threshold=70, autoextend_percent=20)
     node, monitor, metrics = watched(tmp_path, monkeypatch, policy=policy, vg_size=20 * GiB)
     before = scrape(metrics)
-    assert value(before, "csi_local_pool_autoextend_total", what="data") == 0
-    assert value(before, "csi_local_pool_autoextend_bytes_total", what="metadata") == 0
+    assert value(before, "csi_local_pool_autoextend_total", what="data",
+                 device_class="default") == 0
+    assert value(before, "csi_local_pool_autoextend_bytes_total", what="metadata",
+                 device_class="default") == 0
     node.host.lv("pool0").data_percent = 75.0
     monitor.check()
     got = scrape(metrics)
-    assert value(got, "csi_local_pool_autoextend_total", what="data") == 1
-    assert value(got, "csi_local_pool_autoextend_bytes_total", what="data") == 2 * GiB
-    assert value(got, "csi_local_pool_autoextend_total", what="metadata") == 0
+    assert value(got, "csi_local_pool_autoextend_total", what="data",
+                 device_class="default") == 1
+    assert value(got, "csi_local_pool_autoextend_bytes_total", what="data",
+                 device_class="default") == 2 * GiB
+    assert value(got, "csi_local_pool_autoextend_total", what="metadata",
+                 device_class="default") == 0
     assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 12 * GiB
+
+
+# device classes -------------------------------------------------------------------------
+
+# Two VGs; vg-hdd holds the pools of two classes.
+CLASSES = """
+default = "fast"
+
+[classes.fast]
+volume_group = "vg-nvme"
+thin_pool = "pool"
+
+[classes.big]
+volume_group = "vg-hdd"
+thin_pool = "pool"
+overprovision_ratio = 2.0
+
+[classes.cold]
+volume_group = "vg-hdd"
+thin_pool = "cold"
+"""
+FAST = {"device_class": "fast", "volume_group": "vg-nvme", "thin_pool": "pool"}
+BIG = {"device_class": "big", "volume_group": "vg-hdd", "thin_pool": "pool"}
+COLD = {"device_class": "cold", "volume_group": "vg-hdd", "thin_pool": "cold"}
+
+
+def class_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  **node_args: Any) -> tuple[Node, dict[str, PoolMonitor], Metrics]:
+    """A node with CLASSES, its monitors by class, as the plugin wires them."""
+    node = make_class_node(tmp_path, monkeypatch, CLASSES, **node_args)
+    metrics = Metrics()
+    monitors = {pool.class_name: PoolMonitor(pool.lvm, pool,
+                                             on_extend=metrics.extend_observer(pool.class_name))
+                for pool in node.backend.pools}
+    metrics.watch(list(monitors.values()))
+    return node, monitors, metrics
+
+
+def series(samples: Samples, name: str) -> list[dict[str, str]]:
+    return [dict(labels) for n, labels in samples if n == name]
+
+
+def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = class_watched(tmp_path, monkeypatch)
+    fast = create(node, "pvc-fast", GiB, PVC)  # no deviceClass: the default class
+    big = create(node, "pvc-big", 2 * GiB, {"deviceClass": "big"})
+    cold = create(node, "pvc-cold", 512 * MiB, {"deviceClass": "cold"})
+    node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="snap", source_volume_id=big.volume_id), None)
+    node.host.lv("pool", vg="vg-hdd").data_percent = 30.0
+    lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
+
+    got = scrape(metrics)  # one collector, every family once: no duplicate series
+
+    # One `lvs` and one `vgs` per VG, not per class.
+    assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 2, vgs + 2)
+    for name in ("csi_local_thin_pool_size_bytes", "csi_local_thin_pool_available_bytes",
+                 "csi_local_thin_pool_data_limit_percent", "csi_local_volumes",
+                 "csi_local_snapshots"):
+        found = [frozenset(labels.items()) for labels in series(got, name)]
+        assert sorted(found, key=sorted) == sorted(
+            (frozenset(c.items()) for c in (FAST, BIG, COLD)), key=sorted), name
+    assert sorted(s["volume_group"] for s in series(got, "csi_local_volume_group_up")) == \
+        ["vg-hdd", "vg-nvme"]
+    assert sorted(s["volume_group"] for s in series(got, "csi_local_volume_group_size_bytes")) \
+        == ["vg-hdd", "vg-nvme"]
+    assert value(got, "csi_local_thin_pool_data_percent", **BIG) == 30.0
+    assert value(got, "csi_local_thin_pool_data_percent", **COLD) == 0.0
+    # Each pool's own arithmetic: big is over-provisioned 2x, its snapshot counts.
+    assert value(got, "csi_local_thin_pool_provisioned_bytes", **BIG) == 4 * GiB
+    assert value(got, "csi_local_thin_pool_available_bytes", **BIG) == 20 * GiB - 4 * GiB
+    assert value(got, "csi_local_thin_pool_available_bytes", **FAST) == 10 * GiB - GiB
+    assert value(got, "csi_local_thin_pool_available_bytes", **COLD) == 10 * GiB - 512 * MiB
+    assert value(got, "csi_local_thin_pool_healthy", health_status="", **COLD) == 1
+    counts = {c["device_class"]: (value(got, "csi_local_volumes", **c),
+                                  value(got, "csi_local_snapshots", **c))
+              for c in (FAST, BIG, COLD)}
+    assert counts == {"fast": (1, 0), "big": (1, 1), "cold": (1, 0)}
+    # A volume of each class carries its class.
+    assert value(got, "csi_local_volume_size_bytes", volume_id=fast.volume_id, pvc_name="data",
+                 pvc_namespace="ns", device_class="fast") == GiB
+    assert value(got, "csi_local_volume_size_bytes", volume_id=big.volume_id, pvc_name="",
+                 pvc_namespace="", device_class="big") == 2 * GiB
+    assert value(got, "csi_local_volume_size_bytes", volume_id=cold.volume_id, pvc_name="",
+                 pvc_namespace="", device_class="cold") == 512 * MiB
+    assert len(series(got, "csi_local_volume_size_bytes")) == 3
+
+
+def test_a_class_whose_volume_group_is_missing(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    node, _, metrics = class_watched(tmp_path, monkeypatch)
+    create(node, "pvc-fast", GiB)
+    node.host.set_vg_present("vg-hdd", False)
+    got = scrape(metrics)
+    assert value(got, "csi_local_volume_group_up", volume_group="vg-hdd") == 0
+    assert value(got, "csi_local_volume_group_up", volume_group="vg-nvme") == 1
+    # The other class is exported in full; the missing VG's classes only by
+    # what needs no LVM.
+    assert series(got, "csi_local_thin_pool_size_bytes") == [FAST]
+    assert series(got, "csi_local_volumes") == [FAST]
+    assert series(got, "csi_local_volume_group_size_bytes") == [{"volume_group": "vg-nvme"}]
+    assert len(series(got, "csi_local_thin_pool_metadata_limit_percent")) == 3
+
+
+def test_autoextends_are_counted_by_class(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = PoolPolicy(autoextend_threshold=70, autoextend_percent=20)
+    node, monitors, metrics = class_watched(tmp_path, monkeypatch, policy=policy)
+    node.host.vgs["vg-hdd"].size += 10 * GiB  # room to grow
+    before = scrape(metrics)
+    assert {(s["what"], s["device_class"]) for s in
+            series(before, "csi_local_pool_autoextend_total")} == {
+        (w, c) for w in ("data", "metadata") for c in ("fast", "big", "cold")}
+    node.host.lv("pool", vg="vg-hdd").data_percent = 75.0
+    for monitor in monitors.values():
+        monitor.check()
+    got = scrape(metrics)
+    assert value(got, "csi_local_pool_autoextend_total", what="data", device_class="big") == 1
+    assert value(got, "csi_local_pool_autoextend_bytes_total", what="data",
+                 device_class="big") == 2 * GiB
+    assert value(got, "csi_local_pool_autoextend_total", what="data", device_class="fast") == 0
+    assert value(got, "csi_local_pool_autoextend_total", what="data", device_class="cold") == 0
+    assert value(got, "csi_local_thin_pool_size_bytes", **BIG) == 12 * GiB
+    assert value(got, "csi_local_thin_pool_size_bytes", **COLD) == 10 * GiB
+
+
+def test_one_collector_for_every_class(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """prometheus_client refuses a second collector of the same names: the
+    plugin registers one over all its monitors."""
+    _, monitors, metrics = class_watched(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        metrics.watch([monitors["fast"]])
+    with pytest.raises(ValueError, match="no pool monitor"):
+        metrics.watch([])
 
 
 # the RPC hook -----------------------------------------------------------------------
@@ -352,11 +495,16 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     try:
         metrics = plugin.metrics
         assert metrics is not None
-        runner = plugin.backend.lvm.runner
+        runner = plugin.backend.pools.default.lvm.runner
         assert isinstance(runner, ShRunner) and runner.observe == metrics.observe_command
-        assert plugin.monitor.on_extend == metrics.observe_extend
-        monkeypatch.setattr(plugin.monitor, "latest", lambda max_age: None)  # no lvs
-        assert value(scrape(metrics), "csi_local_volume_group_up", volume_group="vg0") == 0
+        (monitor,) = plugin.monitors
+        assert monitor.on_extend is not None
+        monitor.on_extend("data", 4 * MiB)  # counted for the monitor's class
+        monkeypatch.setattr(monitor, "latest", lambda max_age: None)  # no lvs
+        got = scrape(metrics)
+        assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 0
+        assert value(got, "csi_local_pool_autoextend_bytes_total", what="data",
+                     device_class="default") == 4 * MiB
         # A first start has no state file: rebuilt, and counted.
         assert value(scrape(metrics), "csi_local_state_rebuilds_total") == 1
     finally:
@@ -364,16 +512,16 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     again = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
         assert again.metrics is not None
-        monkeypatch.setattr(again.monitor, "latest", lambda max_age: None)
+        monkeypatch.setattr(again.monitors[0], "latest", lambda max_age: None)
         assert value(scrape(again.metrics), "csi_local_state_rebuilds_total") == 0
     finally:
         again.close()
     off = plugin_mod.CsiPlugin(_config(tmp_path))
     try:
         assert off.metrics is None
-        runner = off.backend.lvm.runner
+        runner = off.backend.pools.default.lvm.runner
         assert isinstance(runner, ShRunner) and runner.observe is None
-        assert off.monitor.on_extend is None
+        assert [m.on_extend for m in off.monitors] == [None]
     finally:
         off.close()
 

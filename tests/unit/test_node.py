@@ -28,7 +28,7 @@ from csi_local import state, validation
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.fs import Usage
-from csi_local.locks import POOL_KEY, volume_key
+from csi_local.locks import pool_key, volume_key
 from csi_local.rpc import status_of
 from csi_local.state import AccessType, Publish, Staging, StateStore
 from tests.unit.servicers import (
@@ -1314,7 +1314,7 @@ EXPAND_ROWS = [
     row("pool-full", expand(rng=(11 * GiB, 0)), "OUT_OF_RANGE", "has room for",
         setup=STAGED, ran="lvs"),
     row("pool-lock-busy", expand(), "ABORTED", "already in progress", setup=STAGED,
-        busy=POOL_KEY, ran="lvs"),
+        busy=pool_key("vg0", "pool0"), ran="lvs"),
     row("lvextend-fails", expand(), "INTERNAL", "lvextend exited 5",
         setup=chain(STAGED, fail("lvextend", rc=5)), ran="lvs lvextend"),
     row("fs-grow-fails-lv-grown", expand(), "INTERNAL", "resize2fs exited 1",

@@ -1,6 +1,10 @@
+import tempfile
+
 from csi_local import mounts
 from csi_local.host import Host
+from csi_local.locks import Locks
 from csi_local.lvm import Lvm
+from csi_local.pool import Pool, Pools
 from csi_local.recovery import rebuild_state
 from csi_local.state import Publish, Staging
 from tests.unit.conftest import FakeRunner
@@ -42,7 +46,8 @@ class TableHost(Host):
 
 def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner) -> None:
     runner.on(["lvs"], stdout=LVS)
-    recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
+    recs = rebuild_state(
+        Pools.of(Pool(Lvm(runner, "vg0", "pool"), Locks(tempfile.mkdtemp()), 1.0)), TableHost())
     assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs", flags_known=False)
     assert recs[VOL].publishes == {"/k/pods/x": Publish(False, flags_known=False),
                                   "/k/pods/y": Publish(True, flags_known=False)}

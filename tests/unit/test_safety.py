@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from csi_local.locks import Locks
 from csi_local.lvm import Lvm
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
-from csi_local.pool import Pool
+from csi_local.pool import Pool, Pools
 from csi_local.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
 from csi_local.rpc import InvalidArgument, status_of
 from csi_local.state import Publish, StateStore
@@ -170,7 +171,8 @@ def test_rebuild_ignores_kubelets_own_device_bind(runner: FakeRunner,
         def device_numbers(self, path: str) -> tuple[int, int] | None:
             return (253, 7) if path == "/dev/dm-7" else (8, 0)
 
-    recs = rebuild_state(Lvm(runner, "vg0", "pool"), TableHost())
+    recs = rebuild_state(
+        Pools.of(Pool(Lvm(runner, "vg0", "pool"), Locks(tempfile.mkdtemp()), 1.0)), TableHost())
     rec = recs[VOL]
     assert rec.staging is not None and rec.staging.path == f"{K}/staging/pvc-1"
     assert rec.publishes == {f"{K}/publish/pvc-1/uid-1": Publish(readonly=False, flags_known=False)}
@@ -188,7 +190,7 @@ def _servicers(tmp_path: Path, runner: FakeRunner) -> tuple[ControllerServicer, 
                     lock_dir=str(tmp_path / "locks"))
     lvm = Lvm(runner, "vg0", "pool")
     locks = Locks(config.lock_dir)
-    backend = Backend(config=config, lvm=lvm, pool=Pool(lvm, locks, 1.0),
+    backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, 1.0)),
                       fs=Filesystems(runner, Host()), host=Host(),
                       state=StateStore(config.state_dir), locks=locks,
                       paginator=Paginator(b"k" * 32))

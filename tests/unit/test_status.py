@@ -20,7 +20,16 @@ from csi_local.dhv import tags as dhv_tags
 from csi_local.lvm import hex_tag
 from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 from tests.unit.fakehost import FakeHost
-from tests.unit.servicers import GiB, MiB, Node, call, make_node, mount_cap, vol_id
+from tests.unit.servicers import (
+    GiB,
+    MiB,
+    Node,
+    call,
+    make_class_node,
+    make_node,
+    mount_cap,
+    vol_id,
+)
 
 CO = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
 T0 = 1_700_000_000  # FakeHost's lv_time of its first LV (the pool)
@@ -293,7 +302,7 @@ def test_human_units() -> None:
 
 
 def test_never_takes_the_pool_lock(node: Node) -> None:
-    pool = status.read_only_pool(node.backend.lvm)
+    pool = status.read_only_pool(node.backend.pools.default.lvm)
     with pytest.raises(Exception, match="never take a lock"), pool.reserved():
         pass
 
@@ -317,3 +326,240 @@ def test_host_volume_snapshots_and_clones_are_listed_with_their_source(node: Nod
     assert got["possible_orphans"] == []
     _, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
     assert "Host volumes (csi-local-dhv): 3" in text and "snapshot:gold-v1" in text
+
+
+# device classes ---------------------------------------------------------------------
+
+# Two VGs; vg-hdd holds the pools of two classes.
+CLASSES = """\
+default = "fast"
+
+[classes.fast]
+volume_group = "vg-nvme"
+thin_pool = "pool"
+
+[classes.big]
+volume_group = "vg-hdd"
+thin_pool = "pool"
+overprovision_ratio = 2.0
+
+[classes.cold]
+volume_group = "vg-hdd"
+thin_pool = "cold"
+"""
+
+
+@pytest.fixture
+def classes_file(tmp_path: Path) -> Path:
+    path = tmp_path / "classes.toml"
+    path.write_text(CLASSES)
+    return path
+
+
+@pytest.fixture
+def cnode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
+    return make_class_node(tmp_path, monkeypatch, CLASSES)
+
+
+def cargs(config: Path, state_dir: Path | str, *extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["status", "--config", str(config), "--state-dir",
+                                      str(state_dir), *extra])
+
+
+def test_every_class_and_the_class_of_every_volume(cnode: Node, classes_file: Path) -> None:
+    fast = create(cnode, "fast", params=CO)  # no deviceClass: the default class
+    big = create(cnode, "big", 2 * GiB, params={"deviceClass": "big"})
+    cold = create(cnode, "cold", 512 * MiB, params={"deviceClass": "cold"})
+    snap = snapshot(cnode, "snap", big)
+    cnode.host.add_lv(DHV, 256 * MiB, vg="vg-hdd", pool="cold", tags=[
+        f"{dhv_tags.TAG_KIND}={dhv_tags.KIND_VOLUME}", f"{dhv_tags.TAG_ID}=cache"])
+    # A CSI volume in a pool that is no class's (a class taken out of the file).
+    cnode.host.add_pool("vg-hdd", "old", GiB)
+    gone = cnode.host.add_lv(vol_id("gone"), GiB, vg="vg-hdd", pool="old",
+                             tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}"]).name
+    cnode.host.lv("pool", vg="vg-hdd").data_percent = 95.0  # big is above its mark
+    state_dir = cnode.backend.config.state_dir
+    now = cnode.host.clock + 10
+    cnode.host.calls.clear()
+
+    got = as_json_of(cnode.host, cargs(classes_file, state_dir, "--json"), now)
+
+    # One `vgs` and one `lvs` per VG, however many classes it holds.
+    assert [c[0] for c in cnode.host.calls] == ["vgs", "lvs", "vgs", "lvs"]
+    assert got["config"] == str(classes_file) and got["default_class"] == "fast"
+    classes = {c["name"]: c for c in got["classes"]}
+    assert list(classes) == ["fast", "big", "cold"]
+    assert [c["default"] for c in got["classes"]] == [True, False, False]
+    assert classes["fast"]["volume_group"]["name"] == "vg-nvme"
+    assert classes["big"]["volume_group"] == classes["cold"]["volume_group"]
+    assert classes["big"]["volume_group"]["name"] == "vg-hdd"
+    assert {n: c["thin_pool"]["name"] for n, c in classes.items()} == {
+        "fast": "vg-nvme/pool", "big": "vg-hdd/pool", "cold": "vg-hdd/cold"}
+    assert classes["fast"]["thin_pool"]["available"] == 10 * GiB - GiB
+    assert classes["big"]["thin_pool"]["available"] == 20 * GiB - 4 * GiB  # ratio 2, snapshot
+    assert classes["big"]["thin_pool"]["overprovision_ratio"] == 2.0
+    assert classes["cold"]["thin_pool"]["available"] == 10 * GiB - 512 * MiB - 256 * MiB
+    assert "vg-hdd/pool is above its high-water mark" in classes["big"]["thin_pool"][
+        "fill_problem"]
+    assert classes["cold"]["thin_pool"]["fill_problem"] is None
+    assert all(c["error"] is None for c in got["classes"])
+    # The keys of one class stay: the default class's VG and pool.
+    assert got["volume_group"] == classes["fast"]["volume_group"]
+    assert got["thin_pool"] == classes["fast"]["thin_pool"]
+    by_id = {v["id"]: v for v in got["volumes"]}
+    assert {i: v["device_class"] for i, v in by_id.items()} == {
+        fast: "fast", big: "big", cold: "cold", gone: None}
+    # A volume's condition is its own pool's.
+    assert "vg-hdd/pool is above" in by_id[big]["condition"]["message"]
+    assert not by_id[cold]["condition"]["abnormal"]
+    assert not by_id[fast]["condition"]["abnormal"]
+    assert not by_id[gone]["condition"]["abnormal"]
+    (s,) = got["snapshots"]
+    assert s["id"] == snap and s["device_class"] == "big"
+    (h,) = got["host_volumes"]
+    assert h["lv"] == DHV and h["device_class"] == "cold"
+
+    code, text, err = run(cnode.host, cargs(classes_file, state_dir), now)
+    assert code == 0 and err == ""
+    lines = text.splitlines()
+    assert lines[0] == f"Device classes ({classes_file}): fast, big, cold; default fast"
+    assert lines[1] == "Class fast (default):"
+    assert lines[2] == "  Volume group vg-nvme: size 11.0 GiB, free 1.0 GiB"
+    assert lines[3].startswith("  Thin pool vg-nvme/pool: size 10.0 GiB, data 0.0%")
+    assert lines[4] == "    below its high-water marks"
+    assert "Class big:" in lines and "Class cold:" in lines
+    assert "  Thin pool vg-hdd/pool: size 10.0 GiB, data 95.0%, metadata 0.0%, active; room " \
+           "for new volumes 16.0 GiB (over-provisioning ratio 2)" in lines
+    assert "    WARNING: thin pool vg-hdd/pool is above its high-water mark: data 95.0% full " \
+           "(limit 90%)" in lines
+    header = next(x for x in lines if x.strip().startswith("ID "))
+    assert header.split()[:3] == ["ID", "CLASS", "SIZE"]
+    rows = {x.split()[0]: x.split()[1] for x in lines if x.strip().startswith("csi-")}
+    assert rows == {fast: "fast", big: "big", cold: "cold", gone: "-", snap: "big"}
+    dhv_row = next(x for x in lines if x.strip().startswith(DHV))
+    assert dhv_row.split()[:3] == [DHV, "cold", "volume"]
+
+
+def as_json_of(host: FakeHost, ns: argparse.Namespace, now: float) -> Any:
+    code, out, err = run(host, ns, now)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_a_class_whose_volume_group_is_missing(cnode: Node, classes_file: Path) -> None:
+    fast = create(cnode, "fast")
+    cnode.host.set_vg_present("vg-hdd", False)
+    state_dir = cnode.backend.config.state_dir
+    code, text, err = run(cnode.host, cargs(classes_file, state_dir), cnode.host.clock)
+    # The classes that can be read are shown; the exit code says one could not.
+    assert code == 1
+    assert "Class fast (default):\n  Volume group vg-nvme: size" in text
+    assert "Class big:\n  Volume group vg-hdd: PROBLEM: volume group vg-hdd not found" in text
+    assert "Class cold:\n  Volume group vg-hdd: PROBLEM: volume group vg-hdd not found" in text
+    assert fast in text
+    assert err.splitlines() == [
+        "csi-local status: class big: volume group vg-hdd not found: the node cannot serve "
+        "volumes until it is back",
+        "csi-local status: class cold: volume group vg-hdd not found: the node cannot serve "
+        "volumes until it is back"]
+    code, out, _ = run(cnode.host, cargs(classes_file, state_dir, "--json"), cnode.host.clock)
+    got = json.loads(out)
+    assert code == 1
+    big = next(c for c in got["classes"] if c["name"] == "big")
+    assert big["volume_group"] is None and "vg-hdd not found" in big["error"]
+    assert big["thin_pool"]["found"] is False
+    assert [v["id"] for v in got["volumes"]] == [fast]
+    # Nothing readable at all: as with one class, exit 1 and nothing on stdout.
+    cnode.host.set_vg_present("vg-nvme", False)
+    code, text, err = run(cnode.host, cargs(classes_file, state_dir), cnode.host.clock)
+    assert code == 1 and text == "" and "vg-nvme not found" in err
+
+
+def test_the_default_class_missing_leaves_no_volume_group(cnode: Node,
+                                                          classes_file: Path) -> None:
+    cnode.host.set_vg_present("vg-nvme", False)
+    code, out, _ = run(cnode.host, cargs(classes_file, cnode.backend.config.state_dir,
+                                         "--json"), cnode.host.clock)
+    got = json.loads(out)
+    assert code == 1 and got["volume_group"] is None
+    assert got["thin_pool"]["name"] == "vg-nvme/pool" and not got["thin_pool"]["found"]
+
+
+def test_one_class_from_a_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "one.toml"
+    path.write_text('[classes.fast]\nvolume_group = "vg0"\nthin_pool = "pool0"\n'
+                    "overprovision_ratio = 3.0\n")
+    host = FakeHost()
+    code, text, _ = run(host, cargs(path, tmp_path), T0)
+    assert code == 0
+    assert text.startswith(f"Device classes ({path}): fast; default fast\nClass fast "
+                           "(default):\n  Volume group vg0: ")
+    assert "(over-provisioning ratio 3)" in text
+    # --overprovision-ratio is the ratio of a class that sets none.
+    path.write_text('[classes.fast]\nvolume_group = "vg0"\nthin_pool = "pool0"\n')
+    got = as_json_of(host, cargs(path, tmp_path, "--json", "--overprovision-ratio", "1.5"), T0)
+    assert got["thin_pool"]["overprovision_ratio"] == 1.5
+
+
+def test_the_flags_are_one_class_named_default(node: Node) -> None:
+    data = create(node, "data")
+    got = as_json(node.host, node.backend.config.state_dir, node.host.clock)
+    assert got["config"] is None and got["default_class"] == "default"
+    (only,) = got["classes"]
+    assert only["name"] == "default" and only["default"] and only["error"] is None
+    assert only["volume_group"] == got["volume_group"]
+    assert only["thin_pool"] == got["thin_pool"]
+    assert [v["device_class"] for v in got["volumes"]] == ["default"]
+    # The table of one class by the flags is as it always was: no class named.
+    _, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
+    assert text.startswith("Volume group vg0: size 11.0 GiB, free 1016.0 MiB\nThin pool "
+                           "vg0/pool0: size 10.0 GiB")
+    assert "CLASS" not in text and "Class " not in text and "default" not in text
+    header = next(x for x in text.splitlines() if x.strip().startswith("ID "))
+    assert header.split()[:2] == ["ID", "SIZE"]
+    assert data in text
+
+
+def test_a_bad_configuration_file_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[classes.fast]\nvolume_group = "vg0"\nthin_pool = "pool0"\nstripes = 2\n')
+    host = FakeHost()
+    code, out, err = run(host, cargs(path, tmp_path), T0)
+    assert code == 2 and out == ""
+    assert err.startswith(f"csi-local status: {path}:4: class 'fast': unknown key 'stripes'")
+    assert host.calls == []
+    code, out, err = run(host, cargs(tmp_path / "none.toml", tmp_path), T0)
+    assert code == 2 and "cannot read the configuration file" in err
+
+
+@pytest.mark.parametrize(("argv", "env"), [
+    (["--config", "/c.toml", "--volume-group", "vg0"], {}),
+    (["--config", "/c.toml", "--thin-pool", "pool0"], {}),
+    (["--config", "/c.toml"], {"CSI_LOCAL_VOLUME_GROUP": "vg0", "CSI_LOCAL_THIN_POOL": "p"}),
+    (["--volume-group", "vg0", "--thin-pool", "pool0"], {"CSI_LOCAL_CONFIG": "/c.toml"}),
+    (["--volume-group", "vg0"], {}),
+    ([], {}),
+])
+def test_classes_from_exactly_one_source(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str],
+                                         argv: list[str], env: dict[str, str]) -> None:
+    for name in ("CSI_LOCAL_CONFIG", "CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["status", *argv])
+    assert info.value.code == 2
+    message = capsys.readouterr().err
+    assert "not both" in message if "--config" in argv or env.get("CSI_LOCAL_CONFIG") else \
+        "required" in message and "--config" in message
+
+
+def test_the_configuration_file_from_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                    classes_file: Path) -> None:
+    for name in ("CSI_LOCAL_VOLUME_GROUP", "CSI_LOCAL_THIN_POOL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CSI_LOCAL_CONFIG", str(classes_file))
+    ns = build_parser().parse_args(["status"])
+    assert ns.config == str(classes_file) and ns.volume_group is None
+    assert [c.name for c in status.node_classes(ns).classes] == ["fast", "big", "cold"]

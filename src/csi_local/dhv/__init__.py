@@ -1,8 +1,10 @@
-"""csi-local-dhv: a Nomad dynamic host volume plugin on the same LVM thin pool
-as the CSI plugin, sharing its pool, locks and file-system rules.
+"""csi-local-dhv: a Nomad dynamic host volume plugin on the same LVM thin pools
+(device classes) as the CSI plugin, sharing its pools, locks and file-system
+rules.
 
     csi-local-dhv fingerprint | create | delete     (run by Nomad)
     csi-local-dhv install --plugin-dir DIR --volume-group VG --thin-pool POOL
+    csi-local-dhv install --plugin-dir DIR --config CLASSES.toml   (device classes)
     csi-local-dhv snapshot create|delete|list ...    (run by an operator)
 
 Nomad runs the plugin with an empty environment plus DHV_* variables and
@@ -23,7 +25,9 @@ from csi_local import __version__
 USAGE = """\
 usage: csi-local-dhv fingerprint|create|delete   (run by Nomad, configured by DHV_* variables)
        csi-local-dhv install --plugin-dir DIR --volume-group VG --thin-pool POOL [options]
-       csi-local-dhv snapshot create VOLUME_ID NAME | delete NAME | list [VOLUME_ID] [--json]
+       csi-local-dhv install --plugin-dir DIR --config CLASSES.toml [options]
+       csi-local-dhv snapshot create VOLUME_ID NAME [--device-class C] | delete NAME |
+                              list [VOLUME_ID] [--json]
 """
 
 

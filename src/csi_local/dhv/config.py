@@ -1,13 +1,22 @@
 """The host volume plugin's configuration file: <plugin dir>/<plugin id>.json,
-written by `csi-local-dhv install`. No processes, no LVM."""
+written by `csi-local-dhv install`. No processes, no LVM.
+
+The pools come one of two ways: `volume_group` and `thin_pool` (one device
+class, named `default`, as the CSI plugin's flags make it), or `classes_file`,
+the CSI plugin's device classes file (TOML, csi_local.classes), whose classes
+that set no `overprovision_ratio` or `default_fs_type` get this file's
+`overprovision_ratio` and `fs_type`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from csi_local import fsrules
+from csi_local.classes import ClassConfigError, DeviceClasses, load_classes, single_class
 from csi_local.dhv.request import DhvError
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import check_name
@@ -22,8 +31,10 @@ DEFAULT_TIMEOUT = 55.0  # Nomad kills create/delete after 60 s
 
 @dataclass(frozen=True)
 class PluginConfig:
-    volume_group: str
-    thin_pool: str
+    # One pool (volume_group and thin_pool), or the device classes of a file
+    # (classes_file, below): exactly one of the two.
+    volume_group: str = ""
+    thin_pool: str = ""
     fs_type: str = "ext4"
     lock_dir: str = DEFAULT_LOCK_DIR
     overprovision_ratio: float = 1.0
@@ -33,14 +44,33 @@ class PluginConfig:
     # host volumes without a capacity check, so this plugin must refuse too.
     pool_data_limit_percent: float = 90.0
     pool_metadata_limit_percent: float = 90.0
+    # The CSI plugin's device classes file (TOML, csi_local.classes; absolute).
+    classes_file: str = ""
+    # The device classes, read once (from classes_file) when the configuration is.
+    classes: DeviceClasses = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for key in ("volume_group", "thin_pool"):
-            value = getattr(self, key)
-            try:
-                check_name(value if isinstance(value, str) else "")
-            except ValueError:
-                raise DhvError(f"config: {key} {value!r} is not an LVM name") from None
+        if not isinstance(self.classes_file, str):
+            raise DhvError(f"config: classes_file {self.classes_file!r} must be a path")
+        if self.classes_file:
+            if self.volume_group or self.thin_pool:
+                raise DhvError("config: give classes_file or volume_group and thin_pool, "
+                               "not both (the file's classes name their volume groups "
+                               "and thin pools)")
+            if "\0" in self.classes_file or not os.path.isabs(self.classes_file):
+                raise DhvError(f"config: classes_file {self.classes_file!r} must be an "
+                               "absolute path")
+        else:
+            missing = [k for k in ("volume_group", "thin_pool") if not getattr(self, k)]
+            if missing:
+                raise DhvError(f"config: missing {', '.join(missing)} (or give classes_file, "
+                               "a device classes file)")
+            for key in ("volume_group", "thin_pool"):
+                value = getattr(self, key)
+                try:
+                    check_name(value if isinstance(value, str) else "")
+                except ValueError:
+                    raise DhvError(f"config: {key} {value!r} is not an LVM name") from None
         if self.fs_type not in fsrules.SUPPORTED_FS:
             raise DhvError(f"config: unsupported fs_type {self.fs_type!r}")
         if not isinstance(self.lock_dir, str) or not os.path.isabs(self.lock_dir):
@@ -60,6 +90,21 @@ class PluginConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not 0 < value <= 100:
                 raise DhvError(f"config: {key} must be a percentage in (0, 100]")
+        object.__setattr__(self, "classes", self._read_classes())
+
+    def _read_classes(self) -> DeviceClasses:
+        """The classes of classes_file, or the one class of volume_group and
+        thin_pool (named `default`)."""
+        if not self.classes_file:
+            return single_class(self.volume_group, self.thin_pool,
+                                overprovision_ratio=float(self.overprovision_ratio),
+                                default_fs_type=self.fs_type)
+        try:
+            return load_classes(self.classes_file,
+                                overprovision_ratio=float(self.overprovision_ratio),
+                                default_fs_type=self.fs_type)
+        except ClassConfigError as err:  # says the file (and line)
+            raise DhvError(f"config: classes_file: {err}") from None
 
     @property
     def pool_policy(self) -> PoolPolicy:
@@ -67,9 +112,11 @@ class PluginConfig:
                           metadata_limit=self.pool_metadata_limit_percent)
 
     def to_json(self) -> dict[str, object]:
+        where: dict[str, object] = (
+            {"classes_file": self.classes_file} if self.classes_file
+            else {"volume_group": self.volume_group, "thin_pool": self.thin_pool})
         return {
-            "volume_group": self.volume_group,
-            "thin_pool": self.thin_pool,
+            **where,
             "fs_type": self.fs_type,
             "lock_dir": self.lock_dir,
             "overprovision_ratio": self.overprovision_ratio,
@@ -97,19 +144,16 @@ def parse_config(text: str, source: str = "config") -> PluginConfig:
         raise DhvError(f"{source} is not JSON: {err}") from None
     if not isinstance(data, dict):
         raise DhvError(f"{source} must hold a JSON object")
-    allowed = set(PluginConfig.__dataclass_fields__)
+    allowed = {f.name for f in dataclasses.fields(PluginConfig) if f.init}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise DhvError(f"{source}: unknown key(s) {', '.join(map(repr, unknown))}")
-    missing = sorted({"volume_group", "thin_pool"} - set(data))
-    if missing:
-        raise DhvError(f"{source}: missing {', '.join(missing)}")
     if "default_size" in data:
         data["default_size"] = parse_size(data["default_size"])
     try:
         return PluginConfig(**data)
     except DhvError as err:
-        raise DhvError(f"{source}: {err}".replace("config: ", "")) from None
+        raise DhvError(f"{source}: {str(err).removeprefix('config: ')}") from None
 
 
 def config_path(plugin_dir: str, argv0: str) -> str:

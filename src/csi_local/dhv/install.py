@@ -42,13 +42,21 @@ def install(args: list[str]) -> int:
         "host volume plugin directory (client host_volume_plugin_dir).",
     )
     parser.add_argument("--plugin-dir", required=True, help="Nomad's host_volume_plugin_dir")
-    parser.add_argument("--volume-group", required=True)
-    parser.add_argument("--thin-pool", required=True)
+    parser.add_argument("--volume-group", default="",
+                        help="the volume group of the one pool (device class 'default')")
+    parser.add_argument("--thin-pool", default="", help="the thin pool in that group")
+    parser.add_argument("--config", default="", metavar="FILE",
+                        help="the CSI plugin's device classes file (TOML), instead of "
+                        "--volume-group and --thin-pool: several pools, chosen by a "
+                        "volume's device_class parameter")
     parser.add_argument("--fs-type", default="ext4", choices=SUPPORTED_FS,
-                        help="file system when a volume's parameters name none")
+                        help="file system when a volume's parameters name none (with "
+                        "--config: for the classes that set no default_fs_type)")
     parser.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR,
                         help="must be the CSI plugin's --lock-dir when both share a pool")
-    parser.add_argument("--overprovision-ratio", type=float, default=1.0)
+    parser.add_argument("--overprovision-ratio", type=float, default=1.0,
+                        help="use the CSI plugin's value (with --config: for the classes "
+                        "that set none)")
     parser.add_argument("--default-size", default="1GiB",
                         help="size when a volume sets no capacity_min/capacity_max")
     parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT)
@@ -66,9 +74,16 @@ def install(args: list[str]) -> int:
         plugin_dir = os.path.abspath(ns.plugin_dir)
         if not ns.plugin_id or "/" in ns.plugin_id or ns.plugin_id.startswith("."):
             raise DhvError(f"invalid plugin id {ns.plugin_id!r}")
+        if ns.config and (ns.volume_group or ns.thin_pool):
+            raise DhvError("give --config or --volume-group and --thin-pool, not both")
+        if not ns.config and not (ns.volume_group and ns.thin_pool):
+            raise DhvError("give --volume-group and --thin-pool (one pool), or --config FILE "
+                           "(device classes)")
         config = PluginConfig(
             volume_group=ns.volume_group,
             thin_pool=ns.thin_pool,
+            # read now, so a file the plugin could not use fails the install
+            classes_file=os.path.abspath(ns.config) if ns.config else "",
             fs_type=ns.fs_type,
             lock_dir=ns.lock_dir,
             overprovision_ratio=ns.overprovision_ratio,
@@ -79,7 +94,9 @@ def install(args: list[str]) -> int:
         )
         shim = shim_text(ns.python, ns.plugin_id)
     except DhvError as err:
-        parser.error(str(err))
+        message = str(err).removeprefix("config: ")
+        parser.error(message.replace("classes_file: ", "--config: ", 1)
+                     if message.startswith("classes_file: ") else message)
     os.makedirs(plugin_dir, mode=0o755, exist_ok=True)
     exe = os.path.join(plugin_dir, ns.plugin_id)
     conf = exe + ".json"

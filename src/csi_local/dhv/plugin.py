@@ -1,10 +1,16 @@
 """create and delete of the Nomad dynamic host volume plugin: a thin LV with a
 file system, mounted at DHV_VOLUMES_DIR/<volume id>.
 
-The CSI plugin's layers do the work: the same pool (room and the pool lock),
-the same lock keys and order (the volume's key outside, the pool's inside),
-the same formatting rule and mount-option rule. Only Nomad's request and
-answer are the host volume plugin's own.
+The CSI plugin's layers do the work: the same pools (device classes, each
+with its room and its pool lock), the same lock keys and order (the volume's
+key outside, the pool's inside), the same formatting rule and mount-option
+rule. Only Nomad's request and answer are the host volume plugin's own.
+
+Device classes: a new volume goes to the class its `device_class` parameter
+names (or the default class), a clone to its source's class; a volume that
+exists is found in whatever class it is, by one `lvs` over the classes'
+volume groups (its VG and thin pool say its class; nothing else records it),
+and a class whose volume group is missing never makes a volume look gone.
 
 Everything here is imported lazily by csi_local.dhv, off the fingerprint path.
 """
@@ -45,13 +51,14 @@ from csi_local.dhv.tags import (
     snapshot_tags,
     volume_tags,
 )
+from csi_local.errors import VolumeGroupMissing
 from csi_local.fs import Filesystems
 from csi_local.holders import VolumeUsers, volume_users
 from csi_local.host import Host
 from csi_local.locks import Locks, volume_key
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.mounts import Mount
-from csi_local.pool import Pool
+from csi_local.pool import Pool, Pools
 from csi_local.runner import Result, Runner, ShRunner
 
 log = logging.getLogger("csi_local.dhv")
@@ -101,7 +108,7 @@ class DeadlineRunner:
 
 
 class HostVolumePlugin:
-    """create and delete, on the pool the configuration names."""
+    """create and delete, on the pools (device classes) the configuration names."""
 
     def __init__(self, config: PluginConfig, runner: Runner | None = None,
                  host: Host | None = None) -> None:
@@ -110,10 +117,9 @@ class HostVolumePlugin:
         inner = runner if runner is not None else ShRunner(timeout=config.timeout_seconds)
         self.runner = DeadlineRunner(inner, self.deadline)
         self.host = host if host is not None else Host()
-        self.lvm = Lvm(self.runner, config.volume_group, config.thin_pool)
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
-        self.pool = Pool(self.lvm, self.locks, config.overprovision_ratio, config.pool_policy)
+        self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * _RESERVE)
@@ -123,6 +129,18 @@ class HostVolumePlugin:
         with self.locks.hold(volume_key(lv_name), timeout=self._lock_timeout()):
             yield
 
+    def class_of(self, lv: LogicalVolume) -> str | None:
+        """The device class of an LV (its VG and thin pool say it), None for an
+        LV in no class's pool."""
+        pool = self.pools.of_lv(lv)
+        return pool.class_name if pool is not None else None
+
+    def _where(self) -> str:
+        """Where volumes are looked for, for messages: the pool, or the classes."""
+        if len(self.pools) == 1:
+            return self.pools.default.name
+        return f"the device classes of this node ({', '.join(sorted(self.pools.names))})"
+
     # create ------------------------------------------------------------------
 
     def create(self, req: Request) -> tuple[str, int]:
@@ -130,63 +148,143 @@ class HostVolumePlugin:
         params = req.parameters
         if params is None:
             raise DhvError("create needs the volume's parameters")
+        asked = self.pools.select(params.device_class)  # unknown: refused, nothing done
         with self._hold(req.lv_name):
-            # One report, under the pool lock, says whether the volume exists and,
-            # if not, whether (and from what) it may be made.
-            with self.pool.reserved(self._lock_timeout()) as report:
-                lv = report.find(req.lv_name)
-                created = lv is None
-                if lv is None and params.source is not None:
-                    lv, fs_type = self._new_clone(req, params, report)
-                elif lv is None:
-                    fs_type = params.fs_type or self.config.fs_type
-                    lv = self._new_lv(req, fs_type, report)
+            pool, lv = self._placement(req, params, asked)
+            created = False
+            if lv is None:
+                # One report, under the pool lock, says whether the volume exists and,
+                # if not, whether (and from what) it may be made.
+                with pool.reserved(self._lock_timeout()) as report:
+                    lv = report.find(req.lv_name)
+                    if lv is None:
+                        created = True
+                        if params.source is not None:
+                            lv, fs_type = self._new_clone(pool, req, params, report)
+                        else:
+                            fs_type = params.fs_type or pool.default_fs_type
+                            lv = self._new_lv(pool, req, fs_type, report)
             if created:
                 source = lv.tag_value(TAG_SOURCE)
-                log.info("created LV %s/%s (%d bytes) for volume %s%s", lv.vg, lv.name,
-                         lv.size, req.volume_id, f", a clone of {source}" if source else "")
+                log.info("created LV %s/%s (%d bytes) for volume %s in device class %s%s",
+                         lv.vg, lv.name, lv.size, req.volume_id, pool.class_name,
+                         f", a clone of {source}" if source else "")
             else:
-                _check_ours(lv, req)
-                _check_same_source(lv, req, params)
+                pool = self._check_existing(req, params, lv)
                 fs_type = lv.tag_value(TAG_FS) or ""
-                if not fs_type:
-                    raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
-                if params.fs_type and params.fs_type != fs_type:
-                    raise DhvError(
-                        f"volume {req.volume_id} has a {fs_type} file system; changing "
-                        f"fs_type to {params.fs_type} would need a reformat, which is refused"
-                    )
             try:
-                lv = self._converge(req, lv, fs_type, params.mount_options)
+                lv = self._converge(pool, req, lv, fs_type, params.mount_options)
             except BaseException:
                 if created:  # a first create that failed leaves nothing behind
-                    self._rollback(req, lv)
+                    self._rollback(pool, req, lv)
                 raise
             return req.path, lv.size
 
-    def _new_lv(self, req: Request, fs_type: str, report: VgReport) -> LogicalVolume:
+    def _placement(self, req: Request, params: Parameters,
+                   asked: Pool) -> tuple[Pool, LogicalVolume | None]:
+        """The pool to make the volume in, and the volume's LV if it exists in
+        another class's volume group than that pool's.
+
+        With one class, its pool (its report, read under the pool lock, says
+        all). With several, one `lvs` over the classes' volume groups first: a
+        volume made earlier is where it is, whatever its parameters say now
+        (Nomad repeats the create at every client start), and a clone goes
+        to its source's class, the only pool a thin snapshot of it can be in.
+        A volume group that is missing may hold the volume, or its source:
+        nothing is made until it is back."""
+        if len(self.pools) == 1:
+            return asked, None
+        lvs, missing = self.pools.scan()
+        mine = [(p, lv) for p, lv in lvs if lv.name == req.lv_name]
+        if len(mine) > 1:
+            raise DhvError(f"volume {req.volume_id} has an LV in several volume groups ("
+                           f"{', '.join(f'{lv.vg}/{lv.name}' for _, lv in mine)}); "
+                           "leaving them alone")
+        if mine:
+            owner, lv = mine[0]
+            return owner or asked, lv
+        if missing:
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: volume {req.volume_id} "
+                "(or its source) may be there, so nothing is made until it is back")
+        if params.source is None:
+            return asked, None
+        kind, ref = params.source
+        source = self._find_source([lv for _, lv in lvs], kind, ref, req.namespace)
+        return self._pool_of_source(source, kind, ref, params.device_class), None
+
+    def _pool_of_source(self, source: LogicalVolume, kind: str, ref: str,
+                        asked: str | None) -> Pool:
+        """The pool of a clone's source, which is the clone's (a thin snapshot
+        lives in its origin's pool); refused when `asked` names another class."""
+        what = f"source_{kind} {ref!r}"
+        pool = self.pools.of_lv(source)
+        if pool is None:
+            raise DhvError(f"{what} is LV {source.vg}/{source.name} in thin pool "
+                           f"{source.vg}/{source.pool}, which is no device class of this "
+                           "node; a clone is made in its source's pool")
+        if asked and asked != pool.class_name:
+            raise DhvError(
+                f"{what} is in device class {pool.class_name!r}, and a clone is made in its "
+                f"source's class (a thin snapshot lives in its origin's pool), but "
+                f"device_class asks for {asked!r}: leave device_class out or set it to "
+                f"{pool.class_name!r}")
+        return pool
+
+    def _check_existing(self, req: Request, params: Parameters, lv: LogicalVolume) -> Pool:
+        """The pool of the volume's existing LV, if the request may converge it:
+        the same volume, in the class and from the source it names (if it names
+        them), with the file system it names (if it does)."""
+        _check_ours(lv, req)
+        pool = self.pools.of_lv(lv)
+        if pool is None:
+            raise DhvError(f"volume {req.volume_id} is LV {lv.vg}/{lv.name}, in thin pool "
+                           f"{lv.vg}/{lv.pool}, which is no device class of this node "
+                           f"({', '.join(sorted(self.pools.names))}); leaving it alone")
+        asked = params.device_class
+        if asked and asked != pool.class_name:
+            raise DhvError(
+                f"volume {req.volume_id} exists in device class {pool.class_name!r}, not "
+                f"{asked!r}; a volume cannot change class (delete it first to make it anew "
+                "in another)")
+        _check_same_source(lv, req, params)
+        fs_type = lv.tag_value(TAG_FS) or ""
+        if not fs_type:
+            raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
+        if params.fs_type and params.fs_type != fs_type:
+            raise DhvError(
+                f"volume {req.volume_id} has a {fs_type} file system; changing "
+                f"fs_type to {params.fs_type} would need a reformat, which is refused"
+            )
+        return pool
+
+    def _new_lv(self, pool: Pool, req: Request, fs_type: str,
+                report: VgReport) -> LogicalVolume:
         """A new thin LV for the volume (inside `pool.reserved()`)."""
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size, minimum=fsrules.min_size(fs_type),
         )
-        return self.pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
+        return pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
 
-    def _new_clone(self, req: Request, params: Parameters,
+    def _new_clone(self, pool: Pool, req: Request, params: Parameters,
                    report: VgReport) -> tuple[LogicalVolume, str]:
         """A writable thin snapshot of the source the parameters name; returns it
         and its file system (the source's). Never formatted: it holds the
         source's file system as it was at the instant of the snapshot.
 
-        Inside `pool.reserved()`: found and snapshotted against the one report
-        read under the pool lock. The source's own lock is not needed: its
-        first create formats it outside the pool lock but keeps the fresh tag
-        until done (refused below), a grow of it takes the pool lock, and a
-        delete racing with lvcreate either loses (the clone is independent) or
-        makes it fail before anything exists."""
+        Inside `pool.reserved()` of the source's pool: found and snapshotted
+        against the one report read under the pool lock. The source's own lock
+        is not needed: its first create formats it outside the pool lock but
+        keeps the fresh tag until done (refused below), a grow of it takes the
+        pool lock, and a delete racing with lvcreate either loses (the clone is
+        independent) or makes it fail before anything exists."""
         assert params.source is not None
         kind, ref = params.source
-        source = self._find_source(report, kind, ref, req.namespace)
+        source = self._find_source(report.lvs, kind, ref, req.namespace)
+        if self._pool_of_source(source, kind, ref, params.device_class) is not pool:
+            raise DhvError(f"source_{kind} {ref!r} moved to another device class while "
+                           "the clone was being made; create it again")
         fs_type = source.tag_value(TAG_FS) or ""
         if fs_type not in fsrules.SUPPORTED_FS:
             raise DhvError(f"source LV {source.vg}/{source.name} has no usable "
@@ -203,7 +301,7 @@ class HostVolumePlugin:
             )
         # Admitted at the size it will have once grown to capacity_min.
         final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
-        self.pool.admit(report, final)
+        pool.admit(report, final)
         tags = volume_tags(req, fs_type, _source_ref(source), new_fsid=fs_type == "btrfs")
         if kind == "volume":
             # Its name too: a repeated create may name the source either way.
@@ -214,32 +312,35 @@ class HostVolumePlugin:
             # there): the clone copies both, so it must grow its own.
             tags.append(TAG_GROW_FS)
         self._commit_if_mounted(source)
-        lv = self.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
+        lv = pool.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
                                read_back=False, size=source.size)
         return lv, fs_type
 
-    def _find_source(self, report: VgReport, kind: str, ref: str,
+    def _find_source(self, lvs: Sequence[LogicalVolume], kind: str, ref: str,
                      namespace: str) -> LogicalVolume:
         """The LV of the volume (by Nomad ID, else by name) or snapshot `ref`, in
-        `namespace`; a clear error for anything else."""
+        `namespace`, among `lvs`; a clear error for anything else."""
+        where = self._where()
         if kind == "snapshot":
-            lv = report.find(snapshot_lv_name(ref))
+            snap_lv = snapshot_lv_name(ref)
+            lv = next((x for x in lvs if x.name == snap_lv), None)
             if lv is None or lv.tag_value(TAG_KIND) != KIND_SNAPSHOT \
                     or lv.tag_value(TAG_SNAPSHOT) != ref:
-                raise DhvError(f"source_snapshot {ref!r} not found in "
-                               f"{self.lvm.vg}/{self.lvm.pool} (see `csi-local-dhv snapshot list`)")
+                raise DhvError(f"source_snapshot {ref!r} not found in {where} (see "
+                               "`csi-local-dhv snapshot list`)")
             what = f"snapshot {ref!r}"
         else:
             lv = None
             try:
-                by_id = report.find(lv_name_for(ref))
+                id_lv: str | None = lv_name_for(ref)
             except DhvError:  # not shaped like a volume ID: a name
-                by_id = None
+                id_lv = None
+            by_id = next((x for x in lvs if x.name == id_lv), None)
             if by_id is not None and by_id.tag_value(TAG_KIND) == KIND_VOLUME \
                     and by_id.tag_value(TAG_ID) == ref:
                 lv = by_id
             else:
-                named = [x for x in report.lvs if x.tag_value(TAG_KIND) == KIND_VOLUME
+                named = [x for x in lvs if x.tag_value(TAG_KIND) == KIND_VOLUME
                          and decode_hex_tag(x.tag_value(TAG_NAME)) == ref
                          and _namespace(x) == namespace]
                 if len(named) > 1:
@@ -247,7 +348,7 @@ class HostVolumePlugin:
                                    f"namespace {namespace!r}; give its ID instead")
                 lv = named[0] if named else None
                 if lv is None:
-                    elsewhere = sorted({_namespace(x) for x in report.lvs
+                    elsewhere = sorted({_namespace(x) for x in lvs
                                         if x.tag_value(TAG_KIND) == KIND_VOLUME
                                         and decode_hex_tag(x.tag_value(TAG_NAME)) == ref})
                     if elsewhere:
@@ -257,8 +358,7 @@ class HostVolumePlugin:
                             "source must be in its own namespace")
             if lv is None:
                 raise DhvError(f"source_volume {ref!r}: no host volume with that ID, or that "
-                               f"name in namespace {namespace!r}, in "
-                               f"{self.lvm.vg}/{self.lvm.pool}")
+                               f"name in namespace {namespace!r}, in {where}")
             if TAG_FRESH in lv.tags:
                 raise DhvError(f"source_volume {ref!r} was never formatted (its first create "
                                "has not finished); create it first")
@@ -281,40 +381,42 @@ class HostVolumePlugin:
         if found:
             self.fs.sync(found[0].mount_point)
 
-    def _converge(self, req: Request, lv: LogicalVolume, fs_type: str,
+    def _converge(self, pool: Pool, req: Request, lv: LogicalVolume, fs_type: str,
                   mount_options: Sequence[str]) -> LogicalVolume:
+        """Activate, format (once), grow and mount the volume's LV, of `pool`."""
+        lvm = pool.lvm
         if not lv.active:
-            lv = self.lvm.activate(lv)
+            lv = lvm.activate(lv)
         self.host.wait_for_device(lv.path, timeout=min(30.0, self.deadline.left()))
-        self._format(lv, fs_type)
-        lv = self._grow_lv(req, lv)
-        self._mount(req, lv, fs_type, mount_options)
+        self._format(lvm, lv, fs_type)
+        lv = self._grow_lv(pool, req, lv)
+        self._mount(lvm, req, lv, fs_type, mount_options)
         if TAG_GROW_FS in lv.tags:
             self.fs.grow(lv.path, req.path, fs_type)
-            self.lvm.delete_tags(lv.name, [TAG_GROW_FS])
-            lv = self.lvm.get(lv.name)
+            lvm.delete_tags(lv.name, [TAG_GROW_FS])
+            lv = lvm.get(lv.name)
             log.info("grew the %s file system of %s to %d bytes", fs_type, lv.name, lv.size)
         return lv
 
-    def _format(self, lv: LogicalVolume, fs_type: str) -> None:
+    def _format(self, lvm: Lvm, lv: LogicalVolume, fs_type: str) -> None:
         """mkfs a never-formatted LV; never touch one that holds anything (the
         rule is the CSI plugin's: Filesystems.ensure_filesystem)."""
         self.fs.ensure_filesystem(lv.path, fs_type, fresh=TAG_FRESH in lv.tags,
                                   name=f"{lv.vg}/{lv.name}")
         if TAG_FRESH in lv.tags:  # formatted now, or by a run killed before this step
-            self.lvm.delete_tags(lv.name, [TAG_FRESH])
+            lvm.delete_tags(lv.name, [TAG_FRESH])
 
-    def _grow_lv(self, req: Request, lv: LogicalVolume) -> LogicalVolume:
+    def _grow_lv(self, pool: Pool, req: Request, lv: LogicalVolume) -> LogicalVolume:
         """The LV grown to capacity_min (a shrink is refused); the grow-fs tag goes
         on before lvextend, so a run killed after it still grows the file system."""
-        grown = self.pool.grow(
+        grown = pool.grow(
             lv, req.capacity_min, req.capacity_max, timeout=self._lock_timeout(),
-            before=lambda: self.lvm.add_tags(lv.name, [TAG_GROW_FS]))
+            before=lambda: pool.lvm.add_tags(lv.name, [TAG_GROW_FS]))
         if grown.size != lv.size:
             log.info("extended LV %s to %d bytes", lv.name, grown.size)
         return grown
 
-    def _mount(self, req: Request, lv: LogicalVolume, fs_type: str,
+    def _mount(self, lvm: Lvm, req: Request, lv: LogicalVolume, fs_type: str,
                options: Sequence[str]) -> None:
         os.makedirs(req.volumes_dir, mode=0o711, exist_ok=True)
         with contextlib.suppress(FileExistsError):
@@ -324,7 +426,7 @@ class HostVolumePlugin:
         if top is None:
             if TAG_NEW_FSID in lv.tags:  # a btrfs clone: its source is likely mounted
                 self.fs.new_fsid(lv.path, fs_type)
-                self.lvm.delete_tags(lv.name, [TAG_NEW_FSID])
+                lvm.delete_tags(lv.name, [TAG_NEW_FSID])
             self.fs.mount(lv.path, req.path, fs_type, list(options))
             log.info("mounted %s at %s", lv.path, req.path)
         elif not self.host.shows_device(top, major, minor):
@@ -333,7 +435,7 @@ class HostVolumePlugin:
                 "refusing to mount over it"
             )
 
-    def _rollback(self, req: Request, lv: LogicalVolume) -> None:
+    def _rollback(self, pool: Pool, req: Request, lv: LogicalVolume) -> None:
         """Best effort: undo this run's new LV, its mount and its directory."""
         try:
             try:
@@ -341,13 +443,13 @@ class HostVolumePlugin:
             except DhvError:  # no device node (it never appeared): nothing is mounted
                 numbers = None
             if numbers is None:
-                self.lvm.remove(lv.name)
+                pool.lvm.remove(lv.name)
             else:
                 major, minor = numbers
                 if self.host.device_mounted_at(req.path, major, minor):
                     self.fs.umount(req.path, device=(major, minor))
                 if not self.host.mounts_of(major, minor):
-                    self.lvm.remove(lv.name)
+                    pool.lvm.remove(lv.name)
             if not self.host.is_mount_point(req.path):
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(req.path)
@@ -359,60 +461,93 @@ class HostVolumePlugin:
     # runs these for an operator. A snapshot is a thin snapshot LV, inactive
     # like the CSI plugin's, that clones are made from.
 
-    def snapshot_create(self, volume_id: str, name: str) -> LogicalVolume:
+    def snapshot_create(self, volume_id: str, name: str,
+                        device_class: str | None = None) -> LogicalVolume:
         """A snapshot `name` of host volume `volume_id` (the same one again if it
-        exists already)."""
+        exists already), in the volume's device class: `device_class`, if
+        given, must be that class."""
         lv_name = lv_name_for(volume_id)
         snap_lv = snapshot_lv_name(name)
+        if device_class is not None:
+            self.pools.select(device_class)  # unknown: refused, nothing done
         # The volume's lock: not while its first create formats it, nor while
         # delete takes it down. The snapshot's: one create of a name at a time.
         with self._hold(lv_name), self._hold(snap_lv):
-            existing = self.lvm.find(snap_lv)
+            pool, existing = self._locate_snapshot(snap_lv, lv_name)
             if existing is not None:
                 _check_snapshot(existing, name)
                 if existing.tag_value(TAG_SOURCE) != f"volume:{volume_id}":
                     raise DhvError(
                         f"snapshot {name!r} exists already, of "
                         f"{existing.tag_value(TAG_SOURCE)}; snapshot names are unique in "
-                        f"{self.lvm.vg}/{self.lvm.pool}")
+                        f"{self._where()}")
+                _same_class(pool, device_class, f"snapshot {name!r} exists and is")
                 return existing
-            with self.pool.reserved(self._lock_timeout()) as report:
+            with pool.reserved(self._lock_timeout()) as report:
                 volume = report.find(lv_name)
                 if volume is None or volume.tag_value(TAG_KIND) != KIND_VOLUME \
-                        or volume.tag_value(TAG_ID) != volume_id:
-                    raise DhvError(f"host volume {volume_id!r} not found in "
-                                   f"{self.lvm.vg}/{self.lvm.pool}")
+                        or volume.tag_value(TAG_ID) != volume_id \
+                        or self.pools.of_lv(volume) is not pool:
+                    raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
                 if TAG_FRESH in volume.tags:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
+                _same_class(pool, device_class, f"host volume {volume_id!r} is")
                 # Counted like a volume of its size: it may own every block once
                 # the volume is rewritten.
-                self.pool.admit(report, volume.size)
+                pool.admit(report, volume.size)
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
                 if TAG_GROW_FS in volume.tags:  # carried on to its clones (see _new_clone)
                     tags.append(TAG_GROW_FS)
                 self._commit_if_mounted(volume)
-                snap = self.lvm.snapshot(lv_name, snap_lv, tags, writable_volume=False)
-        log.info("snapshot %s of volume %s: LV %s/%s", name, volume_id, snap.vg, snap.name)
+                snap = pool.lvm.snapshot(lv_name, snap_lv, tags, writable_volume=False)
+        log.info("snapshot %s of volume %s: LV %s/%s (device class %s)", name, volume_id,
+                 snap.vg, snap.name, pool.class_name)
         return snap
+
+    def _locate_snapshot(self, snap_lv: str,
+                         lv_name: str) -> tuple[Pool, LogicalVolume | None]:
+        """The pool a snapshot of the volume `lv_name` is (or would be) in, and
+        the snapshot's LV if it exists. With several classes, one `lvs` over
+        their volume groups; a missing one may hold either: an error then."""
+        if len(self.pools) == 1:
+            pool = self.pools.default
+            return pool, pool.lvm.find(snap_lv)
+        lvs, missing = self.pools.scan()
+        snap = next(((p, lv) for p, lv in lvs if lv.name == snap_lv), None)
+        if snap is not None:
+            return snap[0] or self.pools.default, snap[1]
+        if missing:
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: the volume or a snapshot of "
+                "that name may be there, so nothing is made until it is back")
+        volume = next((p for p, lv in lvs if lv.name == lv_name and p is not None), None)
+        return volume or self.pools.default, None
 
     def snapshot_delete(self, name: str) -> bool:
         """Remove snapshot `name`; False when it was gone already. Its clones
-        are thin LVs of their own and keep working."""
+        are thin LVs of their own and keep working. A volume group that is
+        missing may hold it: VolumeGroupMissing then, never "gone"."""
         snap_lv = snapshot_lv_name(name)
         with self._hold(snap_lv):
-            lv = self.lvm.find(snap_lv)
-            if lv is None:
+            found = self.pools.find(snap_lv)
+            if found is None:
                 return False
+            pool, lv = found
             _check_snapshot(lv, name)
-            removed = self.lvm.remove(snap_lv)
+            removed = pool.lvm.remove(snap_lv)
         log.info("removed snapshot %s (LV %s/%s)", name, lv.vg, lv.name)
         return removed
 
     def snapshots(self, volume_id: str | None = None) -> list[LogicalVolume]:
-        """The host volume snapshots in the pool, of `volume_id` if given."""
-        found = [lv for lv in self.lvm.list() if lv.tag_value(TAG_KIND) == KIND_SNAPSHOT
+        """The host volume snapshots in every class's pool, of `volume_id` if given."""
+        lvs, missing = self.pools.scan()
+        if missing:
+            log.warning("volume group %s not found: its snapshots are not listed",
+                        ", ".join(missing))
+        found = [lv for pool, lv in lvs if pool is not None
+                 and lv.tag_value(TAG_KIND) == KIND_SNAPSHOT
                  and lv.tag_value(TAG_SNAPSHOT) is not None]
         if volume_id is not None:
             found = [lv for lv in found if lv.tag_value(TAG_SOURCE) == f"volume:{volume_id}"]
@@ -421,19 +556,24 @@ class HostVolumePlugin:
     # delete ------------------------------------------------------------------
 
     def delete(self, req: Request) -> None:
-        """Unmount, lvremove and rmdir; a no-op for what is already gone."""
+        """Unmount, lvremove and rmdir; a no-op for what is already gone. The LV
+        is looked for in every class (one `lvs`); a class whose volume group is
+        missing may hold it, so delete then fails (VolumeGroupMissing) rather
+        than call the volume gone."""
         with self._hold(req.lv_name):
-            lv = self.lvm.find(req.lv_name)
-            if lv is not None:
-                _check_ours(lv, req)
-            self._remove(req, lv)
+            found = self.pools.find(req.lv_name)
+            if found is not None:
+                _check_ours(found[1], req)
+            self._remove(req, found)
 
-    def _remove(self, req: Request, lv: LogicalVolume | None) -> None:
+    def _remove(self, req: Request, found: tuple[Pool, LogicalVolume] | None) -> None:
+        lv = found[1] if found is not None else None
         targets = [req.path]
         created = _created_path(req)
         if created is not None:
             targets.append(created)
-        if lv is not None:
+        if found is not None and lv is not None:
+            pool = found[0]
             major, minor = self._device_numbers(lv)
             # Before any umount: unmounting a volume that something still
             # holds cannot end in lvremove, and would leave Nomad a registered
@@ -451,7 +591,7 @@ class HostVolumePlugin:
                         f"LV {lv.vg}/{lv.name} is still mounted at {', '.join(left)} "
                         "(in use?); not removing it"
                     )
-                self.lvm.remove(lv.name)
+                pool.lvm.remove(lv.name)
             except Exception as err:
                 if not unmounted:
                     raise
@@ -530,6 +670,13 @@ def _check_ours(lv: LogicalVolume, req: Request) -> None:
             f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
             "made by this plugin; leaving it alone"
         )
+
+
+def _same_class(pool: Pool, asked: str | None, what: str) -> None:
+    if asked and asked != pool.class_name:
+        raise DhvError(f"{what} in device class {pool.class_name!r}, not {asked!r}; a "
+                       "snapshot is made in its volume's class (a thin snapshot lives in "
+                       "its origin's pool)")
 
 
 def _check_snapshot(lv: LogicalVolume, name: str) -> None:

@@ -22,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from csi_local import fsrules
+from csi_local.classes import check_class_name
 from csi_local.errors import MountOptionError
 
 OPERATIONS = ("fingerprint", "create", "delete")
 LV_PREFIX = "dhv-"
 SNAPSHOT_LV_PREFIX = "dhv-snap-"
-PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode")
+PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode",
+              "device_class")
 ATTACHMENT_MODES = ("file-system", "block-device")
 _MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
@@ -46,6 +48,9 @@ class Parameters:
     mount_options: tuple[str, ...]
     source_volume: str | None = None  # a host volume's Nomad ID or name: clone it
     source_snapshot: str | None = None  # a snapshot's name: clone it
+    # The device class (pool) of a new volume; None: the default class, or a
+    # clone's source's class. Never moves an existing volume.
+    device_class: str | None = None
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -184,7 +189,19 @@ def parse_parameters(raw: str) -> Parameters:
         check_snapshot_name(source_snapshot)
     return Parameters(fs_type=fs_type, mount_options=parse_mount_options(
         data.get("mount_options", "")), source_volume=source_volume,
-        source_snapshot=source_snapshot)
+        source_snapshot=source_snapshot, device_class=_device_class(data))
+
+
+def _device_class(data: Mapping[str, str]) -> str | None:
+    value = data.get("device_class", "").strip()
+    if not value:
+        return None
+    try:
+        return check_class_name(value)
+    except ValueError:
+        raise DhvError(f"parameter device_class {value[:64]!r} is not a device class name "
+                       "(1 to 63 lower-case letters, digits and '-', starting and ending "
+                       "with a letter or digit)") from None
 
 
 def _source(data: Mapping[str, str], key: str) -> str | None:

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import NoReturn, TextIO
 
+from csi_local.classes import check_class_name
 from csi_local.dhv.config import PLUGIN_ID, load_config
 from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import DhvError, check_snapshot_name, check_volume_id
@@ -44,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     create = sub.add_parser("create", parents=[common],
                             help="snapshot a host volume (its Nomad volume ID)")
     create.add_argument("volume_id")
-    create.add_argument("name", help="the snapshot's name, unique in the pool")
+    create.add_argument("name", help="the snapshot's name, unique on the node")
+    create.add_argument("--device-class", help="the volume's device class: refused if it "
+                        "is in another (a snapshot is made in its volume's class)")
     delete = sub.add_parser("delete", parents=[common], help="remove a snapshot")
     delete.add_argument("name")
     listing = sub.add_parser("list", parents=[common], help="list snapshots")
@@ -67,7 +70,7 @@ def _plugin_path(args: argparse.Namespace, argv0: str) -> tuple[str, str]:
     return plugin_dir, os.path.join(plugin_dir, name)
 
 
-def entry(lv: LogicalVolume) -> dict[str, object]:
+def entry(lv: LogicalVolume, device_class: str | None = None) -> dict[str, object]:
     source = lv.tag_value(TAG_SOURCE) or ""
     return {
         "snapshot": lv.tag_value(TAG_SNAPSHOT),
@@ -76,20 +79,28 @@ def entry(lv: LogicalVolume) -> dict[str, object]:
         "bytes": lv.size,
         "fs_type": lv.tag_value(TAG_FS),
         "created": lv.created,
+        "device_class": device_class,
     }
 
 
 def _table(entries: list[dict[str, object]]) -> str:
-    rows = [["SNAPSHOT", "VOLUME ID", "SIZE", "FS", "CREATED", "LV"]]
+    rows = [["SNAPSHOT", "VOLUME ID", "SIZE", "FS", "CREATED", "CLASS", "LV"]]
     for e in entries:
         created = int(e["created"]) if isinstance(e["created"], int) else 0
         rows.append([str(e["snapshot"]), str(e["volume_id"] or "-"), str(e["bytes"]),
                      str(e["fs_type"] or "-"),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created
-                     else "-", str(e["lv"])])
+                     else "-", str(e["device_class"] or "-"), str(e["lv"])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)
+
+
+def _device_class(name: str) -> str:
+    try:
+        return check_class_name(name)
+    except ValueError as err:
+        raise DhvError(f"--device-class: {err}") from None
 
 
 def main(argv: list[str], argv0: str, out: TextIO | None = None) -> int:
@@ -102,17 +113,20 @@ def main(argv: list[str], argv0: str, out: TextIO | None = None) -> int:
                 raise DhvError(f"{args.volume_id!r} is not a Nomad volume ID") from None
         if args.command in ("create", "delete"):
             check_snapshot_name(args.name)
+        if args.command == "create" and args.device_class is not None:
+            _device_class(args.device_class)
         plugin_dir, plugin_path = _plugin_path(args, argv0)
         plugin = HostVolumePlugin(load_config(plugin_dir, plugin_path))
         if args.command == "create":
-            text = json.dumps({k: v for k, v in entry(
-                plugin.snapshot_create(args.volume_id, args.name)).items()
-                if k in ("snapshot", "volume_id", "lv", "bytes")})
+            snap = plugin.snapshot_create(args.volume_id, args.name, args.device_class)
+            text = json.dumps({k: v for k, v in entry(snap, plugin.class_of(snap)).items()
+                               if k in ("snapshot", "volume_id", "lv", "bytes",
+                                        "device_class")})
         elif args.command == "delete":
             plugin.snapshot_delete(args.name)
             text = "{}"
         else:
-            entries = [entry(lv) for lv in plugin.snapshots(args.volume_id)]
+            entries = [entry(lv, plugin.class_of(lv)) for lv in plugin.snapshots(args.volume_id)]
             text = json.dumps({"snapshots": entries}) if args.json else _table(entries)
     except Exception as exc:
         from csi_local.dhv import fail_with

@@ -1,0 +1,356 @@
+"""Device classes against real LVM: two VGs on two loop devices, one of them
+with two thin pools, served by one plugin from a configuration file."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi_local import mounts
+from csi_local._gen import csi_pb2 as pb
+from tests.integration.conftest import (
+    SCRATCH,
+    LoopVG,
+    PluginProcess,
+    expect_code,
+    make_vg,
+    mount_cap,
+    run,
+    unmount_under,
+)
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+Code = grpc.StatusCode
+
+
+@dataclass
+class Classes:
+    fast: LoopVG  # class "fast": its pool; ext4 by default, readahead 1024 sectors
+    big: LoopVG  # class "big" (pool, xfs by default, ratio 2) and "archive" (pool2)
+    plugin: PluginProcess
+
+    def all_lvs(self) -> set[tuple[str, str, str]]:
+        """(vg, lv, pool) of every LV in both VGs but the pools."""
+        out = run("lvs", "--noheadings", "--separator", "|", "-o", "vg_name,lv_name,pool_lv",
+                  self.fast.name, self.big.name).stdout
+        rows = {tuple(x.strip() for x in line.split("|")) for line in out.splitlines()
+                if line.strip()}
+        return {r for r in rows if r[1] not in ("pool", "pool2")}  # type: ignore[misc]
+
+    def where(self, lv: str) -> tuple[str, str]:
+        """(vg, pool) of an LV, which must exist exactly once."""
+        found = [(vg, pool) for vg, name, pool in self.all_lvs() if name == lv]
+        assert len(found) == 1, (lv, found)
+        return found[0]
+
+
+CONFIG = """\
+# two VGs, one of them with two pools
+default = "fast"
+
+[classes.fast]
+volume_group = "{fast}"
+thin_pool = "pool"
+
+[classes.fast.lvcreate]
+readahead = 1024
+
+[classes.big]
+volume_group = "{big}"
+thin_pool = "pool"
+overprovision_ratio = 2.0
+default_fs_type = "xfs"
+
+[classes.archive]
+volume_group = "{big}"
+thin_pool = "pool2"
+"""
+
+
+def _config(workdir: Path, text: str) -> Path:
+    path = workdir / "classes.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def classes() -> Iterator[Classes]:
+    fast = make_vg(1 << 30)
+    big = make_vg(3 << 30, pool_percent=40)
+    run("lvcreate", "--yes", "--type", "thin-pool", "--extents", "40%VG", "--name", "pool2",
+        big.name)
+    workdir = SCRATCH / f"dc-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True)
+    plugin = PluginProcess(vg=fast, workdir=workdir,
+                           config_file=_config(workdir, CONFIG.format(fast=fast.name,
+                                                                        big=big.name)))
+    plugin.start()
+    yield Classes(fast, big, plugin)
+    plugin.stop()
+    unmount_under(workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    fast.destroy()
+    big.destroy()
+
+
+@pytest.fixture
+def dc(classes: Classes, request: pytest.FixtureRequest) -> Iterator[Classes]:
+    mark = len(classes.plugin.log())
+    yield classes
+    if getattr(request.node, "rep_call_failed", False):
+        print(f"--- plugin log (this test) ---\n{classes.plugin.log()[mark:][-20000:]}")
+    # Whatever a test left: unmounted and removed behind the plugin's back,
+    # then a restart (its state file is rebuilt from what is left: nothing).
+    unmount_under(classes.plugin.workdir / "paths")
+    for vg in (classes.fast, classes.big):
+        run("lvremove", "--yes", "--select", "lv_name!=pool && lv_name!=pool2", vg.name,
+            check=False)
+    if classes.plugin.proc is None or classes.plugin.proc.poll() is not None:
+        classes.plugin.start()
+
+
+def create(p: PluginProcess, name: str, size: int = 32 * MiB, device_class: str = "",
+           source: pb.VolumeContentSource | None = None,
+           cap: pb.VolumeCapability | None = None) -> pb.Volume:
+    params = {"deviceClass": device_class} if device_class else {}
+    return p.controller.CreateVolume(pb.CreateVolumeRequest(
+        name=name, capacity_range=pb.CapacityRange(required_bytes=size), parameters=params,
+        volume_capabilities=[cap or mount_cap()], volume_content_source=source)).volume
+
+
+def capacity(p: PluginProcess, device_class: str = "") -> int:
+    params = {"deviceClass": device_class} if device_class else {}
+    return p.controller.GetCapacity(pb.GetCapacityRequest(parameters=params)).available_capacity
+
+
+def from_snapshot(snapshot_id: str) -> pb.VolumeContentSource:
+    return pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(
+        snapshot_id=snapshot_id))
+
+
+def from_volume(volume_id: str) -> pb.VolumeContentSource:
+    return pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(
+        volume_id=volume_id))
+
+
+def pool_room(vg: LoopVG, pool: str, ratio: float) -> int:
+    """What GetCapacity must answer for a pool: its size times the ratio, less
+    the virtual sizes in it, whole extents."""
+    out = run("lvs", "--noheadings", "--units", "b", "--nosuffix", "--separator", "|", "-o",
+              "lv_name,lv_size,pool_lv,vg_extent_size", vg.name).stdout
+    rows = [line.strip().split("|") for line in out.splitlines() if line.strip()]
+    size = next(int(r[1]) for r in rows if r[0] == pool)
+    used = sum(int(r[1]) for r in rows if r[2] == pool)
+    extent = int(rows[0][3])
+    return max(0, (int(size * ratio) - used) // extent * extent)
+
+
+def test_volumes_land_in_their_class_and_capacity_is_per_class(dc: Classes) -> None:
+    p = dc.plugin
+    before = dc.all_lvs()
+    assert capacity(p) == capacity(p, "fast") == pool_room(dc.fast, "pool", 1.0)
+    assert capacity(p, "big") == pool_room(dc.big, "pool", 2.0)
+    assert capacity(p, "archive") == pool_room(dc.big, "pool2", 1.0)
+    assert capacity(p, "big") != capacity(p, "fast")
+    assert capacity(p, "nvme-elsewhere") == 0  # a class of other nodes
+    default = create(p, "dc-default")
+    fast = create(p, "dc-fast", device_class="fast")
+    big = create(p, "dc-big", size=320 * MiB, device_class="big")
+    archive = create(p, "dc-archive", device_class="archive")
+    assert dc.where(default.volume_id) == (dc.fast.name, "pool")
+    assert dc.where(fast.volume_id) == (dc.fast.name, "pool")
+    assert dc.where(big.volume_id) == (dc.big.name, "pool")
+    assert dc.where(archive.volume_id) == (dc.big.name, "pool2")
+    # The class's lvcreate options: readahead 1024 sectors on fast only (the
+    # kernel's default is 256).
+    ra = run("lvs", "--noheadings", "--units", "s", "--nosuffix", "-o", "lv_read_ahead",
+             f"{dc.fast.name}/{fast.volume_id}").stdout.strip()
+    assert float(ra) == 1024, ra
+    assert run("blockdev", "--getra", f"/dev/{dc.fast.name}/{fast.volume_id}"
+               ).stdout.strip() == "1024"
+    ra = run("lvs", "--noheadings", "-o", "lv_read_ahead",
+             f"{dc.big.name}/{big.volume_id}").stdout.strip()
+    assert ra == "auto", ra
+    # Room is taken from each class's own pool.
+    assert capacity(p, "big") == pool_room(dc.big, "pool", 2.0)
+    assert capacity(p, "archive") == pool_room(dc.big, "pool2", 1.0)
+    # Idempotent in its class; the same name in another class is another volume's.
+    assert create(p, "dc-big", size=320 * MiB, device_class="big") == big
+    err = expect_code(Code.ALREADY_EXISTS, create, p, "dc-big", 320 * MiB, "archive")
+    assert "'big'" in (err.details() or "")
+    expect_code(Code.ALREADY_EXISTS, create, p, "dc-fast", 32 * MiB, "big")
+    # An unknown class: INVALID_ARGUMENT naming the known ones, nothing made.
+    err = expect_code(Code.INVALID_ARGUMENT, create, p, "dc-unknown", 32 * MiB, "ssd")
+    assert "archive, big, fast" in (err.details() or "")
+    assert dc.all_lvs() - before == {(dc.fast.name, default.volume_id, "pool"),
+                                     (dc.fast.name, fast.volume_id, "pool"),
+                                     (dc.big.name, big.volume_id, "pool"),
+                                     (dc.big.name, archive.volume_id, "pool2")}
+    # ListVolumes: every class, one list.
+    listed = {e.volume.volume_id for e in p.controller.ListVolumes(pb.ListVolumesRequest()).entries}
+    assert {default.volume_id, fast.volume_id, big.volume_id, archive.volume_id} <= listed
+    # DeleteVolume finds each in its class.
+    for v in (default, fast, big, archive):
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
+    assert dc.all_lvs() == before
+
+
+def test_snapshots_restores_and_clones_stay_in_their_class(dc: Classes) -> None:
+    p = dc.plugin
+    big = create(p, "dc-src", size=320 * MiB, device_class="big")
+    snap = p.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="dc-snap", source_volume_id=big.volume_id)).snapshot
+    assert dc.where(snap.snapshot_id) == (dc.big.name, "pool")
+    # Naming another class for a snapshot, a restore or a clone: refused, nothing made.
+    before = dc.all_lvs()
+    err = expect_code(Code.INVALID_ARGUMENT, p.controller.CreateSnapshot,
+                      pb.CreateSnapshotRequest(name="dc-snap2", source_volume_id=big.volume_id,
+                                               parameters={"deviceClass": "fast"}))
+    assert "'big'" in (err.details() or "")
+    err = expect_code(Code.INVALID_ARGUMENT, create, p, "dc-restore", 320 * MiB, "fast",
+                      from_snapshot(snap.snapshot_id))
+    assert "'big'" in (err.details() or "") and "'fast'" in (err.details() or "")
+    expect_code(Code.INVALID_ARGUMENT, create, p, "dc-clone", 320 * MiB, "archive",
+                from_volume(big.volume_id))
+    assert dc.all_lvs() == before
+    # Naming the source's class, or none: made in the source's class.
+    restored = create(p, "dc-restore", 320 * MiB, "big", from_snapshot(snap.snapshot_id))
+    clone = create(p, "dc-clone", 320 * MiB, "", from_volume(big.volume_id))
+    assert create(p, "dc-clone", 320 * MiB, "", from_volume(big.volume_id)) == clone
+    assert dc.where(restored.volume_id) == (dc.big.name, "pool")
+    assert dc.where(clone.volume_id) == (dc.big.name, "pool")
+    assert restored.content_source.snapshot.snapshot_id == snap.snapshot_id
+    listed = p.controller.ListSnapshots(pb.ListSnapshotsRequest()).entries
+    assert snap.snapshot_id in {e.snapshot.snapshot_id for e in listed}
+    assert p.controller.GetSnapshot(pb.GetSnapshotRequest(
+        snapshot_id=snap.snapshot_id)).snapshot.source_volume_id == big.volume_id
+    p.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+    for v in (restored, clone, big):
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
+    assert not {name for _, name, _ in dc.all_lvs()} & {
+        snap.snapshot_id, restored.volume_id, clone.volume_id, big.volume_id}
+
+
+def _fs_at(path: str) -> str:
+    top = [m for m in mounts.read_mounts() if m.mount_point == path]
+    assert top, f"nothing mounted at {path}"
+    return top[-1].fs_type
+
+
+def test_stage_uses_the_class_file_system_and_a_restart_keeps_everything(dc: Classes) -> None:
+    p = dc.plugin
+    big = create(p, "dc-stage-big", size=320 * MiB, device_class="big")
+    fast = create(p, "dc-stage-fast")
+    cap = mount_cap(fs_type="")  # no fs_type: the class's default
+    staged = {}
+    for v in (big, fast):
+        staging, target = p.path(f"s-{v.volume_id}"), p.path(f"t-{v.volume_id}")
+        p.node.NodeStageVolume(pb.NodeStageVolumeRequest(
+            volume_id=v.volume_id, staging_target_path=staging, volume_capability=cap))
+        p.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+            volume_id=v.volume_id, staging_target_path=staging, target_path=target,
+            volume_capability=cap))
+        staged[v.volume_id] = (staging, target)
+    assert _fs_at(staged[big.volume_id][0]) == "xfs"
+    assert _fs_at(staged[fast.volume_id][0]) == "ext4"
+    with open(f"{staged[big.volume_id][1]}/kept", "w") as f:
+        f.write("big")
+    # kill -9 and start again: the state file and LVM give every volume its class.
+    p.restart(kill=True)
+    listed = {e.volume.volume_id: e for e in
+              p.controller.ListVolumes(pb.ListVolumesRequest()).entries}
+    assert {big.volume_id, fast.volume_id} <= set(listed)
+    assert not listed[big.volume_id].status.volume_condition.abnormal
+    for vid, (_staging, target) in staged.items():
+        stats = p.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+            volume_id=vid, volume_path=target))
+        assert not stats.volume_condition.abnormal, stats.volume_condition.message
+        # Still staged and published: DeleteVolume refuses.
+        expect_code(Code.FAILED_PRECONDITION, p.controller.DeleteVolume,
+                    pb.DeleteVolumeRequest(volume_id=vid))
+    # Online growth inside its own class's pool.
+    grown = p.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=big.volume_id, capacity_range=pb.CapacityRange(required_bytes=400 * MiB),
+        volume_capability=cap))
+    assert grown.capacity_bytes >= 400 * MiB
+    p.node.NodeExpandVolume(pb.NodeExpandVolumeRequest(
+        volume_id=big.volume_id, volume_path=staged[big.volume_id][1]))
+    assert dc.where(big.volume_id) == (dc.big.name, "pool")
+    assert open(f"{staged[big.volume_id][1]}/kept").read() == "big"
+    for vid, (staging, target) in staged.items():
+        p.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=vid,
+                                                                 target_path=target))
+        p.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vid,
+                                                             staging_target_path=staging))
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    assert not {name for _, name, _ in dc.all_lvs()} & set(staged)
+
+
+def test_a_class_whose_volume_group_is_missing(dc: Classes) -> None:
+    """A class on a VG that is not there (a disk not attached yet): the node
+    is ready and serves the other classes; that class has room for nothing,
+    and no volume may look deleted because of it."""
+    workdir = SCRATCH / f"dc-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True)
+    text = CONFIG.format(fast=dc.fast.name, big=dc.big.name) + (
+        '\n[classes.gone]\nvolume_group = "csitestnotattached"\nthin_pool = "pool"\n')
+    p = PluginProcess(vg=dc.fast, workdir=workdir, config_file=_config(workdir, text))
+    p.start()
+    try:
+        assert p.identity.Probe(pb.ProbeRequest()).ready.value
+        assert "csitestnotattached" in p.log() and "gone" in p.log()
+        assert capacity(p, "gone") == 0
+        assert capacity(p, "fast") > 0
+        expect_code(Code.UNAVAILABLE, create, p, "dc-gone", 32 * MiB, "gone")
+        # An ID found nowhere might be in the missing VG: never "already deleted".
+        expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
+                    pb.DeleteVolumeRequest(volume_id="csi-v-" + "0" * 32))
+        v = create(p, "dc-present", device_class="big")
+        assert dc.where(v.volume_id) == (dc.big.name, "pool")
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
+        assert v.volume_id not in {name for _, name, _ in dc.all_lvs()}
+    finally:
+        p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+BAD = [
+    ("unknown-key", "[classes.fast]\nvolume_group = \"vg\"\nthin_pool = \"pool\"\n"
+     "stripes = 2\n", ":4:", "stripes"),
+    ("not-allowed", "[classes.fast]\nvolume_group = \"vg\"\nthin_pool = \"pool\"\n\n"
+     "[classes.fast.lvcreate]\nstripesize = 64\n", ":6:", "thin pool"),
+    ("no-default", "[classes.a]\nvolume_group = \"vg\"\nthin_pool = \"p1\"\n"
+     "[classes.b]\nvolume_group = \"vg\"\nthin_pool = \"p2\"\n", "", "no default"),
+    ("syntax", "[classes.fast\nvolume_group = \"vg\"\n", ":1:", "TOML syntax"),
+]
+
+
+def test_bad_configuration_is_refused_at_start(tmp_path: Path) -> None:
+    for name, text, where, words in BAD:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        proc = subprocess.run(
+            [sys.executable, "-m", "csi_local", "serve", "--node-id", "n1",
+             "--endpoint", f"unix://{tmp_path}/{name}.sock", "--config", str(path),
+             "--state-dir", str(tmp_path / "state"), "--lock-dir", str(tmp_path / "locks")],
+            capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode != 0, name
+        assert str(path) + where in proc.stderr and words in proc.stderr, (name, proc.stderr)
+        assert not (tmp_path / f"{name}.sock").exists()
+    # Both ways at once.
+    (tmp_path / "x.toml").write_text('[classes.a]\nvolume_group = "vg"\nthin_pool = "p"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "csi_local", "serve", "--node-id", "n1",
+         "--endpoint", f"unix://{tmp_path}/both.sock", "--config", str(tmp_path / "x.toml"),
+         "--volume-group", "vg", "--thin-pool", "pool"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0 and "not both" in proc.stderr, proc.stderr
