@@ -200,7 +200,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             )
         if lv.size < want:  # killed between snapshot and extend: finish the job
             pool.require_room(report, want - lv.size)
-            lv = pool.lvm.extend(lv.name, want)
+            lv = pool.lvm.extend_to(lv, want)
         return lv
 
     def _create(self, pool: Pool, report: VgReport, volume_id: str,
@@ -228,10 +228,13 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             tags.append(vols.TAG_GROW_FS)
         if source.kind is SourceKind.VOLUME:
             self._flush_if_mounted(source.id)
-        lv = pool.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True)
+        # Described from what lvcreate was told (a thin snapshot has its origin's
+        # size) and grown with one lvextend: no report after either.
+        lv = pool.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True,
+                               read_back=False, size=source_lv.size)
         try:
             if size > lv.size:
-                lv = pool.lvm.extend(volume_id, size)
+                lv = pool.lvm.extend_to(lv, size)
         except BaseException:
             pool.lvm.remove(volume_id)  # leave nothing half-made
             raise

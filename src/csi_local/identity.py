@@ -11,7 +11,7 @@ from csi_local import __version__
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import Config
-from csi_local.errors import StorageError, VolumeGroupMissing
+from csi_local.errors import StorageError
 from csi_local.pool import Pools
 
 log = logging.getLogger(__name__)
@@ -57,25 +57,25 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
         A volume group without its thin pool, or with an inactive one, is a
         storage node that is broken or still coming up: not ready.
         """
+        try:
+            pools, missing_vgs = self.pools.read_thin_pools()
+        except StorageError as err:
+            return False, err.message
         problems = []
         missing = []
         for pool in self.pools:
-            lvm = pool.lvm
-            try:
-                lvm.volume_group()
-            except VolumeGroupMissing:
-                missing.append(f"volume group {lvm.vg} not found (device class "
+            lvm, lv = pool.lvm, pools[pool.class_name]
+            if lvm.vg in missing_vgs:
+                missing.append(f"volume group {lvm.vg} not found" if len(self.pools) == 1
+                               else f"volume group {lvm.vg} not found (device class "
                                f"{pool.class_name})")
-                continue
-            except StorageError as err:
-                problems.append(f"class {pool.class_name}: {err.message}")
-                continue
-            try:
-                lv = lvm.thin_pool()
-            except StorageError as err:
-                problems.append(f"class {pool.class_name}: {err.message}")
-                continue
-            if not lv.active:
+            elif lv is None:
+                problems.append(f"class {pool.class_name}: thin pool {lvm.vg}/{lvm.pool} "
+                                "not found")
+            elif not lv.is_thin_pool:
+                problems.append(f"class {pool.class_name}: {lvm.vg}/{lvm.pool} is not a "
+                                "thin pool")
+            elif not lv.active:
                 problems.append(f"class {pool.class_name}: thin pool {lvm.vg}/{lvm.pool} "
                                 "is not active")
         if problems:
@@ -87,6 +87,7 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
             return True, (f"{'; '.join(missing)} on this node: ready, but no volume can be "
                           "created or used there until it exists")
         return True, None
+
     def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeResponse:
         status = self.pool_status()
         # Logged on a change only: sidecars probe every few seconds.

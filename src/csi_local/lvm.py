@@ -9,6 +9,7 @@ through the Runner, which sets LC_ALL=C and a timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -403,6 +404,15 @@ class Lvm:
             return lv
         self.runner.run(["lvextend", "--size", f"{size}b", f"{self.vg}/{check_name(name)}"])
         return self.get(name)
+
+    def extend_to(self, lv: LogicalVolume, size: int) -> LogicalVolume:
+        """`lv` grown to `size` bytes, a whole number of extents, with one
+        lvextend: `lv` is what the caller read under the pool lock, so no
+        report before or after (LVM makes exactly that size)."""
+        if lv.size >= size:
+            return lv
+        self.runner.run(["lvextend", "--size", f"{size}b", f"{self.vg}/{check_name(lv.name)}"])
+        return dataclasses.replace(lv, size=size)
 
     def remove(self, name: str) -> bool:
         """Remove an LV; False when it was already gone, VolumeInUse when it is open."""

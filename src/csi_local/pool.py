@@ -229,7 +229,7 @@ class Pool:
             self.require_room(report, size - current.size)
             if before is not None:
                 before()
-            return self.lvm.extend(lv.name, size)
+            return self.lvm.extend_to(current, size)
 
 
 class Pools:
@@ -332,6 +332,15 @@ class Pools:
         else:
             lvs, missing = list_vgs(self.runner, self.classes.volume_groups)
         return [(self.of_lv(lv), lv) for lv in lvs], missing
+
+    def read_thin_pools(self) -> tuple[dict[str, LogicalVolume | None], list[str]]:
+        """{class name: its thin pool's LV, None when its VG holds no LV of that
+        name}, and the VGs that are missing: one `lvs` selecting the pools,
+        however many classes (Probe runs this every few seconds)."""
+        names = sorted({p.lvm.pool for p in self})
+        found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
+        by_place = {(lv.vg, lv.name): lv for lv in found}
+        return {p.class_name: by_place.get((p.lvm.vg, p.lvm.pool)) for p in self}, missing
 
     def thin_pool_lvs(self, lvs: list[tuple[Pool | None, LogicalVolume]]
                       ) -> dict[str, LogicalVolume]:

@@ -138,7 +138,8 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
         print(f"scrapes took {third_started - first_started:.1f}s: cache not checked")
 
     # The VG, the pool and the volumes, as LVM reports them.
-    pool_labels = {"volume_group": vg.name, "thin_pool": vg.pool}
+    # The flags' pool is the device class "default".
+    pool_labels = {"device_class": "default", "volume_group": vg.name, "thin_pool": vg.pool}
     pool = lv_rows[vg.pool]
     assert value(got, "csi_local_volume_group_up", volume_group=vg.name) == 1
     assert value(got, "csi_local_volume_group_size_bytes", volume_group=vg.name) == \
@@ -158,9 +159,10 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     assert value(got, "csi_local_thin_pool_available_bytes", **pool_labels) == capacity
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **pool_labels) == \
         int(lv_rows[data]["lv_size"])
-    assert value(got, "csi_local_volumes") == 1
-    assert value(got, "csi_local_snapshots") == 0
-    labels = {"volume_id": data, "pvc_name": "data", "pvc_namespace": "shop"}
+    assert value(got, "csi_local_volumes", **pool_labels) == 1
+    assert value(got, "csi_local_snapshots", **pool_labels) == 0
+    labels = {"device_class": "default", "volume_id": data, "pvc_name": "data",
+              "pvc_namespace": "shop"}
     assert value(got, "csi_local_volume_size_bytes", **labels) == int(lv_rows[data]["lv_size"])
     assert value(got, "csi_local_volume_data_percent", **labels) == \
         float(lv_rows[data]["data_percent"])

@@ -30,9 +30,26 @@ from csi_local.state import StateStore
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VG, POOL = "vg0", "pool0"
+# Three device classes on two VGs; vg-hdd holds the pools of two of them.
+THREE_CLASSES = """\
+default = "fast"
+
+[classes.fast]
+volume_group = "vg-nvme"
+thin_pool = "pool"
+
+[classes.big]
+volume_group = "vg-hdd"
+thin_pool = "pool"
+overprovision_ratio = 2.0
+
+[classes.cold]
+volume_group = "vg-hdd"
+thin_pool = "cold"
+"""
 Mode = pb.VolumeCapability.AccessMode
-__all__ = ["GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain", "make_class_node",
-           "make_node", "mount_cap", "nothing", "vol_id"]
+__all__ = ["THREE_CLASSES", "GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain",
+           "make_class_node", "make_node", "mount_cap", "nothing", "vol_id"]
 
 
 @dataclass

@@ -1374,3 +1374,37 @@ def test_get_snapshot_reply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         snapshot_id=S2, source_volume_id=V, size_bytes=GiB, ready_to_use=True,
         creation_time=Timestamp(seconds=lv.created))
     assert tools(n) == {"lvs"}
+
+
+# LVM commands per RPC --------------------------------------------------------------
+
+# Every lvm process costs a start and a scan of the devices (0.3-1 s under
+# emulation, tens of ms on hardware) and holds the VG lock: each RPC runs the
+# fewest, in order. A report the plugin read under the pool lock describes the
+# LV it then makes or grows, so nothing is read back after lvcreate/lvextend.
+@pytest.mark.parametrize(("method", "request_", "setup", "commands"), [
+    pytest.param("CreateVolume", cv(rng=(GiB, 0)), nothing, ["lvs", "lvcreate"], id="create"),
+    pytest.param("CreateVolume", cv(snapshot=S, rng=(GiB, 0)), chain(vol(), snap()),
+                 ["lvs", "lvcreate"], id="restore"),
+    pytest.param("CreateVolume", cv(volume=V, rng=(2 * GiB, 0)), vol(),
+                 ["lvs", "lvcreate", "lvextend"], id="grown-clone"),
+    pytest.param("CreateVolume", cv(name="vol", rng=(GiB, 0)), vol(vid=vol_id("vol")),
+                 ["lvs"], id="retry"),
+    pytest.param("ControllerExpandVolume", ce(rng=(2 * GiB, 0)), vol(),
+                 ["lvs", "lvs", "lvextend"], id="expand"),
+    # Read back: the snapshot's creation time is LVM's, the same in every later
+    # reply (GetSnapshot, ListSnapshots, a retried CreateSnapshot).
+    pytest.param("CreateSnapshot", cs(), vol(), ["lvs", "lvcreate", "lvs"], id="snapshot"),
+    pytest.param("DeleteVolume", pb.DeleteVolumeRequest(volume_id=V), vol(),
+                 ["lvs", "lvremove"], id="delete"),
+    pytest.param("GetCapacity", pb.GetCapacityRequest(), nothing, ["lvs"], id="capacity"),
+    pytest.param("ListVolumes", pb.ListVolumesRequest(), vol(), ["lvs"], id="list"),
+])
+def test_lvm_commands_per_rpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
+                              request_: Any, setup: Setup, commands: list[str]) -> None:
+    n = make_node(tmp_path, monkeypatch)
+    setup(n)
+    n.host.calls.clear()
+    code, reply = call(getattr(n.controller, method), request_)
+    assert code == "OK", reply
+    assert [c[0] for c in n.host.calls] == commands

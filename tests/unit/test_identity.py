@@ -15,8 +15,6 @@ from csi_local.locks import Locks
 from csi_local.pool import Pools
 from tests.unit.conftest import FakeRunner
 
-VGS = json.dumps({"report": [{"vg": [{"vg_name": "vg0", "vg_size": "4290772992",
-                                      "vg_free": "851443712", "vg_extent_size": "4194304"}]}]})
 VG_MISSING = '  Volume group "vg0" not found\n  Cannot process volume group vg0\n'
 
 
@@ -43,7 +41,7 @@ def probe(ident: IdentityServicer) -> bool:
 def test_no_volume_group_is_ready_and_says_so(runner: FakeRunner,
                                               caplog: pytest.LogCaptureFixture) -> None:
     """A node without the VG must not fail its liveness probe forever."""
-    runner.on(["vgs"], rc=5, stderr=VG_MISSING)
+    runner.on(["lvs"], rc=5, stderr=VG_MISSING)
     ident = identity(runner)
     with caplog.at_level(logging.INFO, logger="csi_local.identity"):
         assert probe(ident) is True
@@ -53,12 +51,13 @@ def test_no_volume_group_is_ready_and_says_so(runner: FakeRunner,
     assert len(lines) == 1, lines
     assert "volume group vg0 not found" in lines[0] and "ready" in lines[0]
     assert caplog.records[0].levelno == logging.WARNING
+    assert [c[0] for c in runner.calls] == ["lvs", "lvs"]  # one LVM command a probe
 
 
 def test_capabilities_only_copy_is_ready_without_volume_group(runner: FakeRunner) -> None:
     """The plugin beside csi-resizer (--node-expansion-only, no host devices):
     csi-resizer waits for ready before it serves its health endpoint."""
-    runner.on(["vgs"], rc=5, stderr=VG_MISSING)
+    runner.on(["lvs"], rc=5, stderr=VG_MISSING)
     ident = identity(runner, node_expansion_only=True)
     ident.GetPluginInfo(pb.GetPluginInfoRequest(), None)  # type: ignore[arg-type]
     ident.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest(), None)  # type: ignore[arg-type]
@@ -67,22 +66,24 @@ def test_capabilities_only_copy_is_ready_without_volume_group(runner: FakeRunner
 
 
 def test_active_pool_is_ready(runner: FakeRunner, caplog: pytest.LogCaptureFixture) -> None:
-    runner.on(["vgs"], stdout=VGS)
     runner.on(["lvs"], stdout=pool_report("twi-aotz--"))
     with caplog.at_level(logging.INFO, logger="csi_local.identity"):
         assert probe(identity(runner)) is True
     assert [r.getMessage() for r in caplog.records] == ["probe: ready"]
+    # One `lvs` selecting the thin pool: no vgs, no report of every volume.
+    (call,) = runner.calls
+    assert call[0] == "lvs" and call[-1] == "vg0" and 'lv_name="pool"' in call
 
 
 @pytest.mark.parametrize(("lvs", "why"), [
-    ({"rc": 5, "stderr": '  Failed to find logical volume "vg0/pool"\n'}, "vg0/pool not found"),
+    ({"stdout": json.dumps({"report": [{"lv": []}]})}, "vg0/pool not found"),
     ({"stdout": pool_report("twi---tz--")}, "thin pool vg0/pool is not active"),
-], ids=["pool-missing", "pool-inactive"])
+    ({"stdout": pool_report("-wi-a-----")}, "vg0/pool is not a thin pool"),
+], ids=["pool-missing", "pool-inactive", "not-a-pool"])
 def test_volume_group_without_a_usable_pool_is_not_ready(
         runner: FakeRunner, caplog: pytest.LogCaptureFixture, lvs: dict[str, object],
         why: str) -> None:
     """A storage node that is broken or still coming up stays not ready."""
-    runner.on(["vgs"], stdout=VGS)
     runner.on(["lvs"], **lvs)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="csi_local.identity"):
         assert probe(identity(runner)) is False
@@ -92,18 +93,17 @@ def test_volume_group_without_a_usable_pool_is_not_ready(
 
 def test_lvm_failing_otherwise_is_not_ready(runner: FakeRunner) -> None:
     """Only a VG that LVM reports absent counts as "no VG here"."""
-    runner.on(["vgs"], rc=5, stderr="  Device or resource busy\n")
+    runner.on(["lvs"], rc=5, stderr="  Device or resource busy\n")
     assert probe(identity(runner)) is False
 
 
 def test_readiness_change_is_logged_again(runner: FakeRunner,
                                           caplog: pytest.LogCaptureFixture) -> None:
-    runner.on(["vgs"], rc=5, stderr=VG_MISSING)
+    runner.on(["lvs"], rc=5, stderr=VG_MISSING)
     ident = identity(runner)
     with caplog.at_level(logging.INFO, logger="csi_local.identity"):
         probe(ident)
         runner.replies.clear()
-        runner.on(["vgs"], stdout=VGS)
         runner.on(["lvs"], stdout=pool_report("twi-aotz--"))
         probe(ident)
     assert [r.getMessage() for r in caplog.records][-1] == "probe: ready"

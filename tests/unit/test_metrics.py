@@ -31,7 +31,15 @@ from csi_local.monitor import PoolMonitor
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ShRunner
 from csi_local.server import ErrorInterceptor
-from tests.unit.servicers import GiB, MiB, Node, make_class_node, make_node, mount_cap
+from tests.unit.servicers import (
+    THREE_CLASSES,
+    GiB,
+    MiB,
+    Node,
+    make_class_node,
+    make_node,
+    mount_cap,
+)
 
 PVC = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
 POOL_LABELS = {"device_class": "default", "volume_group": "vg0", "thin_pool": "pool0"}
@@ -207,23 +215,7 @@ def test_autoextends_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 # device classes -------------------------------------------------------------------------
 
-# Two VGs; vg-hdd holds the pools of two classes.
-CLASSES = """
-default = "fast"
-
-[classes.fast]
-volume_group = "vg-nvme"
-thin_pool = "pool"
-
-[classes.big]
-volume_group = "vg-hdd"
-thin_pool = "pool"
-overprovision_ratio = 2.0
-
-[classes.cold]
-volume_group = "vg-hdd"
-thin_pool = "cold"
-"""
+CLASSES = THREE_CLASSES  # two VGs; vg-hdd holds the pools of two classes
 FAST = {"device_class": "fast", "volume_group": "vg-nvme", "thin_pool": "pool"}
 BIG = {"device_class": "big", "volume_group": "vg-hdd", "thin_pool": "pool"}
 COLD = {"device_class": "cold", "volume_group": "vg-hdd", "thin_pool": "cold"}

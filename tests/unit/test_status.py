@@ -21,6 +21,7 @@ from csi_local.lvm import hex_tag
 from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import (
+    THREE_CLASSES,
     GiB,
     MiB,
     Node,
@@ -330,23 +331,7 @@ def test_host_volume_snapshots_and_clones_are_listed_with_their_source(node: Nod
 
 # device classes ---------------------------------------------------------------------
 
-# Two VGs; vg-hdd holds the pools of two classes.
-CLASSES = """\
-default = "fast"
-
-[classes.fast]
-volume_group = "vg-nvme"
-thin_pool = "pool"
-
-[classes.big]
-volume_group = "vg-hdd"
-thin_pool = "pool"
-overprovision_ratio = 2.0
-
-[classes.cold]
-volume_group = "vg-hdd"
-thin_pool = "cold"
-"""
+CLASSES = THREE_CLASSES  # two VGs; vg-hdd holds the pools of two classes
 
 
 @pytest.fixture

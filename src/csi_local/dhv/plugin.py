@@ -18,6 +18,7 @@ Everything here is imported lazily by csi_local.dhv, off the fingerprint path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -414,6 +415,9 @@ class HostVolumePlugin:
             before=lambda: pool.lvm.add_tags(lv.name, [TAG_GROW_FS]))
         if grown.size != lv.size:
             log.info("extended LV %s to %d bytes", lv.name, grown.size)
+            # As `before` tagged it (the pool describes the LV it grew without a
+            # report after lvextend).
+            grown = dataclasses.replace(grown, tags=grown.tags | {TAG_GROW_FS})
         return grown
 
     def _mount(self, lvm: Lvm, req: Request, lv: LogicalVolume, fs_type: str,
