@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="YAML mapping of CreateSnapshot parameters")
     p.add_argument("--idempotency-repeats", type=int, default=3, metavar="N")
     p.add_argument("--rpc-timeout", type=float, default=120.0, metavar="SECONDS")
+    p.add_argument("--cbt-granularity", default="1M", metavar="SIZE",
+                   help="how far a changed-block range may reach beyond the changed bytes: "
+                   "the plugin's block or chunk size, or larger (default 1M)")
     p.add_argument("--junit-xml", default="", metavar="FILE", help="write a JUnit XML report")
     return p
 
@@ -57,6 +60,7 @@ def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
         "--fs-type", ns.fs_type,
         "--idempotency-repeats", str(ns.idempotency_repeats),
         "--rpc-timeout", str(ns.rpc_timeout),
+        "--cbt-granularity", ns.cbt_granularity,
     ]
     for flag, value in (
         ("--controller-endpoint", ns.controller_endpoint),
@@ -81,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_size(ns.volume_size)
         if ns.expand_size:
             parse_size(ns.expand_size)
+        parse_size(ns.cbt_granularity)
     except ValueError as err:
         parser.error(str(err))
     if ns.idempotency_repeats < 2:

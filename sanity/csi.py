@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class Config:
     snapshot_parameters: dict[str, str] = field(default_factory=dict)
     repeats: int = 3
     timeout: float = 120.0
+    cbt_granularity: int = 1 << 20
 
 
 class _TimeoutStub:
@@ -70,14 +72,21 @@ class Stubs:
     controller_identity: Any
     controller: Any
     node: Any
+    group_controller: Any
+    snapshot_metadata: Any
 
 
 def make_stubs(node_ch: grpc.Channel, ctrl_ch: grpc.Channel, timeout: float) -> Stubs:
+    # GroupController and SnapshotMetadata work on snapshots, which are the Controller's, so
+    # they are called at the controller endpoint. The deadline of a streaming call covers the
+    # whole stream: a plugin that never ends its stream fails instead of hanging the suite.
     return Stubs(
         identity=_TimeoutStub(csi_pb2_grpc.IdentityStub(node_ch), timeout),
         controller_identity=_TimeoutStub(csi_pb2_grpc.IdentityStub(ctrl_ch), timeout),
         controller=_TimeoutStub(csi_pb2_grpc.ControllerStub(ctrl_ch), timeout),
         node=_TimeoutStub(csi_pb2_grpc.NodeStub(node_ch), timeout),
+        group_controller=_TimeoutStub(csi_pb2_grpc.GroupControllerStub(ctrl_ch), timeout),
+        snapshot_metadata=_TimeoutStub(csi_pb2_grpc.SnapshotMetadataStub(ctrl_ch), timeout),
     )
 
 
@@ -281,6 +290,31 @@ def device_size(path: str) -> int:
         os.close(fd)
 
 
+# ---------------------------------------------------------------- snapshots
+
+READY_TIMEOUT = 120.0
+
+
+def wait_ready(stubs: Stubs, caps: Capabilities, snap: csi_pb2.Snapshot) -> csi_pb2.Snapshot:
+    """Poll GetSnapshot (or ListSnapshots) until the snapshot is ready_to_use."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not snap.ready_to_use:
+        if time.monotonic() > deadline:
+            pytest.fail(f"snapshot {snap.snapshot_id} not ready_to_use after {READY_TIMEOUT}s")
+        time.sleep(1)
+        if "GET_SNAPSHOT" in caps.controller:
+            snap = stubs.controller.GetSnapshot(
+                csi_pb2.GetSnapshotRequest(snapshot_id=snap.snapshot_id)).snapshot
+        elif "LIST_SNAPSHOTS" in caps.controller:
+            resp = stubs.controller.ListSnapshots(
+                csi_pb2.ListSnapshotsRequest(snapshot_id=snap.snapshot_id))
+            assert len(resp.entries) == 1, "snapshot not listed while waiting for it"
+            snap = resp.entries[0].snapshot
+        else:
+            pytest.fail("snapshot not ready_to_use and no GET_SNAPSHOT/LIST_SNAPSHOTS to poll")
+    return snap
+
+
 # ---------------------------------------------------------------- resource tracker
 
 
@@ -302,6 +336,8 @@ class Tracker:
         self.node_id = node_id
         self.volumes: dict[str, csi_pb2.Volume] = {}
         self.snapshots: list[str] = []
+        # group_snapshot_id -> its member snapshot ids (DeleteVolumeGroupSnapshot needs them)
+        self.group_snapshots: dict[str, list[str]] = {}
         self.attached: list[str] = []
         self.publish_context: dict[str, dict[str, str]] = {}
         self.staged: list[tuple[str, str]] = []
@@ -386,6 +422,44 @@ class Tracker:
         self.stubs.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id))
         if snapshot_id in self.snapshots:
             self.snapshots.remove(snapshot_id)
+
+    def group_snapshot_request(
+        self, source_ids: list[str], name: str | None = None
+    ) -> csi_pb2.CreateVolumeGroupSnapshotRequest:
+        # --snapshot-parameters go to groups too: a plugin that needs parameters to snapshot
+        # a volume is likely to need the same ones to snapshot several together.
+        return csi_pb2.CreateVolumeGroupSnapshotRequest(
+            name=name or self.name("group"),
+            source_volume_ids=source_ids,
+            parameters=self.cfg.snapshot_parameters,
+        )
+
+    def create_group(
+        self, req: csi_pb2.CreateVolumeGroupSnapshotRequest
+    ) -> csi_pb2.VolumeGroupSnapshot:
+        group: csi_pb2.VolumeGroupSnapshot = self.stubs.group_controller.CreateVolumeGroupSnapshot(
+            req).group_snapshot
+        self.track_group(group)
+        assert group.group_snapshot_id, "CreateVolumeGroupSnapshot returned no group_snapshot_id"
+        return group
+
+    def track_group(self, group: csi_pb2.VolumeGroupSnapshot) -> None:
+        """Remember a group (and its members, for the delete request) for teardown."""
+        if group.group_snapshot_id:
+            self.group_snapshots[group.group_snapshot_id] = [
+                s.snapshot_id for s in group.snapshots]
+
+    def create_group_snapshot(
+        self, source_ids: list[str], name: str | None = None
+    ) -> csi_pb2.VolumeGroupSnapshot:
+        return self.create_group(self.group_snapshot_request(source_ids, name))
+
+    def delete_group_snapshot(self, group_id: str, snapshot_ids: list[str] | None = None) -> None:
+        members = self.group_snapshots.get(group_id, []) if snapshot_ids is None else snapshot_ids
+        self.stubs.group_controller.DeleteVolumeGroupSnapshot(
+            csi_pb2.DeleteVolumeGroupSnapshotRequest(
+                group_snapshot_id=group_id, snapshot_ids=members))
+        self.group_snapshots.pop(group_id, None)
 
     # -- node
     def _attach(self, volume_id: str, cap: csi_pb2.VolumeCapability, readonly: bool) -> None:
@@ -520,6 +594,11 @@ class Tracker:
                     functools.partial(self.unstage, vol_id, staging))
         for vol_id in reversed(list(self.attached)):
             attempt(f"ControllerUnpublishVolume {vol_id}", functools.partial(self.detach, vol_id))
+        # Members of a group cannot be deleted alone (DeleteSnapshot gives INVALID_ARGUMENT),
+        # so groups go first, as a whole.
+        for group_id in reversed(list(self.group_snapshots)):
+            attempt(f"DeleteVolumeGroupSnapshot {group_id}",
+                    functools.partial(self.delete_group_snapshot, group_id))
         for snap_id in reversed(list(self.snapshots)):
             attempt(f"DeleteSnapshot {snap_id}", functools.partial(self.delete_snapshot, snap_id))
         for vol_id in reversed(list(self.volumes)):

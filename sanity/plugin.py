@@ -29,6 +29,7 @@ from sanity.csi import (
 )
 
 DEFAULT_VOLUME_SIZE = "64M"
+DEFAULT_CBT_GRANULARITY = "1M"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,6 +56,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="how many times each mutating call is repeated (default 3)")
     g.addoption("--rpc-timeout", default=120.0, type=float,
                 help="deadline of each RPC in seconds (default 120)")
+    g.addoption("--cbt-granularity", default=DEFAULT_CBT_GRANULARITY,
+                help="how far (bytes, K/M/G suffixes) a range reported by GetMetadataAllocated "
+                     "or GetMetadataDelta may reach beyond the bytes that changed: the "
+                     "plugin's block or chunk size, or larger (default 1M)")
 
 
 def _load_params(path: str, what: str) -> dict[str, str]:
@@ -73,6 +78,18 @@ def pytest_configure(config: pytest.Config) -> None:
     repeats = config.getoption("idempotency_repeats")
     if repeats < 2:
         raise pytest.UsageError("--idempotency-repeats must be at least 2")
+
+
+def cbt_granularity(text: str) -> int:
+    """--cbt-granularity: a positive multiple of 4 KiB (the discard the suite issues is
+    aligned to it, and block devices discard whole logical blocks)."""
+    try:
+        value = parse_size(text)
+    except ValueError as err:
+        raise pytest.UsageError(f"--cbt-granularity: {err}") from err
+    if value <= 0 or value % 4096:
+        raise pytest.UsageError(f"--cbt-granularity {text} must be a positive multiple of 4K")
+    return value
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +113,7 @@ def cfg(pytestconfig: pytest.Config) -> Iterator[Config]:
         raise pytest.UsageError(str(err)) from err
     if expand <= size:
         raise pytest.UsageError("--expand-size must be larger than --volume-size")
+    granularity = cbt_granularity(opt("cbt_granularity"))
     endpoint = normalize_endpoint(opt("endpoint"))
     config = Config(
         endpoint=endpoint,
@@ -110,6 +128,7 @@ def cfg(pytestconfig: pytest.Config) -> Iterator[Config]:
         snapshot_parameters=_load_params(opt("snapshot_parameters"), "--snapshot-parameters"),
         repeats=opt("idempotency_repeats"),
         timeout=opt("rpc_timeout"),
+        cbt_granularity=granularity,
     )
     yield config
     for d in (config.staging_dir, config.mount_dir):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import grpc
 import pytest
@@ -17,35 +16,15 @@ from sanity.csi import (
     expect_code,
     list_all_snapshots,
     read_data,
+    wait_ready,
     write_data,
 )
-
-READY_TIMEOUT = 120.0
 
 
 @pytest.fixture
 def snaps(caps: Capabilities) -> Capabilities:
     caps.require_controller("CREATE_DELETE_VOLUME", "CREATE_DELETE_SNAPSHOT")
     return caps
-
-
-def wait_ready(stubs: Stubs, caps: Capabilities, snap: csi_pb2.Snapshot) -> csi_pb2.Snapshot:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while not snap.ready_to_use:
-        if time.monotonic() > deadline:
-            pytest.fail(f"snapshot {snap.snapshot_id} not ready_to_use after {READY_TIMEOUT}s")
-        time.sleep(1)
-        if "GET_SNAPSHOT" in caps.controller:
-            snap = stubs.controller.GetSnapshot(
-                csi_pb2.GetSnapshotRequest(snapshot_id=snap.snapshot_id)).snapshot
-        elif "LIST_SNAPSHOTS" in caps.controller:
-            resp = stubs.controller.ListSnapshots(
-                csi_pb2.ListSnapshotsRequest(snapshot_id=snap.snapshot_id))
-            assert len(resp.entries) == 1, "snapshot not listed while waiting for it"
-            snap = resp.entries[0].snapshot
-        else:
-            pytest.fail("snapshot not ready_to_use and no GET_SNAPSHOT/LIST_SNAPSHOTS to poll")
-    return snap
 
 
 def test_create_snapshot_fields(snaps: Capabilities, tracker: Tracker) -> None:

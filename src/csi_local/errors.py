@@ -102,3 +102,22 @@ class MountOptionError(StorageError):
 
 class UnsupportedFilesystem(StorageError):
     """A file system this plugin does not make, mount or grow."""
+
+
+class SnapshotsNotComparable(StorageError):
+    """Two snapshots whose difference was asked for are not a base and a later
+    target of one volume."""
+
+
+class OffsetPastEnd(StorageError):
+    """A byte offset beyond the end of the volume or snapshot it is into."""
+
+
+class MetadataUnavailable(StorageError):
+    """A thin pool's block mappings cannot be read now: the pool is not active,
+    or another program holds the pool's one metadata snapshot."""
+
+
+class MappingToolsMissing(StorageError):
+    """dmsetup or thin-provisioning-tools are not installed, so no block
+    mappings can be read (no changed-block tracking)."""

@@ -38,6 +38,8 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
             Cap(service=Cap.Service(type=Cap.Service.CONTROLLER_SERVICE)),
             Cap(service=Cap.Service(type=Cap.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
             Cap(volume_expansion=Cap.VolumeExpansion(type=Cap.VolumeExpansion.ONLINE)),
+            # Changed-block tracking from the thin pool's own mappings.
+            Cap(service=Cap.Service(type=Cap.Service.SNAPSHOT_METADATA_SERVICE)),
         ]
         return pb.GetPluginCapabilitiesResponse(capabilities=caps)
 

@@ -29,6 +29,13 @@ def pool_key(vg: str, pool: str) -> str:
     return f"pool:{vg}/{pool}"
 
 
+def metadata_key(vg: str, pool: str) -> str:
+    """The key of one thin pool's metadata snapshot: the kernel keeps at most one
+    per pool, so its readers take turns (not the pool's key: reading mappings
+    must not hold up creates)."""
+    return f"metadata:{vg}/{pool}"
+
+
 def volume_key(lv_name: str) -> str:
     """The key of one volume or snapshot, by its LV name (both plugins' LV names
     are disjoint, so one namespace serves both)."""

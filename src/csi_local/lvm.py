@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 LV_FIELDS = (
     "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,lv_path,"
     "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor,"
-    "lv_metadata_size"
+    "lv_metadata_size,thin_id"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
 # LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
@@ -67,6 +67,7 @@ class LogicalVolume:
     kernel_major: int
     kernel_minor: int
     metadata_size: int = 0  # a thin pool's metadata LV, bytes (0 for other LVs)
+    thin_id: int = -1  # a thin volume's device ID in its pool (-1: not a thin volume)
 
     @property
     def active(self) -> bool:
@@ -147,6 +148,7 @@ def parse_lvs(output: str) -> list[LogicalVolume]:
                     kernel_major=_int(row.get("lv_kernel_major", ""), -1),
                     kernel_minor=_int(row.get("lv_kernel_minor", ""), -1),
                     metadata_size=_int(row.get("lv_metadata_size", "")),
+                    thin_id=_int(row.get("thin_id", ""), -1),
                 )
             )
     return result

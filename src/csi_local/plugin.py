@@ -1,5 +1,6 @@
 """Wires one CSI plugin process together: runner, LVM, pool, file systems, the
-host, locks, state, and the three CSI services."""
+host, locks, state, and the CSI services (Identity, Controller, Node and
+SnapshotMetadata)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from csi_local.atomic import write_atomic
 from csi_local.backend import Backend
+from csi_local.cbt import ChangedBlocks
 from csi_local.config import Config
 from csi_local.controller import ControllerServicer
 from csi_local.fs import Filesystems
@@ -21,6 +23,7 @@ from csi_local.pagination import Paginator
 from csi_local.pool import Pools
 from csi_local.recovery import rebuild_state, reconcile_state
 from csi_local.runner import ShRunner
+from csi_local.snapshot_metadata import SnapshotMetadataServicer
 from csi_local.state import StateStore, VolumeRecord
 
 if TYPE_CHECKING:
@@ -86,6 +89,11 @@ class CsiPlugin:
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
+        changed = ChangedBlocks(pools, locks)
+        # A metadata snapshot held by a reader that died with the last process
+        # would stay held (and make every metadata change copy on write).
+        changed.release_leftovers()
+        self.snapshot_metadata = SnapshotMetadataServicer(changed)
 
     def start(self) -> None:
         for monitor in self.monitors:

@@ -85,6 +85,12 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.StillMounted: "FAILED_PRECONDITION",
     errors.MountOptionError: "INVALID_ARGUMENT",
     errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
+    errors.SnapshotsNotComparable: "INVALID_ARGUMENT",
+    errors.OffsetPastEnd: "OUT_OF_RANGE",
+    # Retry later: the pool comes up, the other holder releases its snapshot.
+    errors.MetadataUnavailable: "UNAVAILABLE",
+    # GetMetadataDelta's "changed block tracking is not enabled": back up in full.
+    errors.MappingToolsMissing: "FAILED_PRECONDITION",
 }
 
 # Where an RPC's error table says otherwise.

@@ -8,7 +8,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -66,10 +66,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        if handler.unary_stream is not None:
+            return self._streaming(handler, method)
+        if handler.unary_unary is None:
             return handler
         inner = handler.unary_unary
-        method = details.method.rsplit("/", 1)[-1]
 
         def wrapped(request: Message, context: grpc.ServicerContext) -> Any:
             started = time.monotonic()
@@ -91,6 +95,42 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return reply
 
         return grpc.unary_unary_rpc_method_handler(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _streaming(self, handler: grpc.RpcMethodHandler[Any, Any],
+                   method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        """The same for a server-streaming RPC (SnapshotMetadata): an error raised
+        before or between messages ends the stream with its code, which the
+        spec tells a client apart from the stream's normal end."""
+        inner = handler.unary_stream
+        assert inner is not None
+
+        def wrapped(request: Message, context: grpc.ServicerContext) -> Iterator[Any]:
+            started = time.monotonic()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s request: %s", method, redact(request))
+            sent = 0
+            try:
+                for reply in inner(request, context):
+                    sent += 1
+                    yield reply
+            except (RpcError, StorageError) as err:
+                code, message = status_of(method, err)
+                log.info("%s -> %s after %d messages: %s (%.3fs)", method, code, message,
+                         sent, self._observed(method, code, started))
+                context.abort(grpc.StatusCode[code], message)
+            except Exception as err:
+                log.exception("%s failed unexpectedly", method)
+                code, message = status_of(method, err)
+                self._observed(method, code, started)
+                context.abort(grpc.StatusCode[code], message)
+            log.info("%s -> OK, %d messages (%.3fs)", method, sent,
+                     self._observed(method, "OK", started))
+
+        return grpc.unary_stream_rpc_method_handler(
             wrapped,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
@@ -123,6 +163,7 @@ def build_server(plugin: CsiPlugin, socket_file: str, workers: int = 16) -> grpc
     csi_pb2_grpc.add_IdentityServicer_to_server(plugin.identity, server)
     csi_pb2_grpc.add_ControllerServicer_to_server(plugin.controller, server)
     csi_pb2_grpc.add_NodeServicer_to_server(plugin.node, server)
+    csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(plugin.snapshot_metadata, server)
     if server.add_insecure_port(f"unix://{socket_file}") == 0:
         raise ServerError(f"cannot listen on {socket_file}")
     return server

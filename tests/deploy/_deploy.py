@@ -15,10 +15,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "kubernetes"
-# The device-classes variant: a kustomization over K8S_DIR's manifests (a patch
-# and a Kustomization are not manifests of their own); device_classes_docs()
-# renders it.
+# The variants: kustomizations over K8S_DIR's manifests (a patch and a
+# Kustomization are not manifests of their own); kustomize_docs() renders them.
+# device-classes: several thin pools per node; snapshot-metadata: the
+# external-snapshot-metadata sidecar (changed-block tracking).
 DEVICE_CLASSES_DIR = K8S_DIR / "examples" / "device-classes"
+SNAPSHOT_METADATA_DIR = K8S_DIR / "examples" / "snapshot-metadata"
+VARIANT_DIRS = (DEVICE_CLASSES_DIR, SNAPSHOT_METADATA_DIR)
 NOMAD_DIR = REPO / "deploy" / "nomad"
 CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 
@@ -32,11 +35,14 @@ SIDECAR_IMAGES = {
     "csi-resizer": "registry.k8s.io/sig-storage/csi-resizer:v2.2.1",
     "csi-node-driver-registrar": "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0",
     "livenessprobe": "registry.k8s.io/sig-storage/livenessprobe:v2.19.0",
+    # examples/snapshot-metadata only
+    "csi-snapshot-metadata": "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.1.0",
 }
 
 
 def manifest_files() -> list[Path]:
-    return sorted(p for p in K8S_DIR.rglob("*.yaml") if DEVICE_CLASSES_DIR not in p.parents)
+    return sorted(p for p in K8S_DIR.rglob("*.yaml")
+                  if not any(d in p.parents for d in VARIANT_DIRS))
 
 
 def load_docs(path: Path) -> list[dict[str, Any]]:
@@ -95,8 +101,8 @@ def _flag_names(args: list[str]) -> list[str]:
 
 def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
     base = all_docs()
-    # the workloads the device-classes variant changes, as it renders them
-    variant = [(DEVICE_CLASSES_DIR, d) for d in device_classes_docs()
+    # the workloads the variants change, as they render them
+    variant = [(directory, d) for directory in VARIANT_DIRS for d in kustomize_docs(directory)
                if all(d != b for _, b in base)]
     for path, doc in base + variant:
         if doc.get("kind") not in ("DaemonSet", "Deployment", "StatefulSet", "Pod"):
@@ -114,7 +120,7 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
             yield inv
 
 
-# --- the device-classes variant (kustomize) -------------------------------------
+# --- the variants (kustomize) ---------------------------------------------------
 
 # Merge keys of the strategic-merge patches (the Kubernetes API's
 # patchMergeKey of these lists); any other list is replaced by the patch's.
@@ -170,7 +176,7 @@ def _identity(doc: dict[str, Any]) -> tuple[str, str, str | None]:
     return doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
 
 
-def device_classes_docs(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, Any]]:
+def kustomize_docs(directory: Path) -> list[dict[str, Any]]:
     """The variant's objects, as `kubectl kustomize
     --load-restrictor=LoadRestrictionsNone` builds them (tests compare the
     two where kubectl is installed): the resources in order, each patch
@@ -186,6 +192,14 @@ def device_classes_docs(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, 
             i = targets[0]
             docs[i] = strategic_merge(docs[i], patch, entry["path"])
     return docs
+
+
+def device_classes_docs() -> list[dict[str, Any]]:
+    return kustomize_docs(DEVICE_CLASSES_DIR)
+
+
+def snapshot_metadata_docs() -> list[dict[str, Any]]:
+    return kustomize_docs(SNAPSHOT_METADATA_DIR)
 
 
 # The shape of a device classes file (docs/device-classes.md); the plugin's own

@@ -3,6 +3,8 @@ properties csi-local depends on."""
 
 from __future__ import annotations
 
+import base64
+import re
 import shutil
 import subprocess
 import tomllib
@@ -20,7 +22,9 @@ from tests.deploy._deploy import (
     PLUGIN_IMAGE_RE,
     REPO,
     SIDECAR_IMAGES,
+    SNAPSHOT_METADATA_DIR,
     TOPOLOGY_KEY,
+    VARIANT_DIRS,
     all_docs,
     check_classes_shape,
     container,
@@ -28,10 +32,12 @@ from tests.deploy._deploy import (
     find,
     image_repo,
     kustomization,
+    kustomize_docs,
     manifest_files,
     one,
     pod_spec,
     run_lvm,
+    snapshot_metadata_docs,
     strategic_merge,
 )
 
@@ -178,8 +184,11 @@ def _host_path(workload: dict[str, Any], volume_name: str) -> str:
 
 
 def test_sidecar_images_pinned_exactly() -> None:
+    """Every sidecar image, in the default deployment and in the variants, is
+    the exact version the project pins (and every pinned one is used)."""
     seen = set()
-    for _, doc in all_docs():
+    variants = [d for directory in VARIANT_DIRS for d in kustomize_docs(directory)]
+    for doc in [d for _, d in all_docs()] + variants:
         if doc["kind"] not in ("DaemonSet", "Deployment"):
             continue
         for c in pod_spec(doc)["containers"]:
@@ -290,11 +299,20 @@ NEEDS = {
 }
 
 
-def _granted(sa: str, namespace: str) -> set[tuple[str, str, str]]:
+def _granted(sa: str, namespace: str,
+             docs: list[dict[str, Any]] | None = None) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) the ServiceAccount is granted by the roles
+    and bindings of `docs` (default: deploy/kubernetes/)."""
+    if docs is None:
+        docs = [d for _, d in all_docs()]
+
+    def of(*kinds: str) -> list[dict[str, Any]]:
+        return [d for d in docs if d["kind"] in kinds]
+
     granted: set[tuple[str, str, str]] = set()
     roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r
-             for r in find("ClusterRole") + find("Role")}
-    for b in find("ClusterRoleBinding") + find("RoleBinding"):
+             for r in of("ClusterRole", "Role")}
+    for b in of("ClusterRoleBinding", "RoleBinding"):
         if not any(s["kind"] == "ServiceAccount" and s["name"] == sa
                    and s["namespace"] == namespace for s in b["subjects"]):
             continue
@@ -435,26 +453,30 @@ def _classes_text() -> str:
     return text
 
 
-def test_device_classes_kustomization_takes_every_manifest() -> None:
+def _check_takes_every_manifest(directory: Path) -> None:
     """The variant is the default deployment plus its own files, never a copy:
     every manifest of deploy/kubernetes/ is a resource (so a new one is not
     left out), and every file of the variant is used."""
-    k = kustomization()
+    k = kustomization(directory)
     resources = k["resources"]
     base = sorted(r.removeprefix("../../") for r in resources if r.startswith("../../"))
     assert base == sorted(p.name for p in K8S_DIR.glob("*.yaml")), base
     own = {r for r in resources if not r.startswith("../")}
     own |= {p["path"] for p in k["patches"]}
-    assert own == {p.name for p in DEVICE_CLASSES_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert own == {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
     # the command the kustomization documents (kustomize refuses files outside
     # the directory without it)
-    text = (DEVICE_CLASSES_DIR / "kustomization.yaml").read_text()
+    text = (directory / "kustomization.yaml").read_text()
     assert "kubectl kustomize --load-restrictor=LoadRestrictionsNone" in text
 
 
-def _changed_or_new() -> list[dict[str, Any]]:
+def test_device_classes_kustomization_takes_every_manifest() -> None:
+    _check_takes_every_manifest(DEVICE_CLASSES_DIR)
+
+
+def _changed_or_new(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, Any]]:
     base = [d for _, d in all_docs()]
-    return [d for d in device_classes_docs() if all(d != b for b in base)]
+    return [d for d in kustomize_docs(directory) if all(d != b for b in base)]
 
 
 def test_device_classes_changes_only_what_it_should() -> None:
@@ -473,22 +495,26 @@ def test_device_classes_schema_valid(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_device_classes_render_matches_kustomize(tmp_path: Path) -> None:
-    """device_classes_docs(), which the other tests read, builds what kubectl's
-    kustomize builds (where kubectl is installed; CI has none)."""
+def _check_render_matches_kustomize(directory: Path) -> None:
+    """kustomize_docs(directory), which the other tests read, builds what
+    kubectl's kustomize builds (where kubectl is installed; CI has none)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed")
     r = subprocess.run([kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone",
-                        str(DEVICE_CLASSES_DIR)], capture_output=True, text=True, timeout=120,
+                        str(directory)], capture_output=True, text=True, timeout=120,
                        check=False)
     assert r.returncode == 0, r.stderr
     built = {(d["kind"], d["metadata"]["name"]): d
              for d in yaml.safe_load_all(r.stdout) if d is not None}
-    ours = {(d["kind"], d["metadata"]["name"]): d for d in device_classes_docs()}
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in kustomize_docs(directory)}
     assert set(built) == set(ours)
     for key, doc in ours.items():
         assert doc == built[key], key
+
+
+def test_device_classes_render_matches_kustomize() -> None:
+    _check_render_matches_kustomize(DEVICE_CLASSES_DIR)
 
 
 def test_device_classes_configmap_shape() -> None:
@@ -597,3 +623,312 @@ def test_strategic_merge_helper() -> None:
         "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}], "args": ["--y"]}
     with pytest.raises(AssertionError, match="Z"):
         strategic_merge(base, {"env": [{"name": "Z", "$patch": "delete"}]})
+
+
+# --- changed-block tracking (examples/snapshot-metadata) ----------------------
+
+SM_SIDECAR = "csi-snapshot-metadata"
+SM_SERVICE = "csi-local-snapshot-metadata"
+SM_SECRET = "csi-local-snapshot-metadata-tls"
+SM_CA_PLACEHOLDER = "REPLACE_WITH_BASE64_OF_ca.crt"
+SM_DOCS = REPO / "docs" / "snapshot-metadata.md"
+SM_SIDECAR_ROLE = "csi-local-snapshot-metadata"
+SM_CLIENT_ROLE = "csi-local-snapshot-metadata-client"
+SM_CLIENT_TOKEN_ROLE = "csi-local-snapshot-metadata-client-token"
+
+# (apiGroup, resource, verb) the external-snapshot-metadata sidecar v1.1.0
+# uses: the SnapshotMetadataService (audience), TokenReview and
+# SubjectAccessReview of each client, the VolumeSnapshot and its content named
+# in a request, and the VolumeSnapshotClass (by name, or listed for the
+# default) where it looks for snapshotter secrets.
+SM_SIDECAR_NEEDS = {
+    ("cbt.storage.k8s.io", "snapshotmetadataservices", "get"),
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    ("snapshot.storage.k8s.io", "volumesnapshots", "get"),
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"),
+    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "get"),
+    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "list"),
+}
+# A backup client with upstream's library (pkg/iterator): the VolumeSnapshot
+# ("get volumesnapshots" is also the sidecar's SubjectAccessReview), its
+# content (driver, snapshot handle), the SnapshotMetadataService by name.
+SM_CLIENT_NEEDS = {
+    ("snapshot.storage.k8s.io", "volumesnapshots", "get"),
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"),
+    ("cbt.storage.k8s.io", "snapshotmetadataservices", "get"),
+}
+
+
+def _sm(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in snapshot_metadata_docs()
+             if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name} in the variant, found {len(found)}"
+    return found[0]
+
+
+def _flag(c: dict[str, Any], name: str) -> str:
+    values = [a.split("=", 1)[1] for a in c.get("args", []) if a.startswith(f"{name}=")]
+    assert len(values) == 1, f"{c['name']}: {name} given {len(values)} times"
+    return str(values[0])
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, res, verb) for rule in role["rules"] for g in rule["apiGroups"]
+            for res in rule["resources"] for verb in rule["verbs"]}
+
+
+def _host_file(workload: dict[str, Any], c: dict[str, Any], path: str) -> PurePosixPath:
+    """Where `path` in container `c` is on the host, through its hostPath mounts."""
+    p = PurePosixPath(path)
+    mounts = [m for m in c["volumeMounts"]
+              if p == PurePosixPath(m["mountPath"]) or PurePosixPath(m["mountPath"]) in p.parents]
+    assert mounts, f"{c['name']}: nothing mounted over {path}"
+    m = max(mounts, key=lambda m: len(PurePosixPath(m["mountPath"]).parts))
+    return PurePosixPath(_host_path(workload, m["name"])) / p.relative_to(m["mountPath"])
+
+
+def _resolve_port(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    found = [p["containerPort"] for p in c.get("ports", []) if p.get("name") == port]
+    assert len(found) == 1, f"{c['name']}: no port named {port}"
+    return int(found[0])
+
+
+def _sh_block(text: str, marker: str) -> str:
+    blocks = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one sh block with {marker!r}, found {len(blocks)}"
+    return str(blocks[0])
+
+
+def test_snapshot_metadata_kustomization_takes_every_manifest() -> None:
+    _check_takes_every_manifest(SNAPSHOT_METADATA_DIR)
+
+
+def test_snapshot_metadata_changes_only_what_it_should() -> None:
+    """The node DaemonSet gets the sidecar; the Service, the
+    SnapshotMetadataService and the RBAC are added; nothing else changes (the
+    resizer's capabilities-only plugin serves no snapshot metadata)."""
+    changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOT_METADATA_DIR)}
+    assert changed == {("DaemonSet", "csi-local-node"),
+                       ("Service", SM_SERVICE),
+                       ("SnapshotMetadataService", DRIVER),
+                       ("ClusterRole", SM_SIDECAR_ROLE),
+                       ("ClusterRoleBinding", SM_SIDECAR_ROLE),
+                       ("ClusterRole", SM_CLIENT_ROLE),
+                       ("ClusterRole", SM_CLIENT_TOKEN_ROLE)}, changed
+
+
+@pytest.mark.parametrize(
+    "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR)
+            if d["kind"] != "SnapshotMetadataService"],  # a CRD kind: shape checked below
+    ids=lambda d: f"snapshot-metadata:{d['kind']}/{d['metadata']['name']}")
+def test_snapshot_metadata_schema_valid(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_snapshot_metadata_render_matches_kustomize() -> None:
+    _check_render_matches_kustomize(SNAPSHOT_METADATA_DIR)
+
+
+def test_snapshot_metadata_service_object_shape() -> None:
+    """The SnapshotMetadataService (cbt.storage.k8s.io/v1beta1, cluster-scoped,
+    spec.address/caCert/audience all required): named after the driver (the
+    sidecar and clients look it up by that name), its address the Service's
+    DNS name and port, its CA a placeholder the API server refuses until the
+    documented command fills it in."""
+    sms = _sm("SnapshotMetadataService", DRIVER)
+    assert sms["apiVersion"] == "cbt.storage.k8s.io/v1beta1"
+    assert set(sms) == {"apiVersion", "kind", "metadata", "spec"}
+    assert "namespace" not in sms["metadata"]
+    spec = sms["spec"]
+    assert set(spec) == {"address", "caCert", "audience"}, set(spec)
+    for key, value in spec.items():
+        assert isinstance(value, str) and value, key
+    # host:port, no scheme (clients dial it as it is)
+    assert "://" not in spec["address"]
+    host, port = spec["address"].rsplit(":", 1)
+    svc = _sm("Service", SM_SERVICE)
+    assert host == f"{SM_SERVICE}.{svc['metadata']['namespace']}.svc"
+    assert int(port) in [p["port"] for p in svc["spec"]["ports"]]
+    # format: byte in the CRD: the placeholder is not base64, so it cannot be
+    # applied by mistake
+    assert spec["caCert"] == SM_CA_PLACEHOLDER
+    assert not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", SM_CA_PLACEHOLDER)
+    replace = f'sed -i "s|{SM_CA_PLACEHOLDER}|'
+    assert replace in SM_DOCS.read_text()
+    assert replace in (SNAPSHOT_METADATA_DIR / "snapshotmetadataservice.yaml").read_text()
+
+
+def test_snapshot_metadata_service_reaches_the_sidecar_on_the_clients_node() -> None:
+    """One address for the whole cluster, answered by the sidecar on the
+    client's own node (internalTrafficPolicy: Local): the Service selects the
+    node pods, and only them, and targets the sidecar's gRPC port."""
+    svc = _sm("Service", SM_SERVICE)
+    spec = svc["spec"]
+    assert spec.get("type", "ClusterIP") == "ClusterIP"
+    assert spec.get("clusterIP") != "None"  # headless would hand out every node's pod
+    assert spec["internalTrafficPolicy"] == "Local"
+    ds = _sm("DaemonSet", "csi-local-node")
+    assert svc["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    selector = spec["selector"]
+    for doc in snapshot_metadata_docs():
+        if doc["kind"] in ("DaemonSet", "Deployment", "StatefulSet"):
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            matches = selector.items() <= labels.items()
+            is_node_ds = (doc["kind"], doc["metadata"]["name"]) == ("DaemonSet", "csi-local-node")
+            assert matches == is_node_ds, doc["metadata"]["name"]
+    assert not pod_spec(ds).get("hostNetwork")  # one endpoint per pod, on its node
+    (port,) = spec["ports"]
+    sidecar = container(ds, SM_SIDECAR)
+    grpc_port = int(_flag(sidecar, "--port"))
+    assert _resolve_port(sidecar, port["targetPort"]) == grpc_port
+    assert port.get("protocol", "TCP") == "TCP"
+
+
+def test_snapshot_metadata_sidecar_uses_the_plugins_socket() -> None:
+    """--csi-address is the socket the plugin serves on (CSI_ENDPOINT), the same
+    file on the host through each container's mounts."""
+    ds = _sm("DaemonSet", "csi-local-node")
+    sidecar = container(ds, SM_SIDECAR)
+    plugin = container(ds, "csi-local")
+    endpoint = _env(plugin)["CSI_ENDPOINT"]["value"]
+    assert endpoint.startswith("unix://")
+    assert _host_file(ds, sidecar, _flag(sidecar, "--csi-address")) == (
+        _host_file(ds, plugin, endpoint.removeprefix("unix://")))
+    # as the other sidecars of the pod reach it
+    assert _flag(sidecar, "--csi-address") == _flag(container(ds, "csi-snapshotter"),
+                                                    "--csi-address")
+
+
+def test_snapshot_metadata_sidecar_tls() -> None:
+    """--tls-cert/--tls-key name the keys of the kubernetes.io/tls Secret the
+    docs create, mounted whole (renewals reach the files) and read-only; the
+    Secret is optional, so a missing one never keeps the plugin from starting."""
+    ds = _sm("DaemonSet", "csi-local-node")
+    sidecar = container(ds, SM_SIDECAR)
+    cert = PurePosixPath(_flag(sidecar, "--tls-cert"))
+    key = PurePosixPath(_flag(sidecar, "--tls-key"))
+    assert (cert.name, key.name) == ("tls.crt", "tls.key")
+    assert cert.parent == key.parent
+    mount = _mounts(sidecar)[str(cert.parent)]
+    assert mount.get("readOnly") is True and "subPath" not in mount
+    source = _volume(ds, mount["name"])["secret"]
+    assert source["secretName"] == SM_SECRET
+    assert source.get("optional") is True
+    assert "items" not in source  # both keys, under their own names
+    ns = ds["metadata"]["namespace"]
+    assert f"kubectl -n {ns} create secret tls {SM_SECRET}" in SM_DOCS.read_text()
+
+
+def test_snapshot_metadata_sidecar_container() -> None:
+    """Privileged beside the privileged plugin, its ports declared and distinct
+    from the pod's others, ready when its health endpoint says so, the plugin
+    still the pod's default container; the rest of the DaemonSet is node.yaml's."""
+    ds = _sm("DaemonSet", "csi-local-node")
+    spec = pod_spec(ds)
+    sidecar = container(ds, SM_SIDECAR)
+    assert sidecar["image"] == SIDECAR_IMAGES[image_repo(sidecar["image"])]
+    assert sidecar["securityContext"]["privileged"] is True
+    declared = [p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])]
+    assert len(declared) == len(set(declared)), declared
+    own = {p["containerPort"] for p in sidecar["ports"]}
+    grpc_port = int(_flag(sidecar, "--port"))
+    http_port = int(_flag(sidecar, "--http-endpoint").rsplit(":", 1)[1])
+    assert own == {grpc_port, http_port}
+    probe = sidecar["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/health"
+    assert _resolve_port(sidecar, probe["port"]) == http_port
+    # kustomize puts the added container first: the annotation keeps kubectl
+    # logs/exec on the plugin
+    default = ds["spec"]["template"]["metadata"]["annotations"][
+        "kubectl.kubernetes.io/default-container"]
+    assert PLUGIN_IMAGE_RE.match(container(ds, default)["image"])
+
+    base = one("DaemonSet", "csi-local-node")
+    base_spec = pod_spec(base)
+    assert [c for c in spec["containers"] if c is not sidecar] == base_spec["containers"]
+    tls = _mounts(sidecar)[str(PurePosixPath(_flag(sidecar, "--tls-cert")).parent)]["name"]
+    assert [v for v in spec["volumes"] if v["name"] != tls] == base_spec["volumes"]
+    strip = ("containers", "volumes")
+    assert {k: v for k, v in spec.items() if k not in strip} == (
+        {k: v for k, v in base_spec.items() if k not in strip})
+    meta = ds["spec"]["template"]["metadata"]
+    base_meta = base["spec"]["template"]["metadata"]
+    assert meta["labels"] == base_meta["labels"]
+    assert {k: v for k, v in meta["annotations"].items()
+            if k != "kubectl.kubernetes.io/default-container"} == base_meta["annotations"]
+    assert {k: v for k, v in ds["spec"].items() if k != "template"} == (
+        {k: v for k, v in base["spec"].items() if k != "template"})
+
+
+def test_snapshot_metadata_rbac_covers_sidecar() -> None:
+    """The sidecar runs under the node pods' ServiceAccount; its own
+    ClusterRole grants all it uses (upstream's lacks the VolumeSnapshotClass
+    rule), bound to that ServiceAccount, and nothing it does not: no secrets
+    (the VolumeSnapshotClass names none), no writes."""
+    docs = snapshot_metadata_docs()
+    ds = _sm("DaemonSet", "csi-local-node")
+    sa = pod_spec(ds)["serviceAccountName"]
+    ns = ds["metadata"]["namespace"]
+    missing = SM_SIDECAR_NEEDS - _granted(sa, ns, docs)
+    assert not missing, f"{sa} lacks {sorted(missing)}"
+    own = _rules(_sm("ClusterRole", SM_SIDECAR_ROLE))
+    assert own == SM_SIDECAR_NEEDS, own ^ SM_SIDECAR_NEEDS
+    binding = _sm("ClusterRoleBinding", SM_SIDECAR_ROLE)
+    assert binding["roleRef"]["name"] == SM_SIDECAR_ROLE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    for vsc in find("VolumeSnapshotClass"):
+        assert not any("secret" in k for k in vsc.get("parameters", {})), vsc["metadata"]["name"]
+
+
+def test_snapshot_metadata_client_roles() -> None:
+    """Backup clients: reading snapshots, contents and the
+    SnapshotMetadataService in one ClusterRole; the TokenRequest in another,
+    alone, meant for a RoleBinding in the client's namespace (minting tokens
+    cluster-wide would be far more than a backup tool needs). The variant
+    binds neither: the ServiceAccounts are the user's."""
+    client = _rules(_sm("ClusterRole", SM_CLIENT_ROLE))
+    token = _rules(_sm("ClusterRole", SM_CLIENT_TOKEN_ROLE))
+    assert SM_CLIENT_NEEDS <= client, SM_CLIENT_NEEDS - client
+    assert {verb for g, _, verb in client if g} <= {"get", "list", "watch"}
+    assert not any(res == "serviceaccounts/token" for _, res, _ in client)
+    assert token == {("", "serviceaccounts/token", "create")}
+    for doc in snapshot_metadata_docs():
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert doc["roleRef"]["name"] not in (SM_CLIENT_ROLE, SM_CLIENT_TOKEN_ROLE)
+    text = SM_DOCS.read_text()
+    assert re.search(rf"create clusterrolebinding \S+ \\\s+--clusterrole={SM_CLIENT_ROLE} ", text)
+    assert re.search(rf"create rolebinding \S+ \\\s+--clusterrole={SM_CLIENT_TOKEN_ROLE} ", text)
+
+
+def test_snapshot_metadata_docs_certificate(tmp_path: Path) -> None:
+    """The documented openssl commands make a CA and a server certificate that
+    a client checking the SnapshotMetadataService's host name accepts, and the
+    documented sed puts that CA into the SnapshotMetadataService as base64."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    text = SM_DOCS.read_text()
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", _sh_block(text, "openssl req -x509")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    host = _sm("SnapshotMetadataService", DRIVER)["spec"]["address"].rsplit(":", 1)[0]
+    for name, ok in ((host, True), ("elsewhere.csi-local.svc", False)):
+        r = subprocess.run(["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname", name,
+                            "tls.crt"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                           check=False)
+        assert (r.returncode == 0) == ok, (name, r.stdout + r.stderr)
+
+    (sed,) = re.findall(r"^sed -i .*?\.yaml$", _sh_block(text, "kubectl kustomize"), re.S | re.M)
+    rel = SNAPSHOT_METADATA_DIR.relative_to(REPO) / "snapshotmetadataservice.yaml"
+    copy = tmp_path / "repo" / rel
+    copy.parent.mkdir(parents=True)
+    shutil.copy(REPO / rel, copy)
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", sed], cwd=tmp_path / "repo",
+                       env={"PATH": "/usr/bin:/bin", "CERTS": str(tmp_path)},
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+    (sms,) = [d for d in yaml.safe_load_all(copy.read_text()) if d]
+    assert base64.b64decode(sms["spec"]["caCert"], validate=True) == (
+        (tmp_path / "ca.crt").read_bytes())

@@ -101,6 +101,7 @@ WEIGHTS = {
     "tests/integration/test_crash.py": 4,
     "tests/integration/test_device_classes.py": 3,
     "tests/integration/test_dhv_classes.py": 3,
+    "tests/integration/test_changed_blocks.py": 3,
 }
 
 

@@ -2,13 +2,28 @@
 
 Volumes are sparse files under --workdir. Mount access: mkfs on the file, ``mount -o loop``
 at NodeStage, bind mount at NodePublish. Block access: a loop device (losetup) at NodeStage,
-bind-mounted onto a file at NodePublish. Snapshots are file copies.
+bind-mounted onto a file at NodePublish. Snapshots are sparse file copies (``cp
+--sparse=always``, so blocks of zeros and discarded blocks become holes).
+
+Group snapshots copy every member in turn; the fake does not hold writes back meanwhile, so
+its groups are not write-order consistent (the suite cannot observe that from outside).
+
+Snapshot metadata is computed from the snapshot files in 64 KiB blocks: a block is allocated
+when it holds data (SEEK_DATA), and changed between two snapshots when its contents differ
+(a block that is a hole in one and data in the other differs too). GetMetadataAllocated
+answers in FIXED_LENGTH blocks and GetMetadataDelta in VARIABLE_LENGTH runs of blocks, so
+that the suite sees both styles.
 
 ``--break NAME`` introduces exactly one defect:
-  required-field  CreateVolume does not check volume_capabilities
-  retry-id        a retried CreateVolume creates a new volume with a different ID
-  leak-mount      NodeUnstageVolume reports success but leaves the staging mount behind
-  wrong-restore   CreateVolume from a snapshot copies the source volume's current data
+  required-field        CreateVolume does not check volume_capabilities
+  retry-id              a retried CreateVolume creates a new volume with a different ID
+  leak-mount            NodeUnstageVolume reports success but leaves the staging mount behind
+  wrong-restore         CreateVolume from a snapshot copies the source volume's current data
+  cbt-ignores-offset    GetMetadataAllocated/Delta ignore starting_offset
+  cbt-misses-range      GetMetadataAllocated/Delta leave out the last range
+  cbt-max-results       GetMetadataAllocated/Delta ignore max_results
+  cbt-delta-allocated   GetMetadataDelta returns the target's allocated blocks, not changes
+  group-not-idempotent  a repeated CreateVolumeGroupSnapshot makes a new group
 
 Run: fakeplugin.py --endpoint unix:///tmp/x.sock --workdir DIR [--break NAME]
 """
@@ -17,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -35,8 +51,11 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from csi_local._gen import csi_pb2, csi_pb2_grpc
 
-BREAKS = ("required-field", "retry-id", "leak-mount", "wrong-restore")
+BREAKS = ("required-field", "retry-id", "leak-mount", "wrong-restore", "cbt-ignores-offset",
+          "cbt-misses-range", "cbt-max-results", "cbt-delta-allocated", "group-not-idempotent")
 DEFAULT_SIZE = 64 << 20
+CBT_BLOCK = 64 << 10
+CBT_RESULTS = 16  # tuples per message when max_results is 0: streams of several messages
 MODES = {"SINGLE_NODE_WRITER", "SINGLE_NODE_READER_ONLY", "SINGLE_NODE_SINGLE_WRITER",
          "SINGLE_NODE_MULTI_WRITER"}
 Code = grpc.StatusCode
@@ -96,6 +115,16 @@ class Snapshot:
     size: int
     created: float
     formatted: bool
+    group: str = ""
+
+
+@dataclass
+class Group:
+    id: str
+    name: str
+    sources: list[str]
+    members: list[str]
+    created: float
 
 
 @dataclass
@@ -123,6 +152,8 @@ class State:
     names: dict[str, str] = field(default_factory=dict)
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     snap_names: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, Group] = field(default_factory=dict)
+    group_names: dict[str, str] = field(default_factory=dict)
     staged: dict[str, Stage] = field(default_factory=dict)  # by staging path
     published: dict[str, Publication] = field(default_factory=dict)  # by target path
 
@@ -181,6 +212,8 @@ class Identity(csi_pb2_grpc.IdentityServicer):
         pc = csi_pb2.PluginCapability
         return csi_pb2.GetPluginCapabilitiesResponse(capabilities=[
             pc(service=pc.Service(type=pc.Service.CONTROLLER_SERVICE)),
+            pc(service=pc.Service(type=pc.Service.GROUP_CONTROLLER_SERVICE)),
+            pc(service=pc.Service(type=pc.Service.SNAPSHOT_METADATA_SERVICE)),
             pc(volume_expansion=pc.VolumeExpansion(type=pc.VolumeExpansion.ONLINE)),
             pc(volume_expansion=pc.VolumeExpansion(type=pc.VolumeExpansion.OFFLINE)),
         ])
@@ -324,7 +357,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
     def _snap_msg(self, sn: Snapshot) -> csi_pb2.Snapshot:
         msg = csi_pb2.Snapshot(snapshot_id=sn.id, source_volume_id=sn.source,
-                               size_bytes=sn.size, ready_to_use=True)
+                               size_bytes=sn.size, ready_to_use=True, group_snapshot_id=sn.group)
         msg.creation_time.FromNanoseconds(int(sn.created * 1e9))
         return msg
 
@@ -339,22 +372,33 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                 raise Abort(Code.ALREADY_EXISTS, f"snapshot {request.name} has another source")
             return csi_pb2.CreateSnapshotResponse(snapshot=self._snap_msg(sn))
         v = self._vol(request.source_volume_id)
+        sn = self.take_snapshot(v, request.name)
+        return csi_pb2.CreateSnapshotResponse(snapshot=self._snap_msg(sn))
+
+    def take_snapshot(self, v: Volume, name: str, group: str = "") -> Snapshot:
         sid = "snap-" + uuid.uuid4().hex[:16]
         path = self.s.workdir / "snapshots" / sid
         os.sync()
         run("cp", "--sparse=always", str(v.path), str(path))
-        sn = Snapshot(sid, request.name, v.id, path, v.size, time.time(), v.formatted)
+        sn = Snapshot(sid, name, v.id, path, v.size, time.time(), v.formatted, group)
         self.s.snapshots[sid] = sn
-        self.s.snap_names[request.name] = sid
-        return csi_pb2.CreateSnapshotResponse(snapshot=self._snap_msg(sn))
+        self.s.snap_names[name] = sid
+        return sn
+
+    def drop_snapshot(self, sn: Snapshot) -> None:
+        self.s.snapshots.pop(sn.id, None)
+        self.s.snap_names.pop(sn.name, None)
+        sn.path.unlink(missing_ok=True)
 
     @guarded
     def DeleteSnapshot(self, request: Any, context: Any) -> Any:
         need(request.snapshot_id, "snapshot_id")
-        sn = self.s.snapshots.pop(request.snapshot_id, None)
+        sn = self.s.snapshots.get(request.snapshot_id)
         if sn is not None:
-            self.s.snap_names.pop(sn.name, None)
-            sn.path.unlink(missing_ok=True)
+            if sn.group:
+                raise Abort(Code.INVALID_ARGUMENT,
+                            f"snapshot {sn.id} is part of group snapshot {sn.group}")
+            self.drop_snapshot(sn)
         return csi_pb2.DeleteSnapshotResponse()
 
     @guarded
@@ -546,6 +590,182 @@ class Node(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=v.size)
 
 
+class GroupController(csi_pb2_grpc.GroupControllerServicer):
+    def __init__(self, s: State, ctrl: Controller) -> None:
+        self.s = s
+        self.ctrl = ctrl
+
+    def GroupControllerGetCapabilities(self, request: Any, context: Any) -> Any:
+        t = csi_pb2.GroupControllerServiceCapability
+        return csi_pb2.GroupControllerGetCapabilitiesResponse(capabilities=[
+            t(rpc=t.RPC(type=t.RPC.CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT))])
+
+    def _msg(self, g: Group) -> csi_pb2.VolumeGroupSnapshot:
+        msg = csi_pb2.VolumeGroupSnapshot(
+            group_snapshot_id=g.id, ready_to_use=True,
+            snapshots=[self.ctrl._snap_msg(self.s.snapshots[i]) for i in g.members])
+        msg.creation_time.FromNanoseconds(int(g.created * 1e9))
+        return msg
+
+    def _group(self, gid: str, snapshot_ids: list[str]) -> Group | None:
+        g = self.s.groups.get(gid)
+        if g is not None and sorted(snapshot_ids) != sorted(g.members):
+            raise Abort(Code.INVALID_ARGUMENT,
+                        f"snapshot_ids {list(snapshot_ids)} are not the members of {gid}")
+        return g
+
+    @guarded
+    def CreateVolumeGroupSnapshot(self, request: Any, context: Any) -> Any:
+        need(request.name, "name")
+        need(len(request.source_volume_ids), "source_volume_ids")
+        sources = list(request.source_volume_ids)
+        existing = self.s.group_names.get(request.name)
+        if existing is not None and self.s.broken != "group-not-idempotent":
+            g = self.s.groups[existing]
+            if sorted(g.sources) != sorted(sources):
+                raise Abort(Code.ALREADY_EXISTS, f"group {request.name} has other volumes")
+            return csi_pb2.CreateVolumeGroupSnapshotResponse(group_snapshot=self._msg(g))
+        if len(set(sources)) != len(sources):
+            raise Abort(Code.INVALID_ARGUMENT, "a volume is listed twice")
+        vols = [self.ctrl._vol(v) for v in sources]  # all checked before any snapshot is cut
+        gid = "group-" + uuid.uuid4().hex[:16]
+        members = [self.ctrl.take_snapshot(v, f"{gid}/{v.id}", gid).id for v in vols]
+        g = Group(gid, request.name, sources, members, time.time())
+        self.s.groups[gid] = g
+        self.s.group_names[request.name] = gid
+        return csi_pb2.CreateVolumeGroupSnapshotResponse(group_snapshot=self._msg(g))
+
+    @guarded
+    def DeleteVolumeGroupSnapshot(self, request: Any, context: Any) -> Any:
+        need(request.group_snapshot_id, "group_snapshot_id")
+        g = self._group(request.group_snapshot_id, list(request.snapshot_ids))
+        if g is not None:
+            for sid in g.members:
+                self.ctrl.drop_snapshot(self.s.snapshots[sid])
+            del self.s.groups[g.id]
+            if self.s.group_names.get(g.name) == g.id:
+                del self.s.group_names[g.name]
+        return csi_pb2.DeleteVolumeGroupSnapshotResponse()
+
+    @guarded
+    def GetVolumeGroupSnapshot(self, request: Any, context: Any) -> Any:
+        need(request.group_snapshot_id, "group_snapshot_id")
+        g = self._group(request.group_snapshot_id, list(request.snapshot_ids))
+        if g is None:
+            raise Abort(Code.NOT_FOUND, f"group snapshot {request.group_snapshot_id} not found")
+        return csi_pb2.GetVolumeGroupSnapshotResponse(group_snapshot=self._msg(g))
+
+
+def data_extents(path: Path, size: int) -> list[tuple[int, int]]:
+    """The file's data (not hole) ranges, from SEEK_DATA/SEEK_HOLE."""
+    out: list[tuple[int, int]] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as err:
+                if err.errno == errno.ENXIO:  # no data after pos
+                    break
+                raise
+            pos = os.lseek(fd, start, os.SEEK_HOLE)
+            out.append((start, min(pos, size)))
+    finally:
+        os.close(fd)
+    return [e for e in out if e[0] < e[1]]
+
+
+def blocks_of(extents: list[tuple[int, int]]) -> set[int]:
+    return {b for s, e in extents for b in range(s // CBT_BLOCK, (e - 1) // CBT_BLOCK + 1)}
+
+
+def changed_blocks(base: Snapshot, target: Snapshot) -> list[int]:
+    candidates = blocks_of(data_extents(base.path, base.size)) | blocks_of(
+        data_extents(target.path, target.size))
+    changed = []
+    with open(base.path, "rb") as a, open(target.path, "rb") as b:
+        for blk in sorted(candidates):
+            off = blk * CBT_BLOCK
+            if os.pread(a.fileno(), CBT_BLOCK, off) != os.pread(b.fileno(), CBT_BLOCK, off):
+                changed.append(blk)
+    return changed
+
+
+def runs(blocks: list[int], size: int) -> list[tuple[int, int]]:
+    """Contiguous blocks merged into (offset, length) ranges, cut at the volume's end."""
+    out: list[list[int]] = []
+    for blk in sorted(blocks):
+        if out and out[-1][1] == blk:
+            out[-1][1] = blk + 1
+        else:
+            out.append([blk, blk + 1])
+    return [(s * CBT_BLOCK, min(e * CBT_BLOCK, size) - s * CBT_BLOCK) for s, e in out]
+
+
+class SnapshotMetadata(csi_pb2_grpc.SnapshotMetadataServicer):
+    def __init__(self, s: State) -> None:
+        self.s = s
+
+    def _snap(self, sid: str) -> Snapshot:
+        sn = self.s.snapshots.get(sid)
+        if sn is None:
+            raise Abort(Code.NOT_FOUND, f"snapshot {sid} not found")
+        return sn
+
+    def _stream(self, response: Any, kind: int, size: int, ranges: list[tuple[int, int]],
+                start: int, max_results: int) -> list[Any]:
+        if max_results < 0:
+            raise Abort(Code.INVALID_ARGUMENT, "max_results must not be negative")
+        if start < 0 or start > size:
+            raise Abort(Code.OUT_OF_RANGE, f"starting_offset {start} outside [0, {size}]")
+        if self.s.broken == "cbt-misses-range":
+            ranges = ranges[:-1]
+        if self.s.broken != "cbt-ignores-offset":
+            ranges = [r for r in ranges if r[0] + r[1] > start]
+        per = max_results or CBT_RESULTS
+        if self.s.broken == "cbt-max-results":
+            per = CBT_RESULTS
+        BM = csi_pb2.BlockMetadata
+        return [response(block_metadata_type=kind, volume_capacity_bytes=size,
+                         block_metadata=[BM(byte_offset=o, size_bytes=n)
+                                         for o, n in ranges[i:i + per]])
+                for i in range(0, len(ranges), per)]
+
+    def _allocated(self, sn: Snapshot) -> tuple[int, list[tuple[int, int]]]:
+        blocks = sorted(blocks_of(data_extents(sn.path, sn.size)))
+        if sn.size % CBT_BLOCK == 0:
+            return csi_pb2.FIXED_LENGTH, [(b * CBT_BLOCK, CBT_BLOCK) for b in blocks]
+        return csi_pb2.VARIABLE_LENGTH, runs(blocks, sn.size)
+
+    @guarded
+    def GetMetadataAllocated(self, request: Any, context: Any) -> Any:
+        need(request.snapshot_id, "snapshot_id")
+        sn = self._snap(request.snapshot_id)
+        kind, ranges = self._allocated(sn)
+        return iter(self._stream(csi_pb2.GetMetadataAllocatedResponse, kind, sn.size, ranges,
+                                 request.starting_offset, request.max_results))
+
+    @guarded
+    def GetMetadataDelta(self, request: Any, context: Any) -> Any:
+        need(request.base_snapshot_id, "base_snapshot_id")
+        need(request.target_snapshot_id, "target_snapshot_id")
+        base = self._snap(request.base_snapshot_id)
+        target = self._snap(request.target_snapshot_id)
+        if base.source != target.source:
+            raise Abort(Code.INVALID_ARGUMENT, "the snapshots are of different volumes")
+        if target.created < base.created:
+            raise Abort(Code.INVALID_ARGUMENT, "the target snapshot is older than the base")
+        if self.s.broken == "cbt-delta-allocated":
+            ranges = runs(sorted(blocks_of(data_extents(target.path, target.size))),
+                          target.size)
+        else:
+            ranges = runs(changed_blocks(base, target), target.size)
+        return iter(self._stream(csi_pb2.GetMetadataDeltaResponse, csi_pb2.VARIABLE_LENGTH,
+                                 target.size, ranges, request.starting_offset,
+                                 request.max_results))
+
+
 def cleanup(s: State) -> None:
     """Undo every publication and stage this process made (on shutdown)."""
     for target, pub in list(s.published.items()):
@@ -574,7 +794,10 @@ def main() -> int:
     state = State(workdir, ns.broken)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(state), server)
-    csi_pb2_grpc.add_ControllerServicer_to_server(Controller(state), server)
+    controller = Controller(state)
+    csi_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(GroupController(state, controller), server)
+    csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(SnapshotMetadata(state), server)
     csi_pb2_grpc.add_NodeServicer_to_server(Node(state), server)
     sock = ns.endpoint.removeprefix("unix://")
     with contextlib.suppress(FileNotFoundError):

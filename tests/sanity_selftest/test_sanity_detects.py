@@ -167,6 +167,12 @@ BREAKS = {
     "retry-id": ("test_create_volume_repeated", "test_create_volume_repeated"),
     "leak-mount": ("test_unstage_leaves_no_mount", "test_unstage_leaves_no_mount"),
     "wrong-restore": ("test_restore_snapshot_data", "test_restore_snapshot_data"),
+    "cbt-ignores-offset": ("test_metadata_resume", "test_metadata_resume"),
+    "cbt-misses-range": ("test_allocated_exact", "test_allocated_exact"),
+    "cbt-max-results": ("test_metadata_max_results_one", "test_metadata_max_results_one"),
+    "cbt-delta-allocated": ("test_delta_exact", "test_delta_exact"),
+    "group-not-idempotent": ("test_create_group_snapshot_repeated",
+                             "test_create_group_snapshot_repeated"),
 }
 
 

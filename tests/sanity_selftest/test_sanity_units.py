@@ -58,7 +58,8 @@ def test_volume_capability_access_types() -> None:
 def test_pytest_args_isolate_the_suite() -> None:
     ns, extra = build_parser().parse_known_args([
         "--endpoint", "unix:///x.sock", "--controller-endpoint", "unix:///c.sock",
-        "--junit-xml", "out.xml", "--idempotency-repeats", "5", "-k", "identity"])
+        "--junit-xml", "out.xml", "--idempotency-repeats", "5", "--cbt-granularity", "4M",
+        "-k", "identity"])
     args = pytest_args(ns, extra)
     assert args[args.index("-c") + 1] == "/dev/null"
     assert args[args.index("--confcutdir") + 1].endswith("sanity")
@@ -66,6 +67,7 @@ def test_pytest_args_isolate_the_suite() -> None:
     assert args[args.index("--controller-endpoint") + 1] == "unix:///c.sock"
     assert args[args.index("--junit-xml") + 1] == "out.xml"
     assert args[args.index("--idempotency-repeats") + 1] == "5"
+    assert args[args.index("--cbt-granularity") + 1] == "4M"
     assert args[-2:] == ["-k", "identity"]
 
 
@@ -92,3 +94,41 @@ def test_cli_unreachable_endpoint_fails(tmp_path: Path) -> None:
 def test_cli_rejects_bad_sizes() -> None:
     proc = _sanity("--endpoint", "unix:///x.sock", "--volume-size", "lots")
     assert proc.returncode == 2 and "invalid size" in proc.stderr
+
+
+def test_extents_set_operations() -> None:
+    from sanity import extents as x
+    assert x.normalize([(5, 9), (0, 2), (2, 3), (8, 12), (20, 20)]) == [(0, 3), (5, 12)]
+    assert x.subtract([(0, 10), (20, 30)], [(2, 4), (8, 22)]) == [(0, 2), (4, 8), (22, 30)]
+    assert x.subtract([(0, 10)], []) == [(0, 10)]
+    assert x.intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+    assert x.dilate([(10, 20), (100, 101)], 15, 0, 110) == [(0, 35), (85, 110)]
+    assert x.total([(0, 10), (5, 15)]) == 15
+    assert x.describe([]) == "nothing"
+
+
+@pytest.mark.parametrize("g", [4096, 64 << 10, 1 << 20])
+def test_snapshot_metadata_layout_keeps_unchanged_data_far_from_changes(g: int) -> None:
+    from sanity import extents as x
+    from sanity.tests.test_snapshot_metadata import MIN_GRANULES, layout
+    capacity = MIN_GRANULES * g
+    pattern1, pattern2, discard = layout(capacity, g)
+    everything = [*pattern1, *pattern2, discard]
+    assert all(0 <= s < e <= capacity for s, e in everything)
+    assert discard[0] % g == 0 and discard[1] % g == 0
+    assert max(e for _, e in pattern1) == capacity  # one region reaches the last byte
+    assert any(s % 2 for s, _ in pattern1) and any(s % 2 for s, _ in pattern2)
+    # Pattern 1 data left alone, far from every change, is what a delta must not report.
+    near_changes = x.dilate([*pattern2, discard], g, 0, capacity)
+    untouched = x.subtract(pattern1, near_changes)
+    assert x.total(untouched) > 3000 + 777  # the first and third regions at least
+    assert x.subtract(pattern2, pattern1) != []  # pattern 2 also writes new regions
+
+
+def test_cbt_granularity_option() -> None:
+    from sanity.plugin import cbt_granularity
+    assert cbt_granularity("1M") == 1 << 20
+    assert cbt_granularity("64K") == 64 << 10
+    for bad in ("0", "1000", "lots"):
+        with pytest.raises(pytest.UsageError):
+            cbt_granularity(bad)

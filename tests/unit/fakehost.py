@@ -111,6 +111,13 @@ class FakeLv:
     vg: str = ""  # set when the LV is added to a VG
     readahead: str = "auto"  # lvcreate --readahead
     autoactivation: bool = True  # lvcreate --setautoactivation
+    thin_id: int = -1  # a thin volume's device ID in its pool
+    # A thin volume's mappings: its chunk -> the pool's data chunk. A write maps
+    # new data chunks (copy on write, as dm-thin does for shared chunks), a
+    # snapshot shares its origin's, a discard unmaps.
+    chunks: dict[int, int] = field(default_factory=dict)
+    chunk_size: int = 64 * 1024  # a pool's chunk size
+    held: bool = False  # a pool's metadata snapshot is reserved (dmsetup status)
 
 
 @dataclass
@@ -231,7 +238,10 @@ class FakeHost(Host):
             "mkfs.btrfs": self._mkfs, "resize2fs": self._grow, "xfs_growfs": self._grow,
             "btrfs": self._grow, "btrfstune": self._btrfstune, "sync": self._sync,
             "mount": self._mount, "umount": self._umount, "losetup": self._losetup,
+            "dmsetup": self._dmsetup, "thin_dump": self._thin_dump,
+            "thin_delta": self._thin_delta,
         }
+        self._next_data_chunk = 0
         self.add_vg(vg, pool=pool if with_pool else None, pool_size=pool_size, extent=extent,
                     vg_size=vg_size, present=with_vg)
 
@@ -333,6 +343,27 @@ class FakeHost(Host):
         lv.content = Content(fs, uuid or (self._uuid() if fs else ""),
                              lv.size if fs_size is None else fs_size, ambivalent, unreadable)
         return lv.content
+
+    def write(self, name: str, offset: int, length: int, *, vg: str | None = None) -> None:
+        """Bytes written to thin volume `name`: every chunk they touch maps a new
+        data chunk (dm-thin copies shared chunks on write, and provisions
+        unmapped ones)."""
+        lv = self.lv(name, vg)
+        assert lv.kind == "thin" and 0 <= offset and offset + length <= lv.size, (name, offset)
+        size = self._pool_of(lv).chunk_size
+        for chunk in range(offset // size, (offset + length - 1) // size + 1):
+            lv.chunks[chunk] = self._next_data_chunk
+            self._next_data_chunk += 1
+
+    def discard(self, name: str, offset: int, length: int, *, vg: str | None = None) -> None:
+        """A discard of thin volume `name`: the whole chunks inside it are unmapped."""
+        lv = self.lv(name, vg)
+        size = self._pool_of(lv).chunk_size
+        for chunk in range(-(-offset // size), (offset + length) // size):
+            lv.chunks.pop(chunk, None)
+
+    def _pool_of(self, lv: FakeLv) -> FakeLv:
+        return self.vgs[lv.vg].lvs[lv.pool]
 
     def set_busy(self, name: str, busy: bool = True, *, vg: str | None = None) -> None:
         self.lv(name, vg).busy = busy
@@ -488,6 +519,9 @@ class FakeHost(Host):
         lv.created = self.clock
         self.clock += 1
         lv.vg = fvg.name
+        if lv.kind == "thin" and lv.thin_id < 0:  # LVM numbers thin devices per pool
+            lv.thin_id = 1 + max((x.thin_id for x in fvg.lvs.values() if x.pool == lv.pool),
+                                 default=0)
         fvg.lvs[lv.name] = lv
         if lv.active:
             self._activate(lv)
@@ -525,6 +559,7 @@ class FakeHost(Host):
             "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
             "vg_extent_size": lambda: str(self.vgs[lv.vg].extent),
             "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
+            "thin_id": lambda: str(lv.thin_id) if thin else "",
         }
         if name not in values:
             raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
@@ -662,6 +697,7 @@ class FakeHost(Host):
                 raise _Fail(5, f"  Logical volume {target} is not a thin pool.\n")
             size = _round_up(_size(opts["--virtualsize"][-1], argv), fvg.extent)
             origin, content, default_skip = "", Content(), "n"
+            src = None
         elif "--snapshot" in opts:
             fvg, _, src = self._target(target)
             assert src is not None and src.kind == "thin", f"FakeHost: thin snapshots only {argv}"
@@ -674,7 +710,8 @@ class FakeHost(Host):
         active = opts.get("--activate", ["y"])[-1] == "y" and not skip
         lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
                     pool_name, origin, content=content, readahead=readahead,
-                    autoactivation=autoactivation == "y")
+                    autoactivation=autoactivation == "y",
+                    chunks=dict(src.chunks) if origin and src is not None else {})
         self._new_lv(fvg, lv)
         return f'  Logical volume "{lv.name}" created.\n'
 
@@ -976,6 +1013,123 @@ class FakeHost(Host):
             raise _Fail(32, f"umount: {target}: target is busy.\n")
         del self._table[i]
         return ""
+
+    # device-mapper and thin-provisioning-tools (the thin pool's metadata) ----------
+
+    def _pool_by_dm_name(self, name: str) -> FakeLv | None:
+        """The active thin pool whose thin-pool target is dm device `name`:
+        "<vg>-<pool>-tpool" while a thin volume of it is active, else
+        "<vg>-<pool>", as LVM stacks it."""
+        for (vg, lv_name), lv in self.all_lvs().items():
+            if lv.kind != "pool" or not lv.active or not self.vgs[vg].present:
+                continue
+            base = f"{vg.replace('-', '--')}-{lv_name.replace('-', '--')}"
+            stacked = any(x.active and x.pool == lv_name for x in self.vgs[vg].lvs.values())
+            if name == (f"{base}-tpool" if stacked else base):
+                return lv
+        return None
+
+    def _pool_by_tmeta(self, path: str) -> FakeLv:
+        for (vg, lv_name), lv in self.all_lvs().items():
+            base = f"{vg.replace('-', '--')}-{lv_name.replace('-', '--')}"
+            if lv.kind == "pool" and lv.active and path == f"/dev/mapper/{base}_tmeta":
+                return lv
+        raise _Fail(1, f"{path}: No such file or directory\n")
+
+    def _dmsetup(self, argv: Sequence[str]) -> str:
+        if len(argv) < 3 or argv[1] not in ("status", "message"):
+            raise AssertionError(f"FakeHost does not simulate {argv!r}")
+        pool = self._pool_by_dm_name(argv[2])
+        if pool is None:
+            raise _Fail(1, "Device does not exist.\nCommand failed.\n")
+        if argv[1] == "status":
+            sectors = pool.size // 512
+            held = "42" if pool.held else "-"
+            return (f"0 {sectors} thin-pool 7 113/1024 0/{pool.size // pool.chunk_size} {held} "
+                    "rw discard_passdown queue_if_no_space - 256 \n")
+        if tuple(argv[3:]) == ("0", "reserve_metadata_snap"):
+            if pool.held:
+                raise _Fail(1, f"device-mapper: message ioctl on {argv[2]}  failed: Device or "
+                               "resource busy\nCommand failed.\n")
+            pool.held = True
+            return ""
+        if tuple(argv[3:]) == ("0", "release_metadata_snap"):
+            if not pool.held:
+                raise _Fail(1, f"device-mapper: message ioctl on {argv[2]}  failed: Invalid "
+                               "argument\nCommand failed.\n")
+            pool.held = False
+            return ""
+        raise AssertionError(f"FakeHost does not simulate {argv!r}")
+
+    def _thin_device(self, pool: FakeLv, dev_id: str) -> FakeLv | None:
+        return next((x for x in self.vgs[pool.vg].lvs.values()
+                     if x.pool == pool.name and str(x.thin_id) == dev_id), None)
+
+    @staticmethod
+    def _superblock(pool: FakeLv, body: str) -> str:
+        return (f'<superblock uuid="" time="1" transaction="7" flags="0" version="2" '
+                f'data_block_size="{pool.chunk_size // 512}" nr_data_blocks="0">\n{body}'
+                "</superblock>\n")
+
+    def _thin_dump(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--dev-id"}, {"--metadata-snap"})
+        pool = self._pool_by_tmeta(_one(pos, argv)[0])
+        assert "--metadata-snap" in opts, f"FakeHost: a live pool's metadata read live {argv!r}"
+        if not pool.held:
+            raise _Fail(1, "no current metadata snap\n")
+        (dev_id,) = opts["--dev-id"]
+        lv = self._thin_device(pool, dev_id)
+        if lv is None:
+            return self._superblock(pool, "")
+        lines = [f'  <device dev_id="{dev_id}" mapped_blocks="{len(lv.chunks)}" '
+                 'transaction="1" creation_time="1" snap_time="1">\n']
+        # thin_dump joins runs contiguous in both the device and the data.
+        items = sorted(lv.chunks.items())
+        i = 0
+        while i < len(items):
+            j = i
+            while (j + 1 < len(items) and items[j + 1][0] == items[j][0] + 1
+                   and items[j + 1][1] == items[j][1] + 1):
+                j += 1
+            if j == i:
+                lines.append(f'    <single_mapping origin_block="{items[i][0]}" '
+                             f'data_block="{items[i][1]}" time="0"/>\n')
+            else:
+                lines.append(f'    <range_mapping origin_begin="{items[i][0]}" '
+                             f'data_begin="{items[i][1]}" length="{j - i + 1}" time="0"/>\n')
+            i = j + 1
+        lines.append("  </device>\n")
+        return self._superblock(pool, "".join(lines))
+
+    def _thin_delta(self, argv: Sequence[str]) -> str:
+        opts, pos = _options(argv, {"--snap1", "--snap2"}, {"--metadata-snap"})
+        pool = self._pool_by_tmeta(_one(pos, argv)[0])
+        assert "--metadata-snap" in opts, f"FakeHost: a live pool's metadata read live {argv!r}"
+        if not pool.held:
+            raise _Fail(1, "no current metadata snap\n")
+        (a_id,), (b_id,) = opts["--snap1"], opts["--snap2"]
+        a, b = self._thin_device(pool, a_id), self._thin_device(pool, b_id)
+        if a is None or b is None:
+            raise _Fail(1, f"Unable to find mapping tree for snap{1 if a is None else 2} "
+                           f"({a_id if a is None else b_id})\n")
+
+        def kind(chunk: int) -> str:
+            left, right = a.chunks.get(chunk), b.chunks.get(chunk)
+            if left is None:
+                return "right_only"
+            if right is None:
+                return "left_only"
+            return "same" if left == right else "different"
+
+        runs: list[list[object]] = []
+        for chunk in sorted(set(a.chunks) | set(b.chunks)):
+            k = kind(chunk)
+            if runs and runs[-1][0] == k and runs[-1][1] + runs[-1][2] == chunk:  # type: ignore[operator]
+                runs[-1][2] += 1  # type: ignore[operator]
+            else:
+                runs.append([k, chunk, 1])
+        body = "".join(f'    <{k} begin="{begin}" length="{n}"/>\n' for k, begin, n in runs)
+        return self._superblock(pool, f'  <diff left="{a_id}" right="{b_id}">\n{body}  </diff>\n')
 
     def _losetup(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"--detach", "--associated"},

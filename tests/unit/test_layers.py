@@ -13,7 +13,8 @@ import pytest
 from csi_local import errors, rpc
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "csi_local"
-SERVICERS = {"csi_local.controller", "csi_local.node", "csi_local.identity"}
+SERVICERS = {"csi_local.controller", "csi_local.node", "csi_local.identity",
+             "csi_local.snapshot_metadata"}
 # The RPC edge: may use grpc, protobuf, the generated stubs and rpc's coded errors.
 EDGE = SERVICERS | {"csi_local.server", "csi_local.plugin", "csi_local.validation",
                     "csi_local.pagination", "csi_local.rpc", "csi_local.cli"}
@@ -21,6 +22,7 @@ TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen", "csi_local.rpc",
              "csi_local.validation")
 LVM_COMMANDS = {"lvs", "vgs", "pvs", "lvcreate", "lvremove", "lvextend", "lvchange",
                 "vgcreate", "vgchange", "vgremove", "lvm", "lvmconfig"}
+THIN_TOOLS = {"dmsetup", "thin_dump", "thin_delta", "thin_ls", "thin_check"}
 
 
 def _modules() -> dict[str, Path]:
@@ -95,6 +97,17 @@ def test_only_lvm_py_names_an_lvm_command(name: str) -> None:
                 pytest.fail(f"{name}:{node.lineno} runs {first.value}")
 
 
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"csi_local.thinmeta"}))
+def test_only_thinmeta_py_reads_pool_metadata(name: str) -> None:
+    """dmsetup and thin-provisioning-tools have one home too: the metadata
+    snapshot they need must be reserved and released in one place."""
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.List) and node.elts:
+            first = node.elts[0]
+            if isinstance(first, ast.Constant) and first.value in THIN_TOOLS:
+                pytest.fail(f"{name}:{node.lineno} runs {first.value}")
+
+
 def test_storage_errors_carry_no_code() -> None:
     for cls in vars(errors).values():
         if isinstance(cls, type) and issubclass(cls, errors.StorageError):
@@ -116,6 +129,10 @@ def test_storage_errors_carry_no_code() -> None:
     ("CreateVolume", errors.CommandError(["lvcreate"], 3, "", "boom"), "INTERNAL"),
     ("CreateVolume", rpc.AlreadyExists("other"), "ALREADY_EXISTS"),
     ("CreateVolume", KeyError("x"), "INTERNAL"),
+    ("GetMetadataDelta", errors.SnapshotsNotComparable("two volumes"), "INVALID_ARGUMENT"),
+    ("GetMetadataDelta", errors.MappingToolsMissing("no thin_delta"), "FAILED_PRECONDITION"),
+    ("GetMetadataAllocated", errors.MetadataUnavailable("held"), "UNAVAILABLE"),
+    ("GetMetadataAllocated", errors.LvNotFound("gone"), "NOT_FOUND"),
 ])
 def test_codes_are_chosen_at_the_edge_per_rpc(method: str, error: Exception,
                                               code: str) -> None:
