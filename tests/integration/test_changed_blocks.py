@@ -11,6 +11,7 @@ import itertools
 import os
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +19,16 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, run
+from tests.integration.conftest import (
+    SCRATCH,
+    LoopVG,
+    PluginProcess,
+    block_cap,
+    expect_code,
+    make_vg,
+    run,
+    unmount_under,
+)
 from tests.integration.test_node import publish, stage, unpublish, unstage
 
 pytestmark = pytest.mark.integration
@@ -128,16 +138,30 @@ def held(vg: LoopVG) -> bool:
 
 
 @pytest.fixture
-def sparse_plugin(plugin_factory: Any) -> PluginProcess:
-    """A plugin that may over-provision: volumes of 2 GiB, barely written, on a
-    session pool of 3.2 GiB (its loop file lives in the VM's memory)."""
-    p: PluginProcess = plugin_factory("--overprovision-ratio", "20")
+def own_vg() -> Iterator[LoopVG]:
+    """A VG of these tests' own, destroyed after each: its loop file lives in the
+    VM's memory, and a thin pool gives freed chunks back to it only when
+    discarded, so data written here must not stay in the session VG's file."""
+    vg = make_vg(size=2 * GiB)
+    try:
+        yield vg
+    finally:
+        unmount_under(SCRATCH)
+        vg.destroy()
+
+
+@pytest.fixture
+def sparse_plugin(own_vg: LoopVG, plugin_factory: Any) -> PluginProcess:
+    """A plugin on its own VG that may over-provision: volumes of 2 GiB, barely
+    written, on a pool of 1.6 GiB. (own_vg first: set up before the factory,
+    so torn down after its plugins stopped.)"""
+    p: PluginProcess = plugin_factory("--overprovision-ratio", "20", target_vg=own_vg)
     return p
 
 
 def test_ranges_are_exactly_what_was_written_and_a_delta_backup_equals_the_target(
-        sparse_plugin: PluginProcess, vg: LoopVG) -> None:
-    plugin = sparse_plugin
+        sparse_plugin: PluginProcess, own_vg: LoopVG) -> None:
+    plugin, vg = sparse_plugin, own_vg
     size = chunk_size(vg)
     vid, staging, dev = block_volume(plugin, "cbt")
     for i, (off, n) in enumerate(PATTERN_1):
@@ -196,8 +220,8 @@ def test_ranges_are_exactly_what_was_written_and_a_delta_backup_equals_the_targe
 
 
 def test_delta_of_two_volumes_is_refused_and_a_held_metadata_snapshot_is_handled(
-        sparse_plugin: PluginProcess, vg: LoopVG) -> None:
-    plugin = sparse_plugin
+        sparse_plugin: PluginProcess, own_vg: LoopVG) -> None:
+    plugin, vg = sparse_plugin, own_vg
     vid, staging, dev = block_volume(plugin, "a")
     write(dev, 0, 1, 1)
     a1 = snapshot(plugin, "a1", vid)
@@ -222,14 +246,14 @@ def test_delta_of_two_volumes_is_refused_and_a_held_metadata_snapshot_is_handled
 
 @pytest.mark.report
 def test_delta_with_a_tenth_changed_against_reading_the_whole_volume(
-        sparse_plugin: PluginProcess, vg: LoopVG) -> None:
+        sparse_plugin: PluginProcess, own_vg: LoopVG) -> None:
     """Figures for the closing note: GetMetadataDelta of a fully written volume
     with 10 % changed, against reading the whole volume with dd (what a full
-    backup must read); the metadata snapshot's cost. 512 MiB by default: the
-    VM's pool lives in its memory (CSI_LOCAL_CBT_BENCH_MIB=1024 with
-    CSI_LOCAL_VM_MEMORY=4G for a GiB)."""
-    plugin = sparse_plugin
-    size = int(os.environ.get("CSI_LOCAL_CBT_BENCH_MIB", "512")) * MiB
+    backup must read); the metadata snapshot's cost. 256 MiB by default: the
+    VM's pool lives in its memory, beside the other tests' (CSI_LOCAL_CBT_BENCH_MIB=512
+    alone; 1024 with CSI_LOCAL_VM_MEMORY=4G)."""
+    plugin, vg = sparse_plugin, own_vg
+    size = int(os.environ.get("CSI_LOCAL_CBT_BENCH_MIB", "256")) * MiB
     vid = plugin.controller.CreateVolume(pb.CreateVolumeRequest(
         name="bench", capacity_range=pb.CapacityRange(required_bytes=size),
         volume_capabilities=[block_cap()])).volume.volume_id
