@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable, Mapping
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from csi_local import fsrules, validation
 from csi_local import volumes as vols
@@ -22,6 +21,7 @@ from csi_local.backend import Backend
 from csi_local.errors import VolumeGroupMissing
 from csi_local.locks import volume_key
 from csi_local.lvm import LogicalVolume, VgReport
+from csi_local.messages import snapshot_message
 from csi_local.pool import Pool
 from csi_local.rpc import (
     AlreadyExists,
@@ -69,15 +69,6 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             msg.content_source.volume.volume_id = src.id
         return msg
 
-    def _snapshot_message(self, lv: LogicalVolume) -> pb.Snapshot:
-        src = vols.source_of(lv)
-        return pb.Snapshot(
-            snapshot_id=lv.name,
-            source_volume_id=src.id if src else "",
-            size_bytes=lv.size,
-            creation_time=Timestamp(seconds=lv.created),
-            ready_to_use=True,
-        )
 
     def _requested_source(self, req: pb.CreateVolumeRequest) -> Source | None:
         if not req.HasField("volume_content_source"):
@@ -469,7 +460,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 if asked is not None:
                     self._elsewhere(self.pools.select(asked), existing,
                                     f"snapshot {snapshot_id}", asked)
-                return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(existing))
+                return pb.CreateSnapshotResponse(snapshot=snapshot_message(existing))
             source_lv = report.find(source_id)
             if (source_lv is None or not vols.is_csi_volume(source_lv)
                     or self.pools.of_lv(source_lv) is not pool):
@@ -485,7 +476,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     Source(SourceKind.VOLUME, source_id).tag()]
             self._flush_if_mounted(source_id)
             lv = pool.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
-        return pb.CreateSnapshotResponse(snapshot=self._snapshot_message(lv))
+        return pb.CreateSnapshotResponse(snapshot=snapshot_message(lv))
 
     def _flush_if_mounted(self, volume_id: str) -> None:
         """Commit a staged file system's dirty state before a thin snapshot of it
@@ -511,6 +502,12 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         with self.locks.hold(volume_key(snapshot_id)):
             found = self.pools.find(snapshot_id)
             if found is not None and vols.is_csi_snapshot(found[1]):
+                group = vols.group_of(found[1])
+                if group is not None:
+                    # The spec: a member "CAN NOT be deleted stand alone".
+                    raise InvalidArgument(
+                        f"snapshot {snapshot_id} is a member of group snapshot {group}: "
+                        "delete the group with DeleteVolumeGroupSnapshot")
                 found[0].lvm.remove(snapshot_id)
         return pb.DeleteSnapshotResponse()
 
@@ -527,7 +524,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             snaps, lambda lv: lv.name, request.max_entries, request.starting_token
         )
         return pb.ListSnapshotsResponse(
-            entries=[pb.ListSnapshotsResponse.Entry(snapshot=self._snapshot_message(lv))
+            entries=[pb.ListSnapshotsResponse.Entry(snapshot=snapshot_message(lv))
                      for lv in page],
             next_token=token,
         )
@@ -535,6 +532,6 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def GetSnapshot(self, request: pb.GetSnapshotRequest,
                     context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
         snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
-        return pb.GetSnapshotResponse(snapshot=self._snapshot_message(
+        return pb.GetSnapshotResponse(snapshot=snapshot_message(
             vols.get_snapshot(self.pools, snapshot_id)[1]))
 

@@ -121,3 +121,14 @@ class MetadataUnavailable(StorageError):
 class MappingToolsMissing(StorageError):
     """dmsetup or thin-provisioning-tools are not installed, so no block
     mappings can be read (no changed-block tracking)."""
+
+
+class CannotQuiesce(StorageError):
+    """Volumes cannot be snapshotted at one instant: a member cannot be held
+    still (a raw block device in use, a file system that will not freeze), or
+    this kernel does not let LVM snapshot a frozen file system."""
+
+
+class OriginFrozen(StorageError):
+    """LVM could not suspend a thin snapshot's origin because its file system
+    is frozen (a kernel that cannot nest LVM's freeze inside another)."""

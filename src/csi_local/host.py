@@ -10,6 +10,8 @@ proof stays the integration suite in the VM.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import time
 
@@ -17,11 +19,15 @@ from csi_local import mounts
 from csi_local.errors import DeviceMissing
 from csi_local.mounts import Mount
 
+# linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int).
+_FIFREEZE = 0xC0045877
+_FITHAW = 0xC0045878
+
 
 class Host:
     """The real kernel, read through /proc/self/mountinfo, /dev and /sys."""
 
-    # The primitives: a fake host overrides these six and nothing else.
+    # The primitives: a fake host overrides these eight and nothing else.
 
     def mounts(self) -> list[Mount]:
         """The mount table of this process's mount namespace, in mount order."""
@@ -42,6 +48,29 @@ class Host:
         """Bytes of the block device at `path`."""
         with open(path, "rb") as f:
             return f.seek(0, os.SEEK_END)
+
+    def freeze(self, mount_point: str) -> None:
+        """FIFREEZE the file system mounted at `mount_point`: its dirty data is
+        written and every new write waits until `thaw`. OSError as the kernel
+        says it (EBUSY: frozen already; EOPNOTSUPP: cannot freeze)."""
+        fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, _FIFREEZE, 0)
+        finally:
+            os.close(fd)
+
+    def thaw(self, mount_point: str) -> bool:
+        """FITHAW; False when the file system was not frozen (EINVAL)."""
+        fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, _FITHAW, 0)
+        except OSError as err:
+            if err.errno == errno.EINVAL:
+                return False
+            raise
+        finally:
+            os.close(fd)
+        return True
 
     def read_error(self, path: str, length: int = 1 << 20) -> str | None:
         """Why the first `length` bytes of `path` cannot be read, or None when

@@ -40,6 +40,8 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
             Cap(volume_expansion=Cap.VolumeExpansion(type=Cap.VolumeExpansion.ONLINE)),
             # Changed-block tracking from the thin pool's own mappings.
             Cap(service=Cap.Service(type=Cap.Service.SNAPSHOT_METADATA_SERVICE)),
+            # Snapshots of several volumes at one instant (csi_local.groups).
+            Cap(service=Cap.Service(type=Cap.Service.GROUP_CONTROLLER_SERVICE)),
         ]
         return pb.GetPluginCapabilitiesResponse(capabilities=caps)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from csi_local.errors import (
     CommandError,
     LvNotFound,
+    OriginFrozen,
     PoolUnusable,
     VolumeGroupMissing,
     VolumeInUse,
@@ -46,6 +47,9 @@ _VG_NOT_FOUND_RE = re.compile(r'Volume group "[^"]*" not found|Cannot process vo
 # lvremove of an LV that is open or mounted: "Logical volume vg/lv in use." or
 # "Logical volume vg/lv contains a filesystem in use." (exit 5).
 _IN_USE_RE = re.compile(r"in use|is open|still open", re.IGNORECASE)
+# lvcreate's words when device-mapper's lockfs suspend of a thin origin fails
+# because its file system is frozen already (EBUSY from freeze_bdev on 6.1).
+_ORIGIN_SUSPEND_RE = re.compile(r"Failed to suspend thin snapshot origin")
 _REPORT = ("--reportformat", "json", "--units", "b", "--nosuffix", "--config",
            "report/time_format=\"%s\"")
 
@@ -72,6 +76,11 @@ class LogicalVolume:
     @property
     def active(self) -> bool:
         return len(self.attr) > 4 and self.attr[4] == "a"
+
+    @property
+    def open(self) -> bool:
+        """Its device is open (mounted, or held by a process)."""
+        return len(self.attr) > 5 and self.attr[5] == "o"
 
     @property
     def is_thin_pool(self) -> bool:
@@ -378,7 +387,14 @@ class Lvm:
             argv += ["--setactivationskip", "y", "--activate", "n"]
         argv += _tag_args(tag_list)
         argv.append(f"{self.vg}/{check_name(source)}")
-        self.runner.run(argv)
+        try:
+            self.runner.run(argv)
+        except CommandError as err:
+            if _ORIGIN_SUSPEND_RE.search(err.stderr):
+                raise OriginFrozen(
+                    f"LVM could not suspend {self.vg}/{source} for its snapshot: {err.message}"
+                ) from err
+            raise
         if read_back or size <= 0:
             return self.get(name)
         return LogicalVolume(

@@ -1,6 +1,6 @@
 """Wires one CSI plugin process together: runner, LVM, pool, file systems, the
 host, locks, state, and the CSI services (Identity, Controller, Node and
-SnapshotMetadata)."""
+SnapshotMetadata and GroupController)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from csi_local.cbt import ChangedBlocks
 from csi_local.config import Config
 from csi_local.controller import ControllerServicer
 from csi_local.fs import Filesystems
+from csi_local.group_controller import GroupControllerServicer
+from csi_local.groups import GroupSnapshots
 from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
@@ -94,6 +96,11 @@ class CsiPlugin:
         # would stay held (and make every metadata change copy on write).
         changed.release_leftovers()
         self.snapshot_metadata = SnapshotMetadataServicer(changed)
+        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir)
+        # A take killed mid-way leaves file systems frozen (the kernel keeps
+        # them so when the freezer dies) and a group without all its members.
+        groups.recover()
+        self.group_controller = GroupControllerServicer(self.backend, groups)
 
     def start(self) -> None:
         for monitor in self.monitors:

@@ -91,6 +91,9 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.MetadataUnavailable: "UNAVAILABLE",
     # GetMetadataDelta's "changed block tracking is not enabled": back up in full.
     errors.MappingToolsMissing: "FAILED_PRECONDITION",
+    # CreateVolumeGroupSnapshot's "cannot snapshot multiple volumes together".
+    errors.CannotQuiesce: "FAILED_PRECONDITION",
+    errors.OriginFrozen: "FAILED_PRECONDITION",
 }
 
 # Where an RPC's error table says otherwise.

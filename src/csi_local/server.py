@@ -164,6 +164,7 @@ def build_server(plugin: CsiPlugin, socket_file: str, workers: int = 16) -> grpc
     csi_pb2_grpc.add_ControllerServicer_to_server(plugin.controller, server)
     csi_pb2_grpc.add_NodeServicer_to_server(plugin.node, server)
     csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(plugin.snapshot_metadata, server)
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(plugin.group_controller, server)
     if server.add_insecure_port(f"unix://{socket_file}") == 0:
         raise ServerError(f"cannot listen on {socket_file}")
     return server

@@ -23,7 +23,8 @@ from csi_local.pool import Pool, Pools
 
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
-_ID_RE = re.compile(r"^csi-[vs]-[0-9a-f]{32}$")
+GROUP_PREFIX = "csi-g-"  # a group snapshot: no LV of its own, a tag on each member
+_ID_RE = re.compile(r"^csi-[vsg]-[0-9a-f]{32}$")
 
 # The StorageClass / VolumeSnapshotClass parameter that names a device class.
 DEVICE_CLASS_PARAMETER = "deviceClass"
@@ -41,6 +42,10 @@ TAG_NEW_FSID = "csi-local.new-fsid"
 # The CO's names for the volume, hex-encoded, when it passes them (Kubernetes'
 # external-provisioner with --extra-create-metadata): shown by metrics and
 # `csi-local status`, so an operator sees which claim an LV belongs to.
+# A member snapshot of a group snapshot: the group's ID, and how many members
+# the group was made with (fewer found: a take that did not finish).
+TAG_GROUP = "csi-local.group"
+TAG_GROUP_SIZE = "csi-local.group-size"
 TAG_PVC_NAME = "csi-local.pvc-name"
 TAG_PVC_NAMESPACE = "csi-local.pvc-namespace"
 _CO_PARAMETERS = {"csi.storage.k8s.io/pvc/name": TAG_PVC_NAME,
@@ -57,6 +62,26 @@ def volume_id_for(name: str) -> str:
 
 def snapshot_id_for(name: str) -> str:
     return SNAPSHOT_PREFIX + _digest(name)
+
+
+def group_id_for(name: str) -> str:
+    return GROUP_PREFIX + _digest(name)
+
+
+def member_snapshot_id(group_id: str, source_id: str) -> str:
+    """The ID of a group's snapshot of one volume. NUL cannot be in a CO's
+    name, so no CreateSnapshot name gives the same ID."""
+    return SNAPSHOT_PREFIX + _digest(f"\0{group_id}\0{source_id}")
+
+
+def is_group_id(text: str) -> bool:
+    return bool(_ID_RE.match(text)) and text.startswith(GROUP_PREFIX)
+
+
+def group_of(lv: LogicalVolume) -> str | None:
+    """The group snapshot a snapshot belongs to, if any."""
+    gid = lv.tag_value(TAG_GROUP)
+    return gid if gid and is_group_id(gid) else None
 
 
 def is_volume_id(text: str) -> bool:

@@ -3,9 +3,10 @@ ordinary pytest results on the host.
 
 Where the host has no device-mapper (or no root), every test marked
 `integration` is replaced on the host by a stand-in item with the same node
-id. The first stand-in to run boots one VM (Debian's kernel under qemu via
-virtme-ng), which runs all selected integration tests with pytest and writes
-one JSON line per test phase to a shared directory. Each stand-in then
+id. The first stand-in to run boots the VMs (Debian's kernel under qemu via
+virtme-ng), which run all selected integration tests with pytest and write
+one JSON line per test phase to a shared directory: the stock kernel's VMs for
+most tests, a newer (backports) kernel's for the tests of NEWER_KERNEL_FILES. Each stand-in then
 reports its own test's outcome, traceback and captured output.
 
 Integration tests run directly on the host instead when it has
@@ -18,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -48,19 +50,82 @@ def host_can_run_integration() -> tuple[bool, str]:
     return True, "host has device-mapper and root, and CSI_LOCAL_TEST_ON_HOST=1"
 
 
+# The VM kernels. Debian's bookworm-backports kernels carry "+deb" in their
+# version (6.12.95+deb12-amd64), the stock bookworm ones do not (6.1.0-56-amd64).
+# The stock kernel, which boots every integration test but those of
+# NEWER_KERNEL_FILES, is $CSI_LOCAL_VM_KERNEL, else the newest installed kernel
+# without "+deb"; the newer kernel is $CSI_LOCAL_VM_NEWER_KERNEL, else the newest
+# installed one with "+deb". Installed means /boot/vmlinuz-VER with
+# /lib/modules/VER/modules.dep (scripts/install-vm-kernel [--backports]).
+KERNEL_ENV = "CSI_LOCAL_VM_KERNEL"
+NEWER_KERNEL_ENV = "CSI_LOCAL_VM_NEWER_KERNEL"
+BACKPORTS_MARK = "+deb"
+
+# Test files whose tests boot the newer kernel: LVM can snapshot a frozen file
+# system only there.
+NEWER_KERNEL_FILES = {"tests/integration/test_group_snapshots.py"}
+
+
+def _version_key(ver: str) -> list[tuple[int, int, str]]:
+    """Natural order: 6.1.0-56 after 6.1.0-9, 6.12 after 6.1."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.findall(r"\d+|\D+", ver)]
+
+
+def _usable(path: str) -> bool:
+    ver = os.path.basename(path).removeprefix("vmlinuz-")
+    return os.path.exists(path) and os.path.exists(f"/lib/modules/{ver}/modules.dep")
+
+
+def installed_kernels() -> list[str]:
+    """/boot/vmlinuz-VER paths that have their modules, newest first."""
+    paths = [p for p in glob.glob("/boot/vmlinuz-*") if _usable(p)]
+    return sorted(paths, key=lambda p: _version_key(os.path.basename(p)), reverse=True)
+
+
+def _from_env(env: str) -> str | None:
+    wanted = os.environ.get(env)
+    if not wanted:
+        return None
+    if not _usable(wanted):
+        ver = os.path.basename(wanted).removeprefix("vmlinuz-")
+        raise HarnessMissing(f"{env}={wanted}: no such kernel, or no /lib/modules/{ver}")
+    return wanted
+
+
 def find_kernel() -> str:
-    wanted = os.environ.get("CSI_LOCAL_VM_KERNEL")
-    candidates = [wanted] if wanted else sorted(glob.glob("/boot/vmlinuz-*"), reverse=True)
-    for path in candidates:
-        if not path:
-            continue
-        ver = os.path.basename(path).removeprefix("vmlinuz-")
-        if os.path.exists(path) and os.path.exists(f"/lib/modules/{ver}/modules.dep"):
+    """The stock kernel, for every integration test but NEWER_KERNEL_FILES'."""
+    wanted = _from_env(KERNEL_ENV)
+    if wanted:
+        return wanted
+    for path in installed_kernels():
+        if BACKPORTS_MARK not in os.path.basename(path):
             return path
     raise HarnessMissing(
-        "no kernel for the test VM: need /boot/vmlinuz-VER with /lib/modules/VER "
-        "(scripts/install-vm-kernel installs Debian's), or set CSI_LOCAL_VM_KERNEL"
+        "no stock kernel for the test VM: need /boot/vmlinuz-VER with /lib/modules/VER and "
+        f'no "{BACKPORTS_MARK}" in VER (scripts/install-vm-kernel installs Debian\'s), '
+        f"or set {KERNEL_ENV}"
     )
+
+
+def find_newer_kernel() -> str:
+    """The newer (backports) kernel, for the tests of NEWER_KERNEL_FILES."""
+    wanted = _from_env(NEWER_KERNEL_ENV)
+    if wanted:
+        return wanted
+    for path in installed_kernels():
+        if BACKPORTS_MARK in os.path.basename(path):
+            return path
+    raise HarnessMissing(
+        f"no newer kernel for the test VM, for the tests of "
+        f"{', '.join(sorted(NEWER_KERNEL_FILES))}: need /boot/vmlinuz-VER with "
+        f'/lib/modules/VER and "{BACKPORTS_MARK}" in '
+        "VER (scripts/install-vm-kernel --backports installs Debian's backports kernel), "
+        f"or set {NEWER_KERNEL_ENV}"
+    )
+
+
+def needs_newer_kernel(nodeid: str) -> bool:
+    return nodeid.split("::")[0] in NEWER_KERNEL_FILES
 
 
 class HarnessMissing(Exception):
@@ -102,6 +167,7 @@ WEIGHTS = {
     "tests/integration/test_device_classes.py": 3,
     "tests/integration/test_dhv_classes.py": 3,
     "tests/integration/test_changed_blocks.py": 3,
+    "tests/integration/test_group_snapshots.py": 3,
 }
 
 
@@ -124,9 +190,12 @@ class Guest:
     index: int
     nodeids: list[str]
     workdir: Path
+    kernel: str
     proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
 
-    def start(self, kernel: str, vng: str, verbose: bool, cpus: str) -> None:
+    def start(self, vng: str, verbose: bool, cpus: str) -> None:
+        self.started = time.monotonic()
         results = self.workdir / "results.jsonl"
         select = self.workdir / "select.txt"
         select.write_text("\n".join(self.nodeids) + "\n")
@@ -158,7 +227,7 @@ class Guest:
         )
         memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "2G")
         argv = [
-            vng, "-r", kernel, "--disable-kvm", "--user", "root", "--memory", memory,
+            vng, "-r", self.kernel, "--disable-kvm", "--user", "root", "--memory", memory,
             "--cpus", cpus, "--rwdir", str(self.workdir),
         ]
         if REPO.is_relative_to("/tmp"):
@@ -218,23 +287,45 @@ class VmRun:
     done: bool = False
     error: str | None = None
     reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Why a test has no report, where that is known for the test itself.
+    errors: dict[str, str] = field(default_factory=dict)
     console: str = ""
     total_seconds: float = 0.0
 
     def run(self, config: pytest.Config) -> None:
-        """Boot the VMs (one per shard, in parallel) once, for every selected test."""
+        """Boot the VMs once, for every selected test: the stock kernel's shards in
+        parallel, then the newer kernel's guest(s) as VMs finish, at most `shards`
+        VMs at a time."""
         self.done = True
         try:
-            kernel = find_kernel()
             vng = find_vng()
         except HarnessMissing as err:
             self.error = f"integration harness missing: {err}"
             return
-        shards = int(os.environ.get("CSI_LOCAL_VM_SHARDS", str(min(2, os.cpu_count() or 1))))
+        shards = max(1, int(os.environ.get("CSI_LOCAL_VM_SHARDS",
+                                           str(min(2, os.cpu_count() or 1)))))
         cpus = os.environ.get("CSI_LOCAL_VM_CPUS", "1" if shards > 1 else "2")
+        stock = [n for n in self.nodeids if not needs_newer_kernel(n)]
+        newer = [n for n in self.nodeids if needs_newer_kernel(n)]
+        plan: list[tuple[str, list[str]]] = []
+        # The newer kernel's tests are few: one guest, queued behind the stock
+        # shards, unless they are all there is to run.
+        for nodeids, find, count in ((stock, find_kernel, shards),
+                                     (newer, find_newer_kernel, 1 if stock else shards)):
+            if not nodeids:
+                continue
+            try:
+                kernel = find()
+            except HarnessMissing as err:
+                for n in nodeids:
+                    self.errors[n] = f"integration harness missing: {err}"
+                continue
+            plan += [(kernel, group) for group in shard(nodeids, count)]
+        if not plan:
+            return
         guests = [
-            Guest(i, group, Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp")))
-            for i, group in enumerate(shard(self.nodeids, shards))
+            Guest(i, group, Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp")), kernel)
+            for i, (kernel, group) in enumerate(plan)
         ]
         # The guest cannot write bytecode back to the host; compile it here so
         # that every Python start inside the (emulated, slow) VM can use it.
@@ -242,20 +333,34 @@ class VmRun:
                         "benchmarks"], cwd=REPO, check=False, capture_output=True)
         timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
         started = time.monotonic()
-        for g in guests:
-            g.start(kernel, vng, config.getoption("verbose") > 0, cpus)
-            say(config, f"\n[vm {g.index}] {os.path.basename(kernel)}: {len(g.nodeids)} "
-                f"integration test(s); follow {g.workdir / 'pytest.log'}")
+        verbose = config.getoption("verbose") > 0
+        waiting = list(guests)
+        running: list[Guest] = []
         codes: dict[int, int | None] = {}
         seconds: dict[int, float] = {}
-        while len(codes) < len(guests):
-            for g in guests:
-                if g.index in codes:
-                    continue
-                finished, rc = g.poll(started + timeout)
+
+        def start_waiting() -> None:
+            while waiting and len(running) < shards:
+                g = waiting.pop(0)
+                g.start(vng, verbose, cpus)
+                running.append(g)
+                after = f" (after {g.started - started:.1f}s in the queue)" if codes else ""
+                say(config, f"\n[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
+                    f"integration test(s){after}; follow {g.workdir / 'pytest.log'}")
+
+        start_waiting()
+        for g in waiting:
+            say(config, f"[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
+                f"integration test(s), queued until a VM finishes")
+        while waiting or running:
+            start_waiting()
+            for g in list(running):
+                # Each VM's timeout counts from its own start.
+                finished, rc = g.poll(g.started + timeout)
                 if finished:
                     codes[g.index] = rc
-                    seconds[g.index] = time.monotonic() - started
+                    seconds[g.index] = time.monotonic() - g.started
+                    running.remove(g)
             time.sleep(0.5)
         self.total_seconds = time.monotonic() - started
         problems = []
@@ -265,10 +370,15 @@ class VmRun:
             for rep in reps:
                 self.reports.setdefault(rep["nodeid"], []).append(rep)
             self.console += g.console()
+            problem = None
             if rc is None:
-                problems.append(f"VM {g.index} did not finish within {timeout:.0f}s")
+                problem = f"VM {g.index} did not finish within {timeout:.0f}s"
             elif not reps:
-                problems.append(f"VM {g.index} exited {rc} without running any test")
+                problem = f"VM {g.index} exited {rc} without running any test"
+            if problem:
+                problems.append(problem)
+                for n in g.nodeids:
+                    self.errors[n] = problem
             boot = g.boot_seconds()
             say(config, f"[vm {g.index}] done in {seconds[g.index]:.1f}s (boot to tests: "
                 f"{boot if boot is not None else '?'}s), exit {rc}, "
@@ -302,7 +412,8 @@ class VmItem(pytest.Item):
             self.vmrun.run(self.config)
         reports = self.vmrun.reports.get(self.nodeid)
         if not reports:
-            why = self.vmrun.error or "the test did not report from the VM"
+            why = (self.vmrun.errors.get(self.nodeid) or self.vmrun.error
+                   or "the test did not report from the VM")
             raise VmTestFailed(f"{why}\n--- VM console (tail) ---\n{self.vmrun.console_tail()}")
         for rep in reports:
             for title, content in rep.get("sections", []):

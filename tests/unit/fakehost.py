@@ -39,6 +39,7 @@ VG's, so single-VG tests never name one. More VGs: `add_vg`; more pools:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -242,6 +243,11 @@ class FakeHost(Host):
             "thin_delta": self._thin_delta,
         }
         self._next_data_chunk = 0
+        # File systems frozen with FIFREEZE, by device numbers. The kernel of
+        # Debian 12 (6.1) cannot nest LVM's lockfs suspend of a thin origin in
+        # such a freeze; newer ones can (`nested_freeze`).
+        self.frozen: set[tuple[int, int]] = set()
+        self.nested_freeze = True
         self.add_vg(vg, pool=pool if with_pool else None, pool_size=pool_size, extent=extent,
                     vg_size=vg_size, present=with_vg)
 
@@ -701,6 +707,13 @@ class FakeHost(Host):
         elif "--snapshot" in opts:
             fvg, _, src = self._target(target)
             assert src is not None and src.kind == "thin", f"FakeHost: thin snapshots only {argv}"
+            numbers = (DM_MAJOR, src.minor)
+            if src.active and numbers in self.frozen and not self.nested_freeze:
+                name = f"{fvg.name}-{src.name}"
+                raise _Fail(5, f"  device-mapper: suspend ioctl on  ({DM_MAJOR}:{src.minor}) "
+                               "failed: Device or resource busy\n"
+                               f"  Unable to suspend {name} ({DM_MAJOR}:{src.minor})\n"
+                               f"  Failed to suspend thin snapshot origin {target}.\n")
             pool_name, size, origin = src.pool, src.size, src.name
             content, default_skip = dataclasses.replace(src.content), "y"
         else:
@@ -884,6 +897,24 @@ class FakeHost(Host):
             raise _Fail(1, f"ERROR: {pos[0]} is not a btrfs filesystem\n")
         dev.content.uuid = self._uuid()
         return ""
+
+    def freeze(self, mount_point: str) -> None:
+        """FIFREEZE, recorded in `calls` as ("FIFREEZE", path)."""
+        self.calls.append(("FIFREEZE", mount_point))
+        top = self.top_mount(mount_point)
+        if top is None or top.fs_type not in ("ext4", "xfs", "btrfs"):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        if (top.major, top.minor) in self.frozen:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        self.frozen.add((top.major, top.minor))
+
+    def thaw(self, mount_point: str) -> bool:
+        self.calls.append(("FITHAW", mount_point))
+        top = self.top_mount(mount_point)
+        if top is None or (top.major, top.minor) not in self.frozen:
+            return False
+        self.frozen.discard((top.major, top.minor))
+        return True
 
     def _sync(self, argv: Sequence[str]) -> str:
         _, pos = _options(argv, (), {"--file-system"})

@@ -14,10 +14,11 @@ from csi_local import errors, rpc
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "csi_local"
 SERVICERS = {"csi_local.controller", "csi_local.node", "csi_local.identity",
-             "csi_local.snapshot_metadata"}
+             "csi_local.snapshot_metadata", "csi_local.group_controller"}
 # The RPC edge: may use grpc, protobuf, the generated stubs and rpc's coded errors.
 EDGE = SERVICERS | {"csi_local.server", "csi_local.plugin", "csi_local.validation",
-                    "csi_local.pagination", "csi_local.rpc", "csi_local.cli"}
+                    "csi_local.pagination", "csi_local.rpc", "csi_local.cli",
+                    "csi_local.messages"}
 TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen", "csi_local.rpc",
              "csi_local.validation")
 LVM_COMMANDS = {"lvs", "vgs", "pvs", "lvcreate", "lvremove", "lvextend", "lvchange",
