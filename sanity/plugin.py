@@ -73,6 +73,10 @@ def _load_params(path: str, what: str) -> dict[str, str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "access_type: stages or publishes volumes of --access-type, so its outcome depends on "
+        "it; a second pass for the other type needs only these (-m access_type)")
     if not config.getoption("endpoint", default=None):
         raise pytest.UsageError("the CSI sanity suite needs --endpoint")
     repeats = config.getoption("idempotency_repeats")

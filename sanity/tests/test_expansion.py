@@ -10,6 +10,8 @@ import pytest
 from sanity import csi_pb2
 from sanity.csi import Capabilities, Config, Stubs, Tracker, device_size, read_data, write_data
 
+pytestmark = pytest.mark.access_type
+
 
 def _fs_total(target: str) -> int:
     st = os.statvfs(target)

@@ -203,6 +203,7 @@ def test_group_members_are_snapshots(groups: Capabilities, tracker: Tracker,
                 f"{snap.group_snapshot_id!r} outside its group")
 
 
+@pytest.mark.access_type
 def test_restore_group_member_data(groups: Capabilities, tracker: Tracker, stubs: Stubs,
                                    cfg: Config) -> None:
     """Each member restores its own volume's data as of the group snapshot.
@@ -224,6 +225,7 @@ def test_restore_group_member_data(groups: Capabilities, tracker: Tracker, stubs
     _check_restores(tracker, cfg, group, payloads)
 
 
+@pytest.mark.access_type
 def test_group_snapshot_of_volumes_in_use(groups: Capabilities, tracker: Tracker,
                                           stubs: Stubs, cfg: Config) -> None:
     """Volumes published and written to: the group holds the data written before

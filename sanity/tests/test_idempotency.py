@@ -55,6 +55,7 @@ def test_delete_volume_repeated(stubs: Stubs, cv: Capabilities, tracker: Tracker
         assert vol.volume_id not in _volume_ids(stubs)
 
 
+@pytest.mark.access_type
 def test_node_stage_unstage_repeated(stubs: Stubs, cv: Capabilities, tracker: Tracker,
                                      cfg: Config) -> None:
     cv.require_node("STAGE_UNSTAGE_VOLUME")
@@ -71,6 +72,7 @@ def test_node_stage_unstage_repeated(stubs: Stubs, cv: Capabilities, tracker: Tr
         assert not mounts_under(staging), f"mounts left under {staging}"
 
 
+@pytest.mark.access_type
 def test_node_publish_unpublish_repeated(stubs: Stubs, cv: Capabilities, tracker: Tracker,
                                          cfg: Config) -> None:
     vol = tracker.create_volume()
@@ -113,6 +115,7 @@ def test_delete_snapshot_repeated(stubs: Stubs, cv: Capabilities, tracker: Track
         assert not ids, f"deleted snapshot still listed: {ids}"
 
 
+@pytest.mark.access_type
 def test_controller_expand_repeated(stubs: Stubs, cv: Capabilities, tracker: Tracker,
                                     cfg: Config) -> None:
     cv.require_controller("EXPAND_VOLUME")
@@ -129,6 +132,7 @@ def test_controller_expand_repeated(stubs: Stubs, cv: Capabilities, tracker: Tra
     assert len({r.capacity_bytes for r in results}) == 1, "repeats report different capacities"
 
 
+@pytest.mark.access_type
 def test_node_expand_repeated(stubs: Stubs, cv: Capabilities, tracker: Tracker,
                               cfg: Config) -> None:
     cv.require_controller("EXPAND_VOLUME")

@@ -19,6 +19,8 @@ from sanity.csi import (
     write_data,
 )
 
+pytestmark = pytest.mark.access_type
+
 
 @pytest.mark.parametrize("access_type", ["mount", "block"])
 def test_full_lifecycle(access_type: str, stubs: Stubs, caps: Capabilities, tracker: Tracker,

@@ -24,6 +24,8 @@ from sanity.csi import (
     write_fails_readonly,
 )
 
+pytestmark = pytest.mark.access_type
+
 
 @pytest.fixture
 def cv(caps: Capabilities) -> Capabilities:

@@ -92,6 +92,7 @@ def test_delete_snapshot(snaps: Capabilities, tracker: Tracker, stubs: Stubs) ->
         pytest.skip("plugin does not advertise LIST_SNAPSHOTS or GET_SNAPSHOT")
 
 
+@pytest.mark.access_type
 def test_snapshot_survives_source_deletion(snaps: Capabilities, tracker: Tracker,
                                            stubs: Stubs, cfg: Config) -> None:
     vol = tracker.create_volume()
@@ -116,6 +117,7 @@ def _snap_source(snapshot_id: str) -> csi_pb2.VolumeContentSource:
         snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snapshot_id))
 
 
+@pytest.mark.access_type
 def test_restore_snapshot_data(snaps: Capabilities, tracker: Tracker, stubs: Stubs,
                                cfg: Config) -> None:
     vol = tracker.create_volume()
@@ -135,6 +137,7 @@ def test_restore_snapshot_data(snaps: Capabilities, tracker: Tracker, stubs: Stu
     assert read_data(target, cfg.access_type, len(overwritten)) == overwritten
 
 
+@pytest.mark.access_type
 def test_clone_volume_data(caps: Capabilities, tracker: Tracker, cfg: Config) -> None:
     caps.require_controller("CREATE_DELETE_VOLUME", "CLONE_VOLUME")
     vol = tracker.create_volume()

@@ -156,30 +156,44 @@ def say(config: pytest.Config, text: str) -> None:
 
 
 
-# Rough cost of one test of a file, relative to a plain integration test, so
-# that the VMs finish together (a sanity-suite run drives a hundred RPCs).
+# Rough cost of one test, in tens of seconds of the VM's time as measured in CI,
+# keyed by node ID prefix (the longest match wins; a plain integration test costs
+# DEFAULT_WEIGHT), so that the VMs finish together.
 WEIGHTS = {
-    "tests/integration/test_sanity_csi_local.py": 30,
-    "tests/sanity_selftest/test_sanity_detects.py": 8,
-    "tests/integration/test_dhv.py": 3,
-    "tests/integration/test_dhv_clones.py": 10,
-    "tests/integration/test_crash.py": 4,
+    "tests/integration/test_sanity_csi_local.py": 80,
+    "tests/integration/test_sanity_csi_local.py::test_sanity_against_csi_local[block]": 25,
+    "tests/sanity_selftest/test_sanity_detects.py": 3,
+    "tests/integration/test_bench.py": 20,
+    "tests/integration/test_changed_blocks.py": 8,
+    "tests/integration/test_crash.py": 8,
+    "tests/integration/test_dhv_clones.py": 5,
+    "tests/integration/test_group_refusal.py": 7,
+    "tests/integration/test_group_snapshots.py": 5,
+    "tests/integration/test_pool_guard.py": 8,
+    "tests/integration/test_status.py": 8,
     "tests/integration/test_device_classes.py": 3,
     "tests/integration/test_dhv_classes.py": 3,
-    "tests/integration/test_changed_blocks.py": 3,
-    "tests/integration/test_group_snapshots.py": 3,
 }
+DEFAULT_WEIGHT = 2
+
+# Settings of the guest's tests that a caller may give on the host.
+FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB",)
+
+
+def weight(nodeid: str) -> int:
+    keys = [k for k in WEIGHTS if nodeid == k or nodeid.startswith(k + "::")
+            or nodeid.startswith(k + "[")]
+    return WEIGHTS[max(keys, key=len)] if keys else DEFAULT_WEIGHT
 
 
 def shard(nodeids: list[str], count: int) -> list[list[str]]:
     """Split tests into `count` groups of about equal estimated cost."""
     groups: list[list[str]] = [[] for _ in range(max(1, count))]
     cost = [0] * len(groups)
-    weighted = sorted(nodeids, key=lambda n: -WEIGHTS.get(n.split("::")[0], 1))
-    for n in weighted:
+    for n in sorted(nodeids, key=lambda n: -weight(n)):
         i = cost.index(min(cost))
         groups[i].append(n)
-        cost[i] += WEIGHTS.get(n.split("::")[0], 1)
+        cost[i] += weight(n)
     return [sorted(g, key=nodeids.index) for g in groups if g]
 
 
@@ -201,7 +215,7 @@ class Guest:
         select.write_text("\n".join(self.nodeids) + "\n")
         inner = [
             sys.executable, "-m", "pytest", "-p", "tests.harness.vm_reporter",
-            "-p", "no:cacheprovider", "-q", "-rA", "--durations=20",
+            "-p", "no:cacheprovider", "-q", "-rA", "--durations=40",
             "--rootdir", str(REPO), *sorted({n.split("::")[0] for n in self.nodeids}),
         ]
         if verbose:
@@ -214,6 +228,7 @@ class Guest:
             "PYTHONUNBUFFERED": "1",
             "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
         }
+        env.update({k: os.environ[k] for k in FORWARDED_ENV if k in os.environ})
         work = shlex.quote(str(self.workdir))
         script = self.workdir / "guest.sh"
         script.write_text(
@@ -331,7 +346,7 @@ class VmRun:
         # that every Python start inside the (emulated, slow) VM can use it.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests",
                         "benchmarks"], cwd=REPO, check=False, capture_output=True)
-        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "4800"))
         started = time.monotonic()
         verbose = config.getoption("verbose") > 0
         waiting = list(guests)

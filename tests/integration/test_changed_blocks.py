@@ -249,11 +249,12 @@ def test_delta_with_a_tenth_changed_against_reading_the_whole_volume(
         sparse_plugin: PluginProcess, own_vg: LoopVG) -> None:
     """Figures for the closing note: GetMetadataDelta of a fully written volume
     with 10 % changed, against reading the whole volume with dd (what a full
-    backup must read); the metadata snapshot's cost. 256 MiB by default: the
-    VM's pool lives in its memory, beside the other tests' (CSI_LOCAL_CBT_BENCH_MIB=512
-    alone; 1024 with CSI_LOCAL_VM_MEMORY=4G)."""
+    backup must read); the metadata snapshot's cost. 64 MiB by default, so that
+    CI only proves the figures are produced: the VM's pool lives in its memory
+    and every MiB written costs time under emulation. For figures worth quoting,
+    CSI_LOCAL_CBT_BENCH_MIB=512 alone, or 1024 with CSI_LOCAL_VM_MEMORY=4G."""
     plugin, vg = sparse_plugin, own_vg
-    size = int(os.environ.get("CSI_LOCAL_CBT_BENCH_MIB", "256")) * MiB
+    size = int(os.environ.get("CSI_LOCAL_CBT_BENCH_MIB", "64")) * MiB
     vid = plugin.controller.CreateVolume(pb.CreateVolumeRequest(
         name="bench", capacity_range=pb.CapacityRange(required_bytes=size),
         volume_capabilities=[block_cap()])).volume.volume_id

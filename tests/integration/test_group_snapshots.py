@@ -161,7 +161,8 @@ def test_freeze_window(plugin: PluginProcess, count: int) -> None:
     run("lvremove", "--yes", f"{plugin.vg.name}/raw-{count}")
     print(f"\n[group] {count} volumes on {os.uname().release}: writes held {held * 1000:.0f} ms, "
           f"RPC {rpc * 1000:.0f} ms, one bare lvcreate --snapshot {one * 1000:.0f} ms "
-          f"({held / one:.2f}x of {count} snapshots' worth {count * one * 1000:.0f} ms)")
+          f"(the window is {held / (count * one):.2f}x of {count} bare lvcreates, "
+          f"{count * one * 1000:.0f} ms)")
     assert len(group.snapshots) == count and held > 0
     for _, _, target in vols:  # thawed: a write completes at once
         with open(os.path.join(target, "after"), "wb") as f:

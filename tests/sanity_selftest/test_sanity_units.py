@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -132,3 +133,38 @@ def test_cbt_granularity_option() -> None:
     for bad in ("0", "1000", "lots"):
         with pytest.raises(pytest.UsageError):
             cbt_granularity(bad)
+
+
+# What puts a test's outcome in the hands of --access-type: it stages or publishes
+# a volume of that type, or writes and reads its data through the node.
+_NODE_DATA_PATH = {"make_available", "write_data", "read_data", "NodePublishVolume"}
+
+
+def _marked_access_type(decorators: list[ast.expr]) -> bool:
+    return any(isinstance(d, ast.Attribute) and d.attr == "access_type" for d in decorators)
+
+
+def test_every_test_through_the_node_is_marked_access_type() -> None:
+    """The block pass runs only ``-m access_type``: a data-path test left unmarked
+    would never run with block volumes."""
+    from sanity import TESTS_DIR
+
+    unmarked, marked = [], 0
+    for path in sorted(Path(TESTS_DIR).glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark"
+                                              for t in n.targets)
+            and isinstance(n.value, ast.Attribute) and n.value.attr == "access_type"
+            for n in tree.body)
+        for fn in tree.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+                continue
+            called = {n.attr if isinstance(n, ast.Attribute) else n.id
+                      for n in ast.walk(fn) if isinstance(n, (ast.Attribute, ast.Name))}
+            if module_marked or _marked_access_type(fn.decorator_list):
+                marked += 1
+            elif called & _NODE_DATA_PATH:
+                unmarked.append(f"{path.name}::{fn.name}")
+    assert not unmarked, f"node data-path tests not marked access_type: {unmarked}"
+    assert marked >= 15
