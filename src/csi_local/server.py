@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
@@ -60,6 +60,19 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 log.exception("RPC observer failed")
         return seconds
 
+    def _abort(self, context: grpc.ServicerContext, method: str, err: Exception,
+               started: float, progress: str) -> NoReturn:
+        """End the call with the code rpc.status_of gives `err`: an expected error
+        is logged as the call's outcome, anything else with its traceback."""
+        code, message = status_of(method, err)
+        if isinstance(err, (RpcError, StorageError)):
+            log.info("%s -> %s%s: %s (%.3fs)", method, code, progress, message,
+                     self._observed(method, code, started))
+        else:
+            log.exception("%s failed unexpectedly", method)
+            self._observed(method, code, started)
+        context.abort(grpc.StatusCode[code], message)
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
@@ -81,16 +94,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 log.debug("%s request: %s", method, redact(request))
             try:
                 reply = inner(request, context)
-            except (RpcError, StorageError) as err:
-                code, message = status_of(method, err)
-                log.info("%s -> %s: %s (%.3fs)", method, code, message,
-                         self._observed(method, code, started))
-                context.abort(grpc.StatusCode[code], message)
             except Exception as err:
-                log.exception("%s failed unexpectedly", method)
-                code, message = status_of(method, err)
-                self._observed(method, code, started)
-                context.abort(grpc.StatusCode[code], message)
+                self._abort(context, method, err, started, "")
             log.info("%s -> OK (%.3fs)", method, self._observed(method, "OK", started))
             return reply
 
@@ -117,16 +122,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 for reply in inner(request, context):
                     sent += 1
                     yield reply
-            except (RpcError, StorageError) as err:
-                code, message = status_of(method, err)
-                log.info("%s -> %s after %d messages: %s (%.3fs)", method, code, message,
-                         sent, self._observed(method, code, started))
-                context.abort(grpc.StatusCode[code], message)
             except Exception as err:
-                log.exception("%s failed unexpectedly", method)
-                code, message = status_of(method, err)
-                self._observed(method, code, started)
-                context.abort(grpc.StatusCode[code], message)
+                self._abort(context, method, err, started, f" after {sent} messages")
             log.info("%s -> OK, %d messages (%.3fs)", method, sent,
                      self._observed(method, "OK", started))
 
