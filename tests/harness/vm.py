@@ -160,21 +160,21 @@ def say(config: pytest.Config, text: str) -> None:
 # keyed by node ID prefix (the longest match wins; a plain integration test costs
 # DEFAULT_WEIGHT), so that the VMs finish together.
 WEIGHTS = {
-    "tests/integration/test_sanity_csi_local.py": 80,
-    "tests/integration/test_sanity_csi_local.py::test_sanity_against_csi_local[block]": 25,
+    "tests/integration/test_sanity_csi_local.py": 113,
+    "tests/integration/test_sanity_csi_local.py::test_sanity_against_csi_local[block]": 30,
     "tests/sanity_selftest/test_sanity_detects.py": 3,
-    "tests/integration/test_bench.py": 20,
-    "tests/integration/test_changed_blocks.py": 8,
+    "tests/integration/test_bench.py": 29,
+    "tests/integration/test_changed_blocks.py": 7,
     "tests/integration/test_crash.py": 8,
-    "tests/integration/test_dhv_clones.py": 5,
+    "tests/integration/test_dhv_clones.py": 7,
     "tests/integration/test_group_refusal.py": 7,
     "tests/integration/test_group_snapshots.py": 5,
-    "tests/integration/test_pool_guard.py": 8,
-    "tests/integration/test_status.py": 8,
-    "tests/integration/test_device_classes.py": 3,
-    "tests/integration/test_dhv_classes.py": 3,
+    "tests/integration/test_pool_guard.py": 7,
+    "tests/integration/test_status.py": 9,
+    "tests/integration/test_device_classes.py": 5,
+    "tests/integration/test_dhv_classes.py": 6,
 }
-DEFAULT_WEIGHT = 2
+DEFAULT_WEIGHT = 3
 
 # Settings of the guest's tests that a caller may give on the host.
 FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB",)
