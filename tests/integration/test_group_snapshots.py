@@ -96,6 +96,7 @@ class Writer(threading.Thread):
                 os.close(fd)
 
 
+@pytest.mark.report
 def test_group_snapshot_is_one_instant_under_load(plugin: PluginProcess) -> None:
     kernel = os.uname().release
     a = mounted(plugin, "grp-a")
@@ -141,6 +142,7 @@ def test_group_snapshot_is_one_instant_under_load(plugin: PluginProcess) -> None
         release(plugin, vid, staging, target)
 
 
+@pytest.mark.report
 @pytest.mark.parametrize("count", [2, 5])
 def test_freeze_window(plugin: PluginProcess, count: int) -> None:
     """The time the members' writes are held, for groups of 2 and 5 mounted
