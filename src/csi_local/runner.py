@@ -7,9 +7,12 @@ argv, exit code, stdout and stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,26 +108,45 @@ class ShRunner:
         args = [str(a) for a in argv[1:]]
         limit = self.timeout if timeout is None else timeout
         started = time.monotonic()
+        # The timeout is a timer of our own that kills the child, not sh's
+        # `_timeout`: sh polls for its timeout every 100 ms, which added 100 ms
+        # to every command, however quick (measured: /bin/true 110 ms with
+        # `_timeout`, 11 ms with this timer).
         cmd = sh.Command(exe).bake(
             _env=self.env,
-            _timeout=limit,
             _ok_code=list(range(256)),
             _return_cmd=True,
             _encoding="utf-8",
             _decode_errors="replace",
             _in=input,
             _tty_out=False,
-            _timeout_signal=9,
+            _bg=True,
+            _bg_exc=False,
         )
         full = (exe, *args)
+        proc = cmd(*args)
+        fired = threading.Event()
+
+        def kill() -> None:
+            fired.set()
+            with contextlib.suppress(ProcessLookupError):
+                proc.process.signal(signal.SIGKILL)
+
+        timer = threading.Timer(limit, kill)
+        timer.daemon = True
+        timer.start()
         try:
-            proc = cmd(*args)
-        except sh.TimeoutException as exc:
-            raise CommandError(
-                full, -9, "", f"timed out after {limit:.0f}s", timed_out=True
-            ) from exc
-        stdout = proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode()
-        stderr = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode()
+            proc.wait()
+        except sh.SignalException as exc:
+            if fired.is_set():
+                raise CommandError(
+                    full, -9, "", f"timed out after {limit:.0f}s", timed_out=True
+                ) from exc
+            raise CommandError(full, exc.exit_code, _text(exc.stdout), _text(exc.stderr)) \
+                from exc
+        finally:
+            timer.cancel()
+        stdout, stderr = _text(proc.stdout), _text(proc.stderr)
         result = Result(full, proc.exit_code, stdout, stderr)
         log.debug(
             "ran %s -> %d in %.2fs", " ".join(full), proc.exit_code, time.monotonic() - started
@@ -132,3 +154,7 @@ class ShRunner:
         if proc.exit_code not in ok_codes:
             raise CommandError(full, proc.exit_code, stdout, stderr)
         return result
+
+
+def _text(out: str | bytes) -> str:
+    return out if isinstance(out, str) else out.decode("utf-8", "replace")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import socket
+import threading
 import time
 import types
 import urllib.request
@@ -408,8 +409,13 @@ def test_a_failing_observer_never_fails_an_rpc(tmp_path: Path,
 # the command hook (ShRunner over a fake `sh`: no process) -------------------------------
 
 
+class _Killed(sh.SignalException):
+    exit_code = -9
+
+
 class _FakeCommand:
-    """sh.Command for one exe: exit codes by the first argument, "hang" times out."""
+    """sh.Command for one exe: exit codes by the first argument; "hang" runs
+    until the runner's timer kills it."""
 
     def __init__(self, exe: str) -> None:
         self.exe = exe
@@ -418,10 +424,17 @@ class _FakeCommand:
         return self
 
     def __call__(self, *args: str) -> Any:
-        if args and args[0] == "hang":
-            raise sh.TimeoutException(-9, f"{self.exe} hang")
         code = int(args[0]) if args and args[0].isdigit() else 0
-        return types.SimpleNamespace(exit_code=code, stdout="", stderr="")
+        killed = threading.Event()
+
+        def wait() -> None:
+            if args and args[0] == "hang":
+                killed.wait()
+                raise _Killed(self.exe, b"", b"")
+
+        return types.SimpleNamespace(
+            exit_code=code, stdout="", stderr="", wait=wait,
+            process=types.SimpleNamespace(signal=lambda sig: killed.set()))
 
 
 def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,7 +454,7 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(CommandError):
         runner.run(["mkfs.ext4", "1"])
     with pytest.raises(CommandError) as timed_out:
-        runner.run(["mount", "hang"])
+        runner.run(["mount", "hang"], timeout=0.05)
     assert timed_out.value.timed_out
     with pytest.raises(CommandError):
         runner.run(["missing"])
