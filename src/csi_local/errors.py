@@ -11,6 +11,7 @@ host volume plugin must start fast.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 
@@ -42,6 +43,19 @@ class CommandError(StorageError):
         what = "timed out" if timed_out else f"exited {returncode}"
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         super().__init__(f"{self.argv[0]} {what}: {detail}".rstrip(": "))
+
+
+class SyscallError(CommandError):
+    """A mount-table system call (mount(2), umount2(2)) failed: the call, its
+    arguments and errno. A CommandError, so that callers treat a failed mount
+    alike whether a program or the kernel said it."""
+
+    def __init__(self, call: str, args: Sequence[str], errno_: int, strerror: str) -> None:
+        super().__init__([call, *args], errno_, "", strerror)
+        self.errno = errno_
+        name = errno.errorcode.get(errno_, str(errno_))
+        self.message = f"{call} {' '.join(args)}: {name} ({strerror})"
+        self.args = (self.message,)
 
 
 class VolumeGroupMissing(StorageError):

@@ -2,7 +2,9 @@
 
 The rules (which file systems, their minimum sizes, which mount options)
 live in fsrules; this module runs the commands that apply them, through the
-Runner, and asks the Host what is mounted.
+Runner, and asks the Host what is mounted. Bind mounts, their remounts and
+unmounts are system calls the Host makes (no process); a file system's mount
+stays with mount(8), which owns the translation of its options.
 """
 
 from __future__ import annotations
@@ -134,13 +136,13 @@ class Filesystems:
         self.runner.run([*argv, device, target])
 
     def bind(self, source: str, target: str, *, readonly: bool, flags: Sequence[str] = ()) -> None:
-        """Bind-mount; a read-only bind needs a remount after the bind itself."""
-        self.runner.run(["mount", "--bind", source, target])
+        """Bind-mount; read-only and the other per-mount flags take a remount
+        after the bind itself (the kernel ignores them on the bind)."""
         extra = fsrules.check(flags)
+        self.host.bind_mount(source, target)
         if readonly or extra:
-            opts = ["remount", "bind", *(["ro"] if readonly else []), *extra]
             try:
-                self.runner.run(["mount", "-o", ",".join(opts), target])
+                self.host.remount_bind(target, [*(["ro"] if readonly else []), *extra])
             except CommandError:
                 self.umount(target)
                 raise
@@ -161,7 +163,7 @@ class Filesystems:
         self.runner.run(["losetup", "--detach", node], ok_codes=(0, 1))
 
     def remount_bind(self, target: str, *, readonly: bool) -> None:
-        self.runner.run(["mount", "-o", f"remount,bind,{'ro' if readonly else 'rw'}", target])
+        self.host.remount_bind(target, ["ro" if readonly else "rw"])
 
     def umount(self, target: str, *, device: tuple[int, int] | None = None) -> list[Mount]:
         """Unmount every mount stacked at `target`; returns them, top first (none:
@@ -181,7 +183,7 @@ class Filesystems:
                     f"{target} is a mount point of another device ({top.source}); "
                     "leaving it alone"
                 )
-            self.runner.run(["umount", target])
+            self.host.unmount(target)
             done.append(top)
         raise StillMounted(f"{target} is still mounted after repeated umount")
 

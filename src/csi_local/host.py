@@ -1,5 +1,5 @@
-"""What the kernel shows the node service: the mount table, device nodes and
-loop devices, behind one object.
+"""What the kernel shows the node service (the mount table, device nodes and
+loop devices) and the mount calls it makes, behind one object.
 
 The node service, the file-system layer, state recovery and the host volume
 plugin ask these questions through a `Host`, never through /proc or /dev
@@ -14,20 +14,110 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from csi_local import mounts
-from csi_local.errors import DeviceMissing
+from csi_local.errors import DeviceMissing, SyscallError
 from csi_local.mounts import Mount
 
 # linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int).
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
 
+# linux/mount.h: the flags of mount(2) that a bind mount's remount may change.
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOSYMFOLLOW = 256
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+_ATIME = MS_NOATIME | MS_RELATIME | MS_STRICTATIME
+# What statvfs(2) reports of a mount (ST_*) and the MS_* flag that sets it.
+_FROM_STATVFS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC),
+                 (1024, MS_NOATIME), (2048, MS_NODIRATIME), (4096, MS_RELATIME),
+                 (8192, MS_NOSYMFOLLOW))
+# mount(8)'s names of per-mount options: (flags it sets, flags it clears).
+MOUNT_FLAGS: dict[str, tuple[int, int]] = {
+    "ro": (MS_RDONLY, 0), "rw": (0, MS_RDONLY),
+    "nosuid": (MS_NOSUID, 0), "suid": (0, MS_NOSUID),
+    "nodev": (MS_NODEV, 0), "dev": (0, MS_NODEV),
+    "noexec": (MS_NOEXEC, 0), "exec": (0, MS_NOEXEC),
+    "nosymfollow": (MS_NOSYMFOLLOW, 0), "symfollow": (0, MS_NOSYMFOLLOW),
+    "nodiratime": (MS_NODIRATIME, 0), "diratime": (0, MS_NODIRATIME),
+    "noatime": (MS_NOATIME, _ATIME), "atime": (0, MS_NOATIME),
+    "relatime": (MS_RELATIME, _ATIME), "norelatime": (0, MS_RELATIME),
+    "strictatime": (MS_STRICTATIME, _ATIME),
+}
+
+
+def remount_flags(current: int, options: Sequence[str]) -> int:
+    """The mount(2) flags of a bind remount that applies `options` to a mount
+    whose statvfs f_flag is `current`.
+
+    The kernel sets a bind mount's flags to exactly those of the remount, so
+    whatever is not passed again is dropped: a read-only remount of a nosuid,
+    nodev mount would quietly make it suid and dev. The mount's own flags are
+    therefore carried over, then the options applied in order. Options that
+    are not per-mount flags (a file system's own, such as discard) cannot
+    change on a bind mount, and the kernel ignores them; so are they here.
+    """
+    flags = 0
+    for st, ms in _FROM_STATVFS:
+        if current & st:
+            flags |= ms
+    if not flags & (MS_NOATIME | MS_RELATIME):
+        flags |= MS_STRICTATIME  # said, or the kernel would make it relatime
+    for opt in options:
+        add, drop = MOUNT_FLAGS.get(opt, (0, 0))
+        flags = (flags & ~drop) | add
+    return flags | MS_REMOUNT | MS_BIND
+
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """libc, loaded at the first mount call (ctypes is kept off the host volume
+    plugin's fingerprint path), with the calls' C types declared: a flag word
+    passed as a bare int would leave the upper half of an unsigned long unset."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                              ctypes.c_ulong, ctypes.c_void_p]
+        lib.mount.restype = ctypes.c_int
+        lib.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        lib.umount2.restype = ctypes.c_int
+        _LIBC = lib
+    return _LIBC
+
+
+def _syscall(call: str, args: Sequence[str], fn: str, *params: object) -> None:
+    """Call libc's `fn`; SyscallError (named `call`, with `args`) when it fails.
+
+    A mount is one system call: running mount(8) for it costs a process (and
+    libmount's parsing), many times the call itself."""
+    import ctypes
+
+    lib = _libc()
+    ctypes.set_errno(0)
+    if getattr(lib, fn)(*params) != 0:
+        err = ctypes.get_errno()
+        raise SyscallError(call, args, err, os.strerror(err))
+
 
 class Host:
     """The real kernel, read through /proc/self/mountinfo, /dev and /sys."""
 
-    # The primitives: a fake host overrides these eight and nothing else.
+    # The primitives: a fake host overrides these and nothing else.
 
     def mounts(self) -> list[Mount]:
         """The mount table of this process's mount namespace, in mount order."""
@@ -81,6 +171,23 @@ class Host:
         except OSError as err:
             return err.strerror or str(err)
         return None
+
+    def bind_mount(self, source: str, target: str) -> None:
+        """mount --bind: `source` (a directory, a file or a device node) at `target`."""
+        _syscall("mount(2) MS_BIND", (source, target), "mount",
+                 os.fsencode(source), os.fsencode(target), None, MS_BIND, None)
+
+    def remount_bind(self, target: str, options: Sequence[str]) -> None:
+        """mount -o remount,bind,OPTIONS: change the per-mount flags of the
+        mount at `target`, keeping those `options` do not name (see remount_flags)."""
+        flags = remount_flags(os.statvfs(target).f_flag, options)
+        _syscall("mount(2) MS_REMOUNT|MS_BIND", (target, ",".join(options)), "mount",
+                 None, os.fsencode(target), None, flags, None)
+
+    def unmount(self, target: str) -> None:
+        """umount: take down the mount visible at `target` (EINVAL: none there;
+        EBUSY: in use)."""
+        _syscall("umount2(2)", (target,), "umount2", os.fsencode(target), 0)
 
     def wait_for_device(self, path: str, timeout: float = 30.0) -> None:
         """Return once udev has made `path`; DeviceMissing after `timeout` seconds.

@@ -69,6 +69,7 @@ class Internal(RpcError):
 CODES: dict[type[errors.StorageError], str] = {
     errors.StorageError: "INTERNAL",
     errors.CommandError: "INTERNAL",
+    errors.SyscallError: "INTERNAL",
     # A CO retries UNAVAILABLE and forgets nothing: a VG that is not attached
     # yet must never make a volume look deleted.
     errors.VolumeGroupMissing: "UNAVAILABLE",

@@ -6,6 +6,7 @@ import concurrent.futures
 import errno
 import json
 import os
+import subprocess
 
 import grpc
 import pytest
@@ -96,6 +97,34 @@ def test_mount_lifecycle_keeps_data(plugin: PluginProcess) -> None:
     stage(plugin, vid, staging)
     assert open(f"{staging}/hello").read() == "world"
     unstage(plugin, vid, staging)
+
+
+def test_publish_flags_keep_those_of_the_staging_mount(plugin: PluginProcess) -> None:
+    # A publish is a bind, plus a remount for read-only and other flags. The
+    # kernel gives a remounted bind exactly the flags passed, so a remount that
+    # passed only "ro" would make a nosuid,nodev volume suid and dev again.
+    vid = create(plugin, "flags")
+    staging = plugin.path("stage-flags")
+    stage(plugin, vid, staging, mount_cap(flags=("nosuid", "nodev", "noatime")))
+    ro, nx = plugin.path("pod", "flags-ro"), plugin.path("pod", "flags-nx")
+    publish(plugin, vid, staging, ro, mount_cap(), readonly=True)
+    publish(plugin, vid, staging, nx, mount_cap(flags=("noexec",)))
+    seen = {t: (m.options if (m := mounts.top_mount(t)) else None) for t in (ro, nx)}
+    assert seen[ro] is not None and {"ro", "nosuid", "nodev", "noatime"} <= seen[ro], seen
+    assert seen[nx] is not None and {"rw", "noexec", "nosuid", "nodev", "noatime"} <= seen[nx]
+    with pytest.raises(OSError) as info:
+        open(f"{ro}/nope", "w")
+    assert info.value.errno == errno.EROFS
+    with open(f"{nx}/run.sh", "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(f"{nx}/run.sh", 0o755)
+    with pytest.raises(PermissionError):
+        subprocess.run([f"{nx}/run.sh"], check=False)  # noexec: the exec itself is refused
+    for t in (ro, nx):
+        unpublish(plugin, vid, t)
+        assert not mounts.is_mount_point(t) and not os.path.exists(t)
+    unstage(plugin, vid, staging)
+    assert not mounts.is_mount_point(staging)
 
 
 def test_incompatible_restage_and_unstaged_publish(plugin: PluginProcess) -> None:

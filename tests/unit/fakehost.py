@@ -464,6 +464,19 @@ class FakeHost(Host):
             return "No such file or directory"
         return "Input/output error" if dev.content.unreadable else None
 
+    # The mount calls: the real host makes them as system calls; the fake runs
+    # them through its model of mount(8), under mount(8)'s names, so that the
+    # tests' call lists and fail_next("mount"/"umount") read as before.
+
+    def bind_mount(self, source: str, target: str) -> None:
+        self.run(["mount", "--bind", source, target])
+
+    def remount_bind(self, target: str, options: Sequence[str]) -> None:
+        self.run(["mount", "-o", ",".join(["remount", "bind", *options]), target])
+
+    def unmount(self, target: str) -> None:
+        self.run(["umount", target])
+
     def wait_for_device(self, path: str, timeout: float = 30.0) -> None:
         if self.device_numbers(path) is None:
             raise DeviceMissing(f"device {path} did not appear within {timeout:.0f}s")

@@ -529,7 +529,10 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     # raising=False: the same test shows what the code without the check does
     monkeypatch.setattr(dhv_plugin, "volume_users", users, raising=False)
     monkeypatch.setattr(dhv_plugin, "_SETTLE", (0.0,), raising=False)
-    return dhv_plugin.HostVolumePlugin(config, runner), req, runner
+    plugin = dhv_plugin.HostVolumePlugin(config, runner)
+    # The real host unmounts by a system call; here the fake runner's table is the kernel.
+    monkeypatch.setattr(plugin.host, "unmount", lambda target: runner.run(["umount", target]))
+    return plugin, req, runner
 
 
 def test_delete_of_a_volume_in_use_unmounts_nothing(
