@@ -141,6 +141,7 @@ class GroupSnapshots:
         write_atomic(journal, json.dumps({"group_id": group_id, "frozen": [
             [path, major, minor] for path, (major, minor) in plan]}))
         frozen: list[str] = []
+        stuck: list[str] = []  # frozen paths a thaw failed on
         started = ended = 0.0
         try:
             with self._pools_reserved(sources) as reports:
@@ -158,18 +159,18 @@ class GroupSnapshots:
                             lv.name, sid, tags_for[lv.name], writable_volume=False,
                             read_back=False, size=lv.size)))
                 finally:
-                    self._thaw(frozen)
+                    stuck = self._thaw(frozen)
                     ended = time.monotonic()
         except BaseException as err:
             self._remove(made)
-            os.unlink(journal)
+            self._done(journal, stuck)
             if isinstance(err, OriginFrozen):
                 raise CannotQuiesce(
                     "this kernel cannot snapshot a frozen file system (LVM's suspend of "
                     "the origin fails), so mounted volumes cannot be snapshotted together "
                     f"here: {err.message}") from err
             raise
-        os.unlink(journal)
+        self._done(journal, stuck)
         # Read back after the thaw (never inside the window): LVM's creation
         # times, so that this reply says what Get and every retry will say.
         found = self.pools.locate(*(lv.name for _, lv in made), required=())
@@ -216,12 +217,27 @@ class GroupSnapshots:
                 f"cannot freeze the file system at {path}: {err.strerror or err} "
                 "(frozen by someone else, or a file system that cannot freeze)") from err
 
-    def _thaw(self, paths: list[str]) -> None:
+    def _thaw(self, paths: list[str]) -> list[str]:
+        """Thaw each path; the ones that could not be thawed."""
+        stuck = []
         for path in reversed(paths):
             try:
                 self.host.thaw(path)
             except OSError as err:  # never hide the take's own error; say it loudly
                 log.error("could not thaw %s after a group snapshot: %s", path, err)
+                stuck.append(path)
+        return stuck
+
+    @staticmethod
+    def _done(journal: str, stuck: list[str]) -> None:
+        """The take is over: its journal goes, unless a file system it froze
+        could not be thawed. Then the journal stays, so that the plugin's next
+        start (recover) tries the thaw again."""
+        if stuck:
+            log.error("file system(s) %s stay frozen; the plugin's next start thaws them "
+                      "(or run fsfreeze --unfreeze)", ", ".join(stuck))
+            return
+        os.unlink(journal)
 
     def _remove(self, made: list[tuple[Pool, LogicalVolume]]) -> None:
         for pool, lv in made:

@@ -12,6 +12,7 @@ FIFREEZE, LVM's nested suspend) is proven in the VM.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -682,6 +683,35 @@ def test_recover_thaws_and_deletes_an_unfinished_group(mounted: tuple[Lab, str, 
     assert ("FITHAW", pa) in lab.events()
     assert lab.members() == {}
     assert lab.journals() == []
+
+
+@pytest.mark.parametrize("fails", ["snapshot", "none"])
+def test_a_failed_thaw_keeps_the_journal_for_the_next_start(
+        mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    # The kernel refused to thaw B: without the journal, nothing would ever
+    # thaw it again, and every write to B would hang.
+    lab, _, pb_ = mounted
+    real_thaw = lab.host.thaw
+    refused: list[str] = []
+
+    def thaw(mount_point: str) -> bool:
+        if mount_point == pb_ and not refused:  # the first thaw of B only
+            refused.append(mount_point)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_thaw(mount_point)
+
+    monkeypatch.setattr(lab.host, "thaw", thaw)
+    if fails == "snapshot":
+        lab.host.fail_next(("lvcreate", "--yes", "--snapshot", "--name", member(B)), 5,
+                           "  unexpected failure\n")
+        assert lab.create("g", A, B)[0] == "INTERNAL"
+    else:
+        lab.made("g", A, B)
+    assert lab.host.frozen == {lab.numbers(B)}, "A thawed, B stuck"
+    assert len(lab.journals()) == 1
+    restart(lab)  # the next start thaws B and drops the journal
+    assert not lab.host.frozen and lab.journals() == []
+    assert set(lab.members()) == (set() if fails == "snapshot" else {member(A), member(B)})
 
 
 def test_recover_keeps_a_finished_group(group: Lab) -> None:
