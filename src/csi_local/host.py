@@ -39,9 +39,11 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 _ATIME = MS_NOATIME | MS_RELATIME | MS_STRICTATIME
 # What statvfs(2) reports of a mount (ST_*) and the MS_* flag that sets it.
-_FROM_STATVFS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC),
-                 (1024, MS_NOATIME), (2048, MS_NODIRATIME), (4096, MS_RELATIME),
-                 (8192, MS_NOSYMFOLLOW))
+# linux/statfs.h ST_NOSYMFOLLOW (8192) is not in Python's os module.
+_FROM_STATVFS = ((os.ST_RDONLY, MS_RDONLY), (os.ST_NOSUID, MS_NOSUID),
+                 (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+                 (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+                 (os.ST_RELATIME, MS_RELATIME), (8192, MS_NOSYMFOLLOW))
 # mount(8)'s names of per-mount options: (flags it sets, flags it clears).
 MOUNT_FLAGS: dict[str, tuple[int, int]] = {
     "ro": (MS_RDONLY, 0), "rw": (0, MS_RDONLY),
@@ -105,7 +107,7 @@ def _syscall(call: str, args: Sequence[str], fn: str, *params: object) -> None:
 
     A mount is one system call: running mount(8) for it costs a process (and
     libmount's parsing), many times the call itself."""
-    import ctypes
+    import ctypes  # loaded already by _libc()
 
     lib = _libc()
     ctypes.set_errno(0)
