@@ -25,6 +25,11 @@ def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    sync_directory(directory)
+
+
+def sync_directory(directory: str) -> None:
+    """fsync a directory: a name made, renamed or removed in it survives a crash."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)

@@ -212,7 +212,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         size = validation.size_for(rng, extent, minimum=minimum)
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags]
         if source is None or source_lv is None:
-            return pool.create_thin(report, volume_id, size, [*tags, vols.TAG_FRESH])
+            # No "fresh" tag: the node formats a volume only while its thin
+            # device maps no block (see NodeServicer._formattable).
+            return pool.create_thin(report, volume_id, size, tags)
         pool.admit(report, size)
         tags += [source.tag(), vols.TAG_NEW_FSID]
         if size > source_lv.size:
@@ -246,6 +248,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             found = self.pools.find(volume_id)
             if found is not None and vols.is_csi_volume(found[1]):
                 found[0].lvm.remove(volume_id)  # VolumeInUse: FAILED_PRECONDITION
+                if found[1].uuid:  # a mark left by a stage killed in its mkfs
+                    self.state.clear_formatting(found[1].uuid)
         return pb.DeleteVolumeResponse()
 
     def ValidateVolumeCapabilities(

@@ -146,3 +146,31 @@ class CannotQuiesce(StorageError):
 class OriginFrozen(StorageError):
     """LVM could not suspend a thin snapshot's origin because its file system
     is frozen (a kernel that cannot nest LVM's freeze inside another)."""
+
+
+class DeviceMapperMissing(SyscallError):
+    """/dev/mapper/control cannot be opened because there is no device-mapper
+    here: the node is missing (a container without the host's /dev) or the
+    kernel has no dm-mod. A SyscallError, so callers that already handle a
+    failed system call need nothing new; its own class, so that a doctor or a
+    start-up check can say what to fix."""
+
+    def __init__(self, errno_: int, strerror: str) -> None:
+        super().__init__("open(2)", ("/dev/mapper/control",), errno_, strerror)
+        self.message += (": no device-mapper (load dm-mod; in a container, mount the "
+                         "host's /dev)")
+        self.args = (self.message,)
+
+
+class DmStatusUnusable(PoolUnusable):
+    """A device's device-mapper status cannot answer the question: it is not
+    the target asked about (not thin, not thin-pool, no live table), the pool
+    is failed ("Fail") or could not read its metadata ("Error"), or the text
+    does not parse. A PoolUnusable (FAILED_PRECONDITION): the pool cannot
+    vouch for the device until someone looks. Callers must take it as "not
+    known", never as "empty"."""
+
+
+class DmReplyMalformed(StorageError):
+    """The kernel's DM_TABLE_STATUS reply does not hold together (an offset
+    past its end, a string without its NUL): a bug here or in the kernel."""

@@ -72,7 +72,7 @@ class Filesystems:
         return fs, False
 
     def ensure_filesystem(self, device: str, fs_type: str, *, fresh: bool,
-                          name: str = "") -> str:
+                          empty: bool = False, name: str = "") -> str:
         """The file system on `device`, made with mkfs only if the volume was never used.
 
         The one rule for formatting, shared by the CSI and host volume plugins:
@@ -82,8 +82,15 @@ class Filesystems:
         (blkid exits 2 for "nothing found" and for an unreadable device alike),
         so it is refused without a single write. A fresh volume that carries
         stray signatures is wiped first; one that cannot be read is refused.
+
+        `empty`: the caller knows the device holds no data at all (a thin
+        volume that maps no block reads as zeros): there is nothing for blkid
+        to find, so the probe is skipped. It implies `fresh`.
         """
         what = name or device
+        if empty:
+            self._format_readable(device, fs_type)
+            return fs_type
         found, ambivalent = self.probe(device)
         if ambivalent:
             if not fresh:
@@ -101,10 +108,7 @@ class Filesystems:
                     "(as a raw block device, or its file system is damaged); refusing to "
                     f"format it as {fs_type}: its data is left untouched"
                 )
-            problem = self.host.read_error(device)
-            if problem is not None:
-                raise FormatRefused(f"cannot read {device} ({problem}); refusing to format it")
-            self.mkfs(device, fs_type)
+            self._format_readable(device, fs_type)
             return fs_type
         if found != fs_type:
             raise FormatRefused(
@@ -112,6 +116,12 @@ class Filesystems:
                 "it is left untouched"
             )
         return found
+
+    def _format_readable(self, device: str, fs_type: str) -> None:
+        problem = self.host.read_error(device)
+        if problem is not None:
+            raise FormatRefused(f"cannot read {device} ({problem}); refusing to format it")
+        self.mkfs(device, fs_type)
 
     def wipe(self, device: str) -> None:
         self.runner.run(["wipefs", "--all", device])

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from csi_local import mounts
-from csi_local.errors import DeviceMissing, SyscallError
+from csi_local.errors import DeviceMissing, DmReplyMalformed, DmStatusUnusable, SyscallError
 from csi_local.mounts import Mount
+
+log = logging.getLogger(__name__)
 
 # linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int).
 _FIFREEZE = 0xC0045877
@@ -173,6 +176,19 @@ class Host:
         except OSError as err:
             return err.strerror or str(err)
         return None
+
+    def thin_mapped_sectors(self, vg: str, lv: str) -> int | None:
+        """Sectors the active thin volume `vg`/`lv` maps in its pool, from the
+        kernel's status of its device (an ioctl, no process); 0: it holds no
+        data at all. None when that cannot be known (not active, not a thin
+        device, a failed pool): callers take None as "may hold data"."""
+        from csi_local import dm
+
+        try:
+            return dm.thin_mapped_sectors(dm.dm_name(vg, lv))
+        except (DmStatusUnusable, DmReplyMalformed, SyscallError, ValueError) as err:
+            log.warning("device-mapper status of %s/%s: %s", vg, lv, err)
+            return None
 
     def bind_mount(self, source: str, target: str) -> None:
         """mount --bind: `source` (a directory, a file or a device node) at `target`."""

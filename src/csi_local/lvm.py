@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from csi_local import lvm_metadata
 from csi_local.errors import (
     CommandError,
     LvNotFound,
@@ -29,10 +31,12 @@ from csi_local.errors import (
 if TYPE_CHECKING:
     from csi_local.runner import Runner
 
+log = logging.getLogger(__name__)
+
 LV_FIELDS = (
     "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,lv_path,"
     "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor,"
-    "lv_metadata_size,thin_id"
+    "lv_metadata_size,thin_id,lv_uuid"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
 # LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
@@ -72,6 +76,7 @@ class LogicalVolume:
     kernel_minor: int
     metadata_size: int = 0  # a thin pool's metadata LV, bytes (0 for other LVs)
     thin_id: int = -1  # a thin volume's device ID in its pool (-1: not a thin volume)
+    uuid: str = ""  # LVM's ID of this LV: a new one for each LV ever made, never reused
 
     @property
     def active(self) -> bool:
@@ -158,6 +163,7 @@ def parse_lvs(output: str) -> list[LogicalVolume]:
                     kernel_minor=_int(row.get("lv_kernel_minor", ""), -1),
                     metadata_size=_int(row.get("lv_metadata_size", "")),
                     thin_id=_int(row.get("thin_id", ""), -1),
+                    uuid=row.get("lv_uuid", ""),
                 )
             )
     return result
@@ -520,3 +526,96 @@ def _tag_args(tags: Iterable[str]) -> list[str]:
     for tag in tags:
         args += ["--addtag", check_tag(tag)]
     return args
+
+
+class CommittedMetadata:
+    """LVs as the VGs' committed metadata records them and the kernel shows
+    them: read off the PVs and asked of device-mapper, with no process (see
+    csi_local.lvm_metadata). For the hot paths that only need to find one LV;
+    None whenever it cannot answer for certain, and the caller asks `lvs`.
+
+    The PVs of each VG come from one `pvs`, at first use and again (at most
+    every REFRESH seconds) when no known PV of a VG gives its metadata: a PV
+    added, removed or renamed under a new device node."""
+
+    REFRESH = 30.0
+
+    def __init__(self, runner: Runner) -> None:
+        import threading
+
+        self.runner = runner
+        self._lock = threading.Lock()
+        self._pvs: dict[str, list[tuple[str, str]]] | None = None  # vg -> [(path, uuid)]
+        self._read_at = 0.0
+        # vg -> the last text read and what it says: a VG that did not change
+        # since is not parsed again.
+        self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
+
+    def _physical_volumes(self, refresh: bool) -> dict[str, list[tuple[str, str]]]:
+        with self._lock:
+            stale = refresh and time.monotonic() - self._read_at >= self.REFRESH
+            if self._pvs is None or stale:
+                self._read_at = time.monotonic()
+                out = self.runner.run(["pvs", *_REPORT, "-o", "pv_name,vg_name,pv_uuid"]).stdout
+                data = json.loads(out) if out.strip() else {"report": []}
+                pvs: dict[str, list[tuple[str, str]]] = {}
+                for rep in data.get("report", []):
+                    for row in rep.get("pv", []):
+                        if row.get("vg_name"):
+                            pvs.setdefault(row["vg_name"], []).append(
+                                (row["pv_name"], row.get("pv_uuid", "")))
+                self._pvs = pvs
+            return self._pvs
+
+    def volume_group(self, vg: str) -> lvm_metadata.VgMetadata | None:
+        """VG `vg`'s committed metadata, from the first of its PVs that gives
+        it whole (checksums, PV and VG identity verified); None if none does."""
+        for refresh in (False, True):
+            try:
+                pvs = self._physical_volumes(refresh).get(vg, [])
+            except CommandError:
+                return None
+            for path, uuid in pvs:
+                try:
+                    found = lvm_metadata.read_committed(path)
+                    if found.pv_uuid != uuid:
+                        continue  # another PV under that node now
+                    cached = self._parsed.get(vg)
+                    if cached is not None and cached[0] == found.text:
+                        meta = cached[1]
+                    else:
+                        meta = lvm_metadata.vg_metadata(found.text)
+                        self._parsed[vg] = (found.text, meta)
+                except lvm_metadata.MetadataUnreadable as err:
+                    log.debug("committed metadata of %s from %s: %s", vg, path, err)
+                    continue
+                if meta.name == vg and uuid in meta.pv_uuids:
+                    return meta
+        return None
+
+    def thin_volume(self, vg: str, name: str) -> LogicalVolume | None:
+        """Thin LV vg/name with its kernel state, or None: not found (LVM
+        has the last word on absence), not a thin volume, or no answer."""
+        from csi_local import dm
+
+        meta = self.volume_group(vg)
+        found = meta.lvs.get(name) if meta is not None else None
+        if found is None or found.segment_type != "thin" or not found.visible:
+            return None
+        try:
+            device = dm.device(dm.dm_name(vg, name))
+        except (CommandError, ValueError):
+            return None
+        live = device is not None and device.live
+        opened = device is not None and device.open_count > 0
+        # lv_attr as lvs prints it for a thin volume: type, permissions,
+        # allocation, fixed minor, state, open, target, zeroing, health, skip.
+        attr = (f"Vwi-{'a' if live else '-'}{'o' if opened else '-'}tz-"
+                f"{'k' if found.activation_skip else '-'}")
+        return LogicalVolume(
+            name=name, vg=vg, size=found.size, tags=found.tags, attr=attr, pool=found.pool,
+            origin=found.origin, path=f"/dev/{vg}/{name}", data_percent=None,
+            metadata_percent=None, created=found.created, health="",
+            kernel_major=device.major if live and device else -1,
+            kernel_minor=device.minor if live and device else -1,
+            thin_id=found.device_id, uuid=found.uuid)

@@ -101,7 +101,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         default_fs = self.pools.default.default_fs_type
         cap = validation.capability(request.volume_capability, default_fs)
         with self._lock(volume_id):
-            pool, lv = self._volume(volume_id)
+            # Stage needs the LV's tags, class and device, which the VG's
+            # committed metadata and the kernel give without a process.
+            pool, lv = vols.get_volume(self.pools, volume_id, committed=True)
             if pool.default_fs_type != default_fs:  # no fs_type asked: the class's default
                 cap = validation.capability(request.volume_capability, pool.default_fs_type)
             rec = self.state.get(volume_id)
@@ -127,10 +129,31 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 self.state.set_staging(volume_id, staging)
         return pb.NodeStageVolumeResponse()
 
-    @staticmethod
-    def _mark_used(pool: Pool, lv: LogicalVolume) -> None:
-        """Drop the `fresh` tag before the volume is handed to anything that
-        writes: from then on it is never formatted again."""
+    def _formattable(self, lv: LogicalVolume) -> tuple[bool, bool]:
+        """(fresh, empty): whether mkfs may write to the volume, and whether it
+        holds no data at all.
+
+        A thin volume that maps no block reads as zeros everywhere: formatting
+        it loses nothing, whoever had it before (a raw block workload that
+        never wrote, or nobody). That is asked of the kernel (one ioctl, no
+        process), and is exact where a "never staged" tag was a promise that
+        cost an lvchange per stage. A volume with mapped blocks is fresh only
+        while this plugin's own mkfs of it is unfinished (a formatting mark,
+        see StateStore), or with a tag an older version made."""
+        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        if mapped == 0:
+            return True, True
+        if mapped is None:
+            log.warning("cannot read how much of volume %s is mapped; it is formatted only "
+                        "if it is known never to have been used", lv.name)
+        marked = bool(lv.uuid) and self.state.formatting(lv.uuid)
+        return vols.TAG_FRESH in lv.tags or marked, False
+
+    def _mark_used(self, pool: Pool, lv: LogicalVolume) -> None:
+        """Once the volume is formatted or handed out raw, nothing may format it
+        again: its formatting mark goes, and the tag of older versions."""
+        if lv.uuid:
+            self.state.clear_formatting(lv.uuid)
         if vols.TAG_FRESH in lv.tags:
             pool.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
 
@@ -156,8 +179,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             assert top is not None
             fs_type = top.fs_type
         else:
+            fresh, empty = self._formattable(lv)
+            if fresh and lv.uuid:
+                # Before the first write: a stage killed inside mkfs may format again.
+                self.state.mark_formatting(lv.uuid)
             fs_type = self.fs.ensure_filesystem(
-                lv.path, cap.fs_type, fresh=vols.TAG_FRESH in lv.tags, name=lv.name)
+                lv.path, cap.fs_type, fresh=fresh, empty=empty, name=lv.name)
             self._mark_used(pool, lv)
             if vols.TAG_NEW_FSID in lv.tags:
                 # The origin is on this node too, most likely mounted.

@@ -19,6 +19,7 @@ from csi_local.groups import GroupSnapshots
 from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
+from csi_local.lvm import CommittedMetadata
 from csi_local.monitor import PoolMonitor
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
@@ -66,7 +67,8 @@ class CsiPlugin:
                           observe=metrics.observe_command if metrics else None)
         host = Host()
         locks = Locks(config.lock_dir)
-        pools = Pools(config.classes, runner, locks, config.pool_policy)
+        pools = Pools(config.classes, runner, locks, config.pool_policy,
+                      committed=CommittedMetadata(runner))
 
         def rebuild() -> dict[str, VolumeRecord]:
             if metrics is not None:

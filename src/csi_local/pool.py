@@ -27,7 +27,14 @@ from csi_local import sizes
 from csi_local.classes import DeviceClass, DeviceClasses
 from csi_local.errors import NoRoom, PoolUnusable, UnknownDeviceClass, VolumeGroupMissing
 from csi_local.locks import Locks, pool_key
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, find_in_vgs, list_vgs
+from csi_local.lvm import (
+    CommittedMetadata,
+    LogicalVolume,
+    Lvm,
+    VgReport,
+    find_in_vgs,
+    list_vgs,
+)
 
 if TYPE_CHECKING:
     from csi_local.runner import Runner
@@ -238,9 +245,12 @@ class Pools:
     naming its class (nothing else records it)."""
 
     def __init__(self, classes: DeviceClasses, runner: Runner, locks: Locks,
-                 policy: PoolPolicy | None = None) -> None:
+                 policy: PoolPolicy | None = None,
+                 committed: CommittedMetadata | None = None) -> None:
         self.classes = classes
         self.runner = runner
+        # Where find_committed reads; None: it never answers (every lookup is an `lvs`).
+        self.committed = committed
         self._pools = {
             c.name: Pool(Lvm(runner, c.volume_group, c.thin_pool, c.lvcreate_args), locks,
                           c.overprovision_ratio, policy, device_class=c)
@@ -317,6 +327,26 @@ class Pools:
 
     def find(self, name: str) -> tuple[Pool, LogicalVolume] | None:
         return self.locate(name).get(name)
+
+    def find_committed(self, name: str) -> tuple[Pool, LogicalVolume] | None:
+        """find() of a thin volume that exists, without a process: from the
+        classes' VGs' committed metadata and the kernel. None when that does
+        not answer for certain (no reader, a VG unreadable, the name in no VG
+        or in more than one, not a class's thin volume): then ask find()."""
+        if self.committed is None:
+            return None
+        hits = []
+        for vg in self.classes.volume_groups:
+            meta = self.committed.volume_group(vg)
+            if meta is None:
+                return None
+            if name in meta.lvs:
+                hits.append(vg)
+        if len(hits) != 1:
+            return None
+        lv = self.committed.thin_volume(hits[0], name)
+        owner = self.of_lv(lv) if lv is not None else None
+        return (owner, lv) if owner is not None and lv is not None else None
 
     def scan(self) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
         """Every LV of the classes' VGs with its pool (None: not a class's thin

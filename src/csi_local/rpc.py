@@ -95,6 +95,10 @@ CODES: dict[type[errors.StorageError], str] = {
     # CreateVolumeGroupSnapshot's "cannot snapshot multiple volumes together".
     errors.CannotQuiesce: "FAILED_PRECONDITION",
     errors.OriginFrozen: "FAILED_PRECONDITION",
+    # The node cannot ask the kernel: fixed by loading dm-mod or mounting /dev.
+    errors.DeviceMapperMissing: "FAILED_PRECONDITION",
+    errors.DmStatusUnusable: "FAILED_PRECONDITION",
+    errors.DmReplyMalformed: "INTERNAL",
 }
 
 # Where an RPC's error table says otherwise.

@@ -1,9 +1,11 @@
 """Node state: where each volume is staged and published, with counts.
 
 LVM says what exists; this file says only what LVM cannot: staging paths and
-publish targets. Writes are atomic (temp file, fsync, rename, fsync of the
-directory); a lock file keeps a second process out. A missing entry means
-"not staged, not published". No gRPC types here.
+publish targets. Beside it, one empty file per mkfs under way (a formatting
+mark), so that a stage killed part-way through its own mkfs may format again.
+Writes are atomic (temp file, fsync, rename, fsync of the directory); a lock
+file keeps a second process out. A missing entry means "not staged, not
+published". No gRPC types here.
 """
 
 from __future__ import annotations
@@ -13,18 +15,21 @@ import fcntl
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from csi_local.atomic import write_atomic
+from csi_local.atomic import sync_directory, write_atomic
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"
+FORMATTING_PREFIX = "formatting."
+_MARK_KEY_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")  # an LV's ID (lv_uuid)
 
 
 class StateLocked(Exception):
@@ -305,6 +310,41 @@ class StateStore:
             rec = self.get(volume_id)
             pubs = {t: p for t, p in rec.publishes.items() if t != target}
             self.put(replace(rec, publishes=pubs))
+
+    # Formatting marks. The plugin formats only a volume that holds no data at
+    # all (its thin device maps no block), but its own mkfs maps blocks as it
+    # writes: killed part-way, it would leave a volume that nothing may format
+    # again. The mark, written (durably) before the mkfs and removed after it,
+    # tells a retry that the blocks are that mkfs's own. It is keyed by the
+    # LV's ID, which LVM never gives to another LV, so a mark left behind can
+    # never make a later volume of the same name formattable.
+
+    def _mark_path(self, lv_uuid: str) -> str:
+        if not _MARK_KEY_RE.match(lv_uuid):
+            raise ValueError(f"invalid LV ID {lv_uuid!r}")
+        return os.path.join(self.directory, FORMATTING_PREFIX + lv_uuid)
+
+    def mark_formatting(self, lv_uuid: str) -> None:
+        """Record, durably, that a mkfs of the LV with ID `lv_uuid` is about to start."""
+        fd = os.open(self._mark_path(lv_uuid),
+                     os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        sync_directory(self.directory)
+
+    def formatting(self, lv_uuid: str) -> bool:
+        """Whether a mkfs of that LV started and was not seen to finish."""
+        return os.path.exists(self._mark_path(lv_uuid))
+
+    def clear_formatting(self, lv_uuid: str) -> None:
+        """The mkfs finished (or the volume is handed out raw): the mark goes, durably."""
+        try:
+            os.unlink(self._mark_path(lv_uuid))
+        except FileNotFoundError:
+            return
+        sync_directory(self.directory)
 
     def find_target(self, target: str) -> str | None:
         """The volume published at `target`, if any."""

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from csi_local.dm import dm_name
 from csi_local.errors import (
     CommandError,
     MappingToolsMissing,
@@ -56,11 +57,6 @@ class Mapping:
 
     chunk_size: int
     runs: tuple[Run, ...]
-
-
-def dm_name(vg: str, lv: str) -> str:
-    """The device-mapper name LVM gives vg/lv ("-" doubled in each part)."""
-    return f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
 
 
 def merge(runs: list[Run]) -> tuple[Run, ...]:

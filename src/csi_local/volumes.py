@@ -34,7 +34,10 @@ KIND_VOLUME = "volume"
 KIND_SNAPSHOT = "snapshot"
 TAG_SOURCE = "csi-local.source"  # "<SourceKind>:<id>"
 TAG_SIZE = "csi-local.size"  # the size CreateVolume settled on, for convergent retries
-TAG_FRESH = "csi-local.fresh"  # never staged: stray signatures may be wiped
+# Made by versions before 0.x: never staged. CreateVolume no longer adds it
+# (the node asks the thin device whether it holds data); a volume that still
+# has it is treated as fresh, and loses it at its first stage.
+TAG_FRESH = "csi-local.fresh"
 TAG_GROW_FS = "csi-local.grow-fs"  # grown past its source: grow the fs at first stage
 # A clone or restore: its file system has its source's UUID, which xfs and
 # btrfs refuse to mount twice; a new one is given at the first mount stage.
@@ -156,10 +159,17 @@ def requested_size(lv: LogicalVolume) -> int:
     return int(raw) if raw and raw.isdigit() else lv.size
 
 
-def get_volume(pools: Pools, volume_id: str) -> tuple[Pool, LogicalVolume]:
+def get_volume(pools: Pools, volume_id: str, *,
+               committed: bool = False) -> tuple[Pool, LogicalVolume]:
     """The LV of a CSI volume and its class's pool, from one `lvs` over the
     classes' VGs; LvNotFound for an ID that is not one of ours, an LV that
-    does not exist, or one that is not a CSI volume."""
+    does not exist, or one that is not a CSI volume. `committed`: from the
+    VGs' committed metadata when it answers (no process), for a caller that
+    needs no usage figures (data_percent and the like are None then)."""
+    if committed and is_volume_id(volume_id):
+        hit = pools.find_committed(volume_id)
+        if hit is not None and is_csi_volume(hit[1]):
+            return hit
     found = pools.find(volume_id) if is_volume_id(volume_id) else None
     if found is None or not is_csi_volume(found[1]):
         raise LvNotFound(f"volume {volume_id!r} not found")

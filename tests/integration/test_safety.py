@@ -5,8 +5,11 @@ Each test fails on the code before its fix (see the docstrings).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
+import time
 from typing import Any
 
 import grpc
@@ -55,6 +58,80 @@ def test_volume_used_as_block_is_never_formatted(plugin: PluginProcess) -> None:
     with open(lv_path, "rb") as dev:
         dev.seek(3 * MiB)
         assert dev.read(len(PATTERN)) == PATTERN
+
+
+def _mapped_sectors(vg: str, lv: str) -> int:
+    """The thin device's mapped sectors, as dmsetup prints them (the test's own
+    reading, independent of the plugin's ioctl)."""
+    name = f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
+    return int(run("dmsetup", "status", name).stdout.split()[3])
+
+
+def test_block_volume_never_written_is_formatted_later(plugin: PluginProcess) -> None:
+    """A volume handed out raw whose workload never wrote maps no block: it holds
+    nothing, so a later stage as a file system formats it. (Before: the first
+    stage of any kind dropped the "fresh" tag, and the volume was refused forever.)"""
+    vid = create(plugin, "unwritten", cap=block_cap())
+    staging = plugin.path("s-unwritten")
+    stage(plugin, vid, staging, block_cap())
+    unstage(plugin, vid, staging)
+    assert _mapped_sectors(plugin.vg.name, vid) == 0
+    stage(plugin, vid, plugin.path("s-unwritten-fs"), mount_cap("ext4"))
+    lv_path = f"/dev/{plugin.vg.name}/{vid}"
+    assert run("blkid", "-p", "-o", "value", "-s", "TYPE", lv_path).stdout.strip() == "ext4"
+    assert _mapped_sectors(plugin.vg.name, vid) > 0
+
+
+def _find_process(argv0: str, arg: str, deadline: float) -> int | None:
+    """The pid of a running `argv0 ... arg` (its cmdline), polled until `deadline`."""
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")
+            except OSError:
+                continue
+            if words and os.path.basename(words[0]) == argv0.encode() and arg.encode() in words:
+                return int(pid)
+        time.sleep(0.005)
+    return None
+
+
+def test_stage_killed_inside_mkfs_formats_on_retry(plugin_factory: Any) -> None:
+    """kill -9 of the plugin and of its mkfs part-way: the blocks that mkfs
+    mapped are its own (the formatting mark says so), so the retry formats and
+    mounts. A volume with mapped blocks and no mark is refused (see above)."""
+    p: PluginProcess = plugin_factory()
+    vid = create(p, "killed-mkfs", size=512 * MiB)
+    lv_path = f"/dev/{p.vg.name}/{vid}"
+    staging = p.path("s-killed-mkfs")
+    req = pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=staging,
+                                    volume_capability=mount_cap("ext4"))
+    fut = p.node.NodeStageVolume.future(req)
+    pid = _find_process("mkfs.ext4", lv_path, time.monotonic() + 120)
+    assert pid is not None, "mkfs.ext4 never ran"
+    os.kill(pid, signal.SIGSTOP)  # hold it where it is, then kill both
+    p.kill()
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(grpc.RpcError):
+        fut.result()
+    if _mapped_sectors(p.vg.name, vid) == 0:
+        # Caught before its first write: write what a later kill would have left.
+        with open(lv_path, "r+b") as dev:
+            dev.seek(8 * MiB)
+            dev.write(PATTERN)
+            os.fsync(dev.fileno())
+    assert _mapped_sectors(p.vg.name, vid) > 0
+    assert [f.name for f in p.state_dir.iterdir() if f.name.startswith("formatting.")]
+    p.start()
+    stage(p, vid, staging, mount_cap("ext4"))
+    assert mounts.top_mount(staging) is not None
+    assert run("blkid", "-p", "-o", "value", "-s", "TYPE", lv_path).stdout.strip() == "ext4"
+    assert not [f.name for f in p.state_dir.iterdir() if f.name.startswith("formatting.")]
+    unstage(p, vid, staging)
+    p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
 
 
 def test_snapshot_counts_against_the_pool(plugin: PluginProcess, vg: LoopVG) -> None:

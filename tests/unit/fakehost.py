@@ -88,6 +88,11 @@ class Content:
     fs_size: int = 0  # bytes the file system spans (grows only with resize2fs & co.)
     ambivalent: bool = False  # stray/conflicting signatures: blkid exits 8
     unreadable: bool = False  # reads fail: blkid finds nothing, read_error says why
+    written: bool = False  # something wrote to it (a thin volume then maps blocks)
+
+    @property
+    def holds_data(self) -> bool:
+        return self.written or self.fs is not None or self.ambivalent
 
 
 @dataclass
@@ -119,6 +124,7 @@ class FakeLv:
     chunks: dict[int, int] = field(default_factory=dict)
     chunk_size: int = 64 * 1024  # a pool's chunk size
     held: bool = False  # a pool's metadata snapshot is reserved (dmsetup status)
+    uuid: str = ""  # lv_uuid, set when the LV is made
 
 
 @dataclass
@@ -458,6 +464,16 @@ class FakeHost(Host):
             raise FileNotFoundError(path)
         return dev.size
 
+    def thin_mapped_sectors(self, vg: str, lv: str) -> int | None:
+        """The kernel's count for an active thin volume: its mapped chunks, or
+        one chunk for content written without a modelled write (mkfs, a setup)."""
+        found = self.vgs[vg].lvs.get(lv) if vg in self.vgs else None
+        if found is None or found.kind != "thin" or not found.active:
+            return None
+        pool = self.vgs[vg].lvs[found.pool]
+        chunks = len(found.chunks) or (1 if found.content.holds_data else 0)
+        return chunks * pool.chunk_size // 512
+
     def read_error(self, path: str, length: int = 1 << 20) -> str | None:
         dev = self._device(self._follow(path))
         if dev is None:
@@ -538,6 +554,7 @@ class FakeHost(Host):
         lv.created = self.clock
         self.clock += 1
         lv.vg = fvg.name
+        lv.uuid = f"fake-lv-{self.clock:06d}"
         if lv.kind == "thin" and lv.thin_id < 0:  # LVM numbers thin devices per pool
             lv.thin_id = 1 + max((x.thin_id for x in fvg.lvs.values() if x.pool == lv.pool),
                                  default=0)
@@ -579,6 +596,7 @@ class FakeHost(Host):
             "vg_extent_size": lambda: str(self.vgs[lv.vg].extent),
             "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
             "thin_id": lambda: str(lv.thin_id) if thin else "",
+            "lv_uuid": lambda: lv.uuid,
         }
         if name not in values:
             raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
@@ -861,6 +879,7 @@ class FakeHost(Host):
         _, pos = _options(argv, (), {"--all"})
         dev = self._writable(_one(pos, argv)[0], "wipefs")
         dev.content.fs, dev.content.ambivalent, dev.content.uuid = None, False, ""
+        dev.content.written = True  # zeros over the signatures: blocks mapped all the same
         return ""
 
     def _mkfs(self, argv: Sequence[str]) -> str:
@@ -875,6 +894,7 @@ class FakeHost(Host):
         if dev.size < _MIN_FS.get(fs, 0):
             raise _Fail(1, f"{argv[0]}: {path} is too small to make a usable filesystem\n")
         c.fs, c.ambivalent, c.uuid, c.fs_size = fs, False, self._uuid(), dev.size
+        c.written = True
         return ""
 
     def _mounted(self, path: str, fs: str, argv: Sequence[str]) -> _Dev:

@@ -407,7 +407,7 @@ def test_create_volume_reply_and_lv(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not reply.volume.HasField("content_source")
     lv = n.host.lv(NEW)
     assert (lv.size, lv.active, lv.skip) == (GiB, True, False)
-    assert lv.tags == {KIND_V, f"{vols.TAG_SIZE}={GiB}", vols.TAG_FRESH}
+    assert lv.tags == {KIND_V, f"{vols.TAG_SIZE}={GiB}"}  # no "fresh" tag: see node
     assert len(n.host.commands("lvcreate")) == 1
 
 
@@ -680,6 +680,21 @@ def test_delete_volume_removes_it_and_keeps_its_snapshots(
     assert n.host.commands("lvremove") == [("lvremove", "--yes", f"vg0/{V}")]
     assert call(n.controller.DeleteVolume, dv())[0] == "OK"  # and again
     assert len(n.host.commands("lvremove")) == 1
+
+
+def test_delete_volume_drops_a_formatting_mark_left_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage killed inside its mkfs leaves a mark keyed by the LV's ID; the
+    volume's deletion takes it along (another volume's mark stays)."""
+    n = make_node(tmp_path, monkeypatch)
+    add_volume(n)
+    add_volume(n, V2)
+    uuid, uuid2 = n.host.lv(V).uuid, n.host.lv(V2).uuid
+    n.state.mark_formatting(uuid)
+    n.state.mark_formatting(uuid2)
+    assert call(n.controller.DeleteVolume, dv())[0] == "OK"
+    assert not n.state.formatting(uuid)
+    assert n.state.formatting(uuid2)
 
 
 # ValidateVolumeCapabilities ---------------------------------------------------------------

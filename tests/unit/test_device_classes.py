@@ -768,20 +768,19 @@ def test_lists_and_lookups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case
 # NodeStageVolume, ControllerExpandVolume ----------------------------------------------
 
 NS, CE = "NodeStageVolume", "ControllerExpandVolume"
-FRESH = (vols.TAG_FRESH,)
 
 NODE = [
     row("stage-big-without-fs-type-is-xfs", NS, stage(mount_cap("")), "OK",
-        setup=vol("big", active=False, tags=FRESH), ran="lvs lvchange blkid mkfs.xfs mount",
+        setup=vol("big", active=False), ran="lvs lvchange mkfs.xfs mount",
         check=staged_with("big", "xfs")),
     row("stage-fast-without-fs-type-is-ext4", NS, stage(mount_cap("")), "OK",
-        setup=vol("fast", active=False, tags=FRESH), ran="lvs lvchange blkid mkfs.ext4 mount",
+        setup=vol("fast", active=False), ran="lvs lvchange mkfs.ext4 mount",
         check=staged_with("fast", "ext4")),
     row("stage-big-fs-type-asked", NS, stage(mount_cap("btrfs")), "OK",
-        setup=vol("big", active=False, tags=FRESH), ran="lvs lvchange blkid mkfs.btrfs mount",
+        setup=vol("big", active=False), ran="lvs lvchange mkfs.btrfs mount",
         check=staged_with("big", "btrfs")),
     row("stage-big-block", NS, stage(block_cap()), "OK",
-        setup=vol("big", active=False, tags=FRESH), ran="lvs lvchange mount",
+        setup=vol("big", active=False), ran="lvs lvchange mount",
         check=staged_with("big", None)),
     row("expand-big-within-its-room", CE, ce(V, 25 * GiB), "OK", setup=vol("big"),
         ran="lvs lvextend", check=grown("big", V, 25 * GiB)),

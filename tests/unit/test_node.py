@@ -183,18 +183,42 @@ def no_mode_cap() -> pb.VolumeCapability:
 
 
 def fresh(vid: str = V, size: int = GiB, fs: str | None = None) -> Setup:
-    """A volume as CreateVolume leaves it: never handed out (`fresh`), blank."""
+    """A volume as CreateVolume leaves it: its thin device maps no block."""
     def run(n: Node) -> None:
-        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}", FRESH], fs=fs)
+        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}"], fs=fs)
     return run
+
+
+def legacy_fresh(vid: str = V, size: int = GiB) -> Setup:
+    """A volume made by an older version: tagged `fresh`, never staged."""
+    def run(n: Node) -> None:
+        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}", FRESH])
+    return run
+
+
+def written(vid: str = V) -> Setup:
+    """Something wrote to the volume's device: it maps blocks (blkid may find nothing)."""
+    def run(n: Node) -> None:
+        n.host.lv(vid).content.written = True
+    return run
+
+
+def format_mark(vid: str = V) -> Setup:
+    """The mark a stage leaves when it is killed inside its mkfs."""
+    return lambda n: n.state.mark_formatting(n.host.lv(vid).uuid)
+
+
+def mapping_unknown(n: Node) -> None:
+    """The kernel's mapped-block count cannot be read."""
+    n.host.thin_mapped_sectors = lambda vg, lv: None  # type: ignore[method-assign]
 
 
 def used(fs: str | None = "ext4", *, vid: str = V, size: int = GiB, tags: Sequence[str] = (),
          active: bool = True, fs_size: int | None = None) -> Setup:
-    """A volume that has been staged before (no `fresh` tag), holding `fs`."""
+    """A volume that has been staged and written before, holding `fs`."""
     def run(n: Node) -> None:
         n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}", *tags],
-                      active=active)
+                      active=active).content.written = True
         if fs is not None:
             n.host.set_content(vid, fs, fs_size=fs_size)
     return run
@@ -409,6 +433,13 @@ def tags(has: Sequence[str] = (), lacks: Sequence[str] = (), vid: str = V) -> Ch
     def run(n: Node, _: Any) -> None:
         lv = n.host.lvs[vid]
         assert set(has) <= lv.tags and not set(lacks) & lv.tags, lv.tags
+    return run
+
+
+def marked(present: bool, vid: str = V) -> Check:
+    """Whether the volume's formatting mark is there (a retry may format again)."""
+    def run(n: Node, _: Any) -> None:
+        assert n.state.formatting(n.host.lvs[vid].uuid) is present
     return run
 
 
@@ -695,21 +726,22 @@ STAGE_ROWS = [
         "carries conflicting signatures and has been used before",
         setup=chain(used(fs=None), content(ambivalent=True)), ran="lvs blkid"),
     row("fresh-unreadable-refused", stage(), "FAILED_PRECONDITION", "cannot read",
-        setup=chain(fresh(), content(unreadable=True)), ran="lvs blkid"),
+        setup=chain(fresh(), content(unreadable=True)), ran="lvs"),
     # Devices and commands that fail.
     row("activation-fails", stage(), "INTERNAL", "lvchange exited 5",
         setup=chain(used(active=False), fail("lvchange", rc=5)), ran="lvs lvchange"),
     row("device-never-appears", stage(), "FAILED_PRECONDITION", "did not appear",
         setup=chain(used(active=False), fail("lvchange", rc=0, stderr="")), ran="lvs lvchange"),
+    # The mark stays: the retry may format again, whatever the failed mkfs wrote.
     row("mkfs-fails-nothing-recorded", stage(), "INTERNAL", "mkfs.ext4 exited 1",
-        setup=chain(fresh(), fail("mkfs.ext4")), ran="lvs blkid mkfs.ext4",
-        check=tags(has=[FRESH])),
-    # Formatted, so no longer fresh; not mounted, so not recorded (a retry mounts it).
+        setup=chain(fresh(), fail("mkfs.ext4")), ran="lvs mkfs.ext4",
+        check=all_of(marked(True), unstaged())),
+    # Formatted, so no longer formattable; not mounted, so not recorded (a retry mounts it).
     row("mount-fails-nothing-recorded", stage(), "INTERNAL", "mount exited 32",
-        setup=chain(fresh(), fail("mount", rc=32)), ran="lvs blkid mkfs.ext4 lvchange mount",
-        changes="lvs", check=all_of(tags(lacks=[FRESH]), fs_is("ext4"))),
-    row("fresh-tag-removal-fails-not-mounted", stage(), "INTERNAL", "lvchange exited 5",
-        setup=chain(fresh(), fail("lvchange", rc=5)), ran="lvs blkid mkfs.ext4 lvchange",
+        setup=chain(fresh(), fail("mount", rc=32)), ran="lvs mkfs.ext4 mount",
+        changes="lvs", check=all_of(marked(False), fs_is("ext4"), unstaged())),
+    row("legacy-fresh-tag-removal-fails-not-mounted", stage(), "INTERNAL", "lvchange exited 5",
+        setup=chain(legacy_fresh(), fail("lvchange", rc=5)), ran="lvs mkfs.ext4 lvchange",
         changes="lvs", check=all_of(tags(has=[FRESH]), fs_is("ext4"))),
     row("new-fsid-fails-not-mounted", stage(cap=mount_cap("btrfs")), "INTERNAL",
         "btrfstune exited 1", setup=chain(used("btrfs", tags=[NEW_FSID]), fail("btrfstune")),
@@ -720,25 +752,47 @@ STAGE_ROWS = [
         ran="lvs blkid mount resize2fs", changes="mounts",
         check=all_of(mounted(STAGE, "ext4"), unstaged(), tags(has=[GROW_FS]))),
     row("block-bind-fails-nothing-recorded", stage(cap=BLK), "INTERNAL", "mount exited 32",
-        setup=chain(fresh(), fail("mount", rc=32)), ran="lvs lvchange mount", changes="lvs",
-        check=tags(lacks=[FRESH])),
-    # Mount volumes.
+        setup=chain(fresh(), fail("mount", rc=32)), ran="lvs mount", changes="",
+        check=unstaged()),
+    # Mount volumes. A new volume maps no block: formatted without a probe, and
+    # without a single LVM change.
     row("fresh-ext4-formatted-once", stage(), "OK",
-        setup=fresh(), ran="lvs blkid mkfs.ext4 lvchange mount",
-        check=all_of(times("mkfs.ext4", 1), ran_cmd("lvchange", "--deltag", FRESH, f"vg0/{V}"),
-                     order("blkid", "mkfs.ext4", "lvchange", "mount"), tags(lacks=[FRESH]),
+        setup=fresh(), ran="lvs mkfs.ext4 mount",
+        check=all_of(times("mkfs.ext4", 1), order("mkfs.ext4", "mount"), marked(False),
                      fs_is("ext4"), mounted(STAGE, "ext4", ro=False),
                      ran_cmd("mount", "-t", "ext4", "@dev", "@stage"), staging())),
     row("fresh-xfs-mounted-nouuid", stage(cap=mount_cap("xfs")), "OK",
-        setup=fresh(), ran="lvs blkid mkfs.xfs lvchange mount",
+        setup=fresh(), ran="lvs mkfs.xfs mount",
         check=all_of(ran_cmd("mount", "-t", "xfs", "-o", "nouuid", "@dev", "@stage"),
                      mounted(STAGE, "xfs"), staging(fs="xfs"))),
     row("fresh-btrfs", stage(cap=mount_cap("btrfs")), "OK",
-        setup=fresh(), ran="lvs blkid mkfs.btrfs lvchange mount",
+        setup=fresh(), ran="lvs mkfs.btrfs mount",
         check=all_of(mounted(STAGE, "btrfs"), staging(fs="btrfs"))),
     row("no-fs-type-is-the-default-ext4", stage(cap=mount_cap("")), "OK",
-        setup=fresh(), ran="lvs blkid mkfs.ext4 lvchange mount",
+        setup=fresh(), ran="lvs mkfs.ext4 mount",
         check=all_of(mounted(STAGE, "ext4"), staging(fs="ext4"))),
+    # Blocks mapped, nothing blkid knows, no mark: a raw workload's data, left alone.
+    row("written-blank-never-formatted", stage(), "FAILED_PRECONDITION",
+        "has no recognisable file system but has been used before",
+        setup=chain(fresh(), written()), ran="lvs blkid", check=fs_is(None)),
+    # The kernel's count unreadable: only a volume known to be fresh is formatted.
+    row("mapping-unknown-blank-refused", stage(), "FAILED_PRECONDITION",
+        "has been used before", setup=chain(fresh(), mapping_unknown), ran="lvs blkid",
+        check=fs_is(None)),
+    # A stage killed inside its mkfs: the mark lets the retry wipe and format.
+    row("killed-mkfs-mark-lets-the-retry-format", stage(), "OK",
+        setup=chain(fresh(), content(ambivalent=True), format_mark()),
+        ran="lvs blkid wipefs mkfs.ext4 mount",
+        check=all_of(order("wipefs", "mkfs.ext4", "mount"), marked(False), fs_is("ext4"),
+                     staging())),
+    row("killed-mkfs-after-its-superblock-mounted", stage(), "OK",
+        setup=chain(fresh(), content(fs="ext4"), format_mark()), ran="lvs blkid mount",
+        check=all_of(marked(False), mounted(STAGE, "ext4"), staging())),
+    row("legacy-fresh-formatted-tag-dropped", stage(), "OK",
+        setup=legacy_fresh(), ran="lvs mkfs.ext4 lvchange mount",
+        check=all_of(ran_cmd("lvchange", "--deltag", FRESH, f"vg0/{V}"),
+                     order("mkfs.ext4", "lvchange", "mount"), tags(lacks=[FRESH]),
+                     fs_is("ext4"), staging())),
     row("mount-flags-passed-and-recorded", stage(cap=mount_cap(flags=("noatime", "ro"))), "OK",
         setup=used(), ran="lvs blkid mount",
         check=all_of(ran_cmd("mount", "-t", "ext4", "-o", "noatime,ro", "@dev", "@stage"),
@@ -748,9 +802,9 @@ STAGE_ROWS = [
     row("used-ext4-mounted-not-formatted", stage(), "OK", setup=used(), ran="lvs blkid mount",
         check=all_of(mounted(STAGE, "ext4"), staging())),
     row("fresh-with-fs-not-reformatted", stage(), "OK", setup=fresh(fs="ext4"),
-        ran="lvs blkid lvchange mount", check=all_of(tags(lacks=[FRESH]), staging())),
-    row("fresh-stray-signatures-wiped-then-formatted", stage(), "OK",
-        setup=chain(fresh(), content(ambivalent=True)),
+        ran="lvs blkid mount", check=all_of(fs_is("ext4"), staging())),
+    row("legacy-fresh-stray-signatures-wiped-then-formatted", stage(), "OK",
+        setup=chain(legacy_fresh(), content(ambivalent=True)),
         ran="lvs blkid wipefs mkfs.ext4 lvchange mount",
         check=all_of(order("wipefs", "mkfs.ext4", "mount"), ran_cmd("wipefs", "--all", "@dev"),
                      mounted(STAGE, "ext4"), staging())),
@@ -812,10 +866,16 @@ STAGE_ROWS = [
                      mounted(STAGE, "ext4"))),
     # Block volumes: the device node bound onto <staging>/<volume id>.
     row("block-fresh-bound-no-mkfs", stage(cap=BLK), "OK", setup=fresh(),
-        ran="lvs lvchange mount",
+        ran="lvs mount",
         check=all_of(mounted(block_file(), "devtmpfs", kind="file"), unmounted(STAGE),
                      ran_cmd("mount", "--bind", "@dev", "@" + block_file()),
-                     tags(lacks=[FRESH]), fs_is(None), staging(access=BLOCK))),
+                     fs_is(None), staging(access=BLOCK))),
+    row("block-legacy-fresh-tag-dropped", stage(cap=BLK), "OK", setup=legacy_fresh(),
+        ran="lvs lvchange mount", check=all_of(tags(lacks=[FRESH]), staging(access=BLOCK))),
+    # Handed out raw: what the unfinished mkfs left is no longer its own.
+    row("block-stage-drops-a-formatting-mark", stage(cap=BLK), "OK",
+        setup=chain(fresh(), written(), format_mark()), ran="lvs mount",
+        check=all_of(marked(False), staging(access=BLOCK))),
     row("block-used-never-probed", stage(cap=BLK), "OK", setup=used(), ran="lvs mount",
         check=all_of(mounted(block_file(), kind="file"), staging(access=BLOCK))),
     row("block-keeps-grow-fs-tag", stage(cap=BLK), "OK",

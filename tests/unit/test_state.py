@@ -111,3 +111,36 @@ def test_one_volume_a_line_and_one_change_renders_one_line(
     assert rendered == ["v08"]
     assert st.parse((tmp_path / "state.json").read_text()) == again.all()
     again.close()
+
+
+LV_ID = "Xq3d1b-Hn0A-kM2f-9sLe-Jw7T-cP4u-Rr8eVb"  # an lv_uuid as LVM prints it
+
+
+def test_formatting_mark_outlives_the_process_and_a_corrupt_state_file(
+        tmp_path: Path) -> None:
+    store = StateStore(str(tmp_path))
+    assert not store.formatting(LV_ID)
+    store.mark_formatting(LV_ID)
+    store.mark_formatting(LV_ID)  # a retry marks again: still one mark
+    store.close()
+    # A restart (kill -9 inside mkfs) that finds the state file corrupt and
+    # rebuilds it from the mounts still finds the mark: nothing mounted knows it.
+    (tmp_path / "state.json").write_text("{broken")
+    again = StateStore(str(tmp_path), rebuild=dict, reconcile=lambda r: {})
+    assert again.formatting(LV_ID)
+    assert not again.formatting(LV_ID.replace("X", "Y"))  # keyed by the LV's own ID
+    again.clear_formatting(LV_ID)
+    again.clear_formatting(LV_ID)  # gone already: nothing to do
+    assert not again.formatting(LV_ID)
+    assert sorted(os.listdir(tmp_path)) == ["state.json", "state.json.corrupt", "state.lock"]
+    again.close()
+
+
+@pytest.mark.parametrize("key", ["", "../state.json", "a/b", "x" * 65, "a b", "\u00e9"])
+def test_formatting_mark_refuses_what_is_not_an_lv_id(tmp_path: Path, key: str) -> None:
+    store = StateStore(str(tmp_path))
+    for call in (store.mark_formatting, store.formatting, store.clear_formatting):
+        with pytest.raises(ValueError, match="invalid LV ID"):
+            call(key)
+    assert sorted(os.listdir(tmp_path)) == ["state.lock"]
+    store.close()

@@ -1,0 +1,203 @@
+"""The committed-metadata reader, on what LVM 2.03 really wrote (a PV's label
+sector, metadata-area header and text, captured in the test VM), and on
+images made from it with one thing broken at a time."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi_local import dm
+from csi_local import lvm_metadata as lm
+from csi_local.dm import DmDevice
+from csi_local.lvm import CommittedMetadata
+from tests.unit.conftest import FakeRunner
+
+DATA = Path(__file__).parent / "data"
+CAPTURE = json.loads((DATA / "lvm-metadata.json").read_text())
+HEAD = base64.b64decode(CAPTURE["head_b64"])  # sectors 0-8: the label, then the mda header
+TEXT = CAPTURE["text"].encode()
+MDA = 4096  # where this PV's metadata area starts (its label says so)
+
+
+def area() -> tuple[int, int, int, int, int]:
+    """(area start, area size, text offset, text size, text crc) from the header."""
+    start, size = struct.unpack_from("<QQ", HEAD, MDA + 24)
+    offset, length, crc, _flags = struct.unpack_from("<QQII", HEAD, MDA + 40)
+    return start, size, offset, length, crc
+
+
+def image(tmp_path: Path, head: bytes = HEAD, text: bytes = TEXT,
+          at: int | None = None) -> str:
+    """A PV image: `head` at 0 and `text` where the header says (or at `at`)."""
+    start, _, offset, _, _ = area()
+    buf = bytearray(1 << 20)
+    buf[:len(head)] = head
+    where = start + offset if at is None else at
+    buf[where:where + len(text)] = text
+    path = tmp_path / "pv.img"
+    path.write_bytes(bytes(buf))
+    return str(path)
+
+
+def test_lvm_crc_is_lvms_own() -> None:
+    # The text's checksum as LVM wrote it in the header.
+    assert lm.lvm_crc(TEXT) == area()[4]
+    assert lm.lvm_crc(b"") == lm.INITIAL_CRC
+
+
+def test_reads_what_lvm_wrote_and_agrees_with_lvs(tmp_path: Path) -> None:
+    found = lm.read_committed(image(tmp_path))
+    assert found.text == TEXT
+    meta = lm.vg_metadata(found.text)
+    assert meta.name == "vg-cap" and meta.extent_size == 4 << 20
+    assert found.pv_uuid in meta.pv_uuids  # the label's PV is one of the VG's
+    # `lvs -a` of the same VG at the same moment, in bytes.
+    rows = json.loads(CAPTURE["lvs"])["report"][0]["lv"]
+    assert len(rows) == len(meta.lvs)
+    for row in rows:
+        lv = meta.lvs[row["lv_name"].strip("[]")]  # lvs brackets hidden LVs
+        created = datetime.strptime(row["lv_time"], "%Y-%m-%d %H:%M:%S %z").timestamp()
+        assert (lv.size, lv.uuid, lv.created) == (int(row["lv_size"]), row["lv_uuid"],
+                                                  created), row
+        assert lv.tags == {t for t in row["lv_tags"].split(",") if t}, row
+        assert (lv.pool, lv.origin) == (row["pool_lv"], row["origin"]), row
+        assert lv.device_id == int(row["thin_id"] or -1), row
+    assert meta.lvs["csi-s-snap"].activation_skip and meta.lvs["csi-s-snap"].origin
+    assert meta.lvs["po-ol"].segment_type == "thin-pool"
+    assert not meta.lvs["po-ol_tdata"].visible and meta.lvs["csi-v-abc"].visible
+
+
+def _with(buf: bytes, offset: int, data: bytes) -> bytes:
+    out = bytearray(buf)
+    out[offset:offset + len(data)] = data
+    return bytes(out)
+
+
+def _resealed_header(head: bytes) -> bytes:
+    """`head` with its metadata-area header's checksum made right again."""
+    crc = lm.lvm_crc(head[MDA + 4:MDA + 512])
+    return _with(head, MDA, struct.pack("<I", crc))
+
+
+@pytest.mark.parametrize(("name", "head", "text", "why"), [
+    ("no-label", bytes(len(HEAD)), TEXT, "no LVM2 label"),
+    ("label-damaged", _with(HEAD, 512 + 40, b"\xff"), TEXT, "label checksum"),
+    ("header-damaged", _with(HEAD, MDA + 100, b"\x01"), TEXT, "header .* is damaged"),
+    ("text-changed", HEAD, TEXT.replace(b"seqno = ", b"seqno = 9"), "checksum mismatch"),
+    ("text-only-ignored", _resealed_header(_with(HEAD, MDA + 60, struct.pack("<I", 1))), TEXT,
+     "no metadata area holds"),
+    ("text-out-of-its-area",
+     _resealed_header(_with(HEAD, MDA + 40, struct.pack("<Q", 1 << 40))), TEXT,
+     "out of its area"),
+])
+def test_anything_broken_is_unreadable_never_guessed(tmp_path: Path, name: str, head: bytes,
+                                                     text: bytes, why: str) -> None:
+    with pytest.raises(lm.MetadataUnreadable, match=why):
+        lm.read_committed(image(tmp_path, head, text))
+
+
+def test_text_that_wraps_round_the_area_is_read_whole(tmp_path: Path) -> None:
+    """LVM's metadata area is a ring: a new version that does not fit before
+    its end goes on at the start, just after the header."""
+    start, size, _, length, crc = area()
+    offset = size - 1000  # the last 1000 bytes of the area, then the rest at its start
+    head = _resealed_header(_with(HEAD, MDA + 40, struct.pack("<QQII", offset, length, crc, 0)))
+    buf = bytearray(Path(image(tmp_path, head, b"", at=0)).read_bytes())
+    buf[start + offset:start + size] = TEXT[:1000]
+    buf[start + 512:start + 512 + length - 1000] = TEXT[1000:]
+    (tmp_path / "pv.img").write_bytes(bytes(buf))
+    assert lm.read_committed(str(tmp_path / "pv.img")).text == TEXT
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (b'a { b = "x\\"y\\\\z" }', {"a": {"b": 'x"y\\z'}}),
+    (b"a {\n# a comment { not a section\nn = -3\nf = 1.5\nl = [\"p\", 7, ]\n}\n",
+     {"a": {"n": -3, "f": 1.5, "l": ["p", 7]}}),
+    (b'v { lv-1+x.y { s1 { type = "thin" } } }\0\0\0',
+     {"v": {"lv-1+x.y": {"s1": {"type": "thin"}}}}),
+])
+def test_parse_text(text: bytes, want: dict[str, Any]) -> None:
+    assert lm.parse_text(text) == want
+
+
+@pytest.mark.parametrize("text", [b"a { b = 1", b"a { = 1 }", b"a { b c }", b'a { b = "x }',
+                                  b"a { b = word }"])
+def test_parse_text_refuses_what_lvm_does_not_write(text: bytes) -> None:
+    with pytest.raises(lm.MetadataUnreadable):
+        lm.parse_text(text)
+
+
+# CommittedMetadata: the PVs from `pvs`, the LV's kernel state from device-mapper.
+
+def _pvs(rows: list[tuple[str, str, str]]) -> str:
+    return json.dumps({"report": [{"pv": [
+        {"pv_name": p, "vg_name": v, "pv_uuid": u} for p, v, u in rows]}]})
+
+
+@pytest.fixture
+def pv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    path = image(tmp_path)
+    monkeypatch.setattr(dm, "device", lambda name: DmDevice(253, 7, 1, True, False)
+                        if name == "vg--cap-csi--v--abc" else None)
+    return path
+
+
+def _uuid(path: str) -> str:
+    return lm.read_committed(path).pv_uuid
+
+
+def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, pv: str) -> None:
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    reader = CommittedMetadata(runner)
+    lv = reader.thin_volume("vg-cap", "csi-v-abc")
+    assert lv is not None
+    assert (lv.vg, lv.pool, lv.size, lv.path) == ("vg-cap", "po-ol", 64 << 20,
+                                                 "/dev/vg-cap/csi-v-abc")
+    assert lv.tags == {"csi-local.kind=volume", "csi-local.size=67108864"}
+    assert lv.is_thin_volume and lv.active and lv.open
+    assert (lv.kernel_major, lv.kernel_minor, lv.thin_id) == (253, 7, 1)
+    snap = reader.thin_volume("vg-cap", "csi-s-snap")  # no device: inactive
+    assert snap is not None and not snap.active and snap.activation_skip
+    assert snap.kernel_major == -1 and snap.origin == "csi-v-abc"
+    # Not a thin volume, or not there at all: LVM has the last word.
+    assert reader.thin_volume("vg-cap", "po-ol") is None
+    assert reader.thin_volume("vg-cap", "csi-v-nope") is None
+    assert len(runner.calls) == 1  # one `pvs`, kept
+
+
+@pytest.mark.parametrize(("rows", "vg"), [
+    pytest.param([], "vg-cap", id="vg-has-no-pv-known"),
+    pytest.param([("@pv", "vg-cap", "other-uuid")], "vg-cap", id="another-pv-at-that-node"),
+    pytest.param([("@pv", "vg-x", "@uuid")], "vg-x", id="metadata-of-another-vg"),
+    pytest.param([("/nonexistent/pv", "vg-cap", "@uuid")], "vg-cap", id="pv-gone"),
+])
+def test_no_certain_answer_is_none(runner: FakeRunner, pv: str,
+                                   rows: list[tuple[str, str, str]], vg: str) -> None:
+    fill = {"@pv": pv, "@uuid": _uuid(pv)}
+    runner.on(["pvs"], _pvs([tuple(fill.get(x, x) for x in row)  # type: ignore[misc]
+                             for row in rows]))
+    reader = CommittedMetadata(runner)
+    assert reader.volume_group(vg) is None
+    assert reader.thin_volume(vg, "csi-v-abc") is None
+
+
+def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, pv: str) -> None:
+    runner.on(["pvs"], _pvs([(pv + ".old", "vg-cap", _uuid(pv))]))
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))  # the PV's node changed
+    reader = CommittedMetadata(runner)
+    # Within REFRESH of the last `pvs`, no other: the caller asks `lvs` instead.
+    assert reader.volume_group("vg-cap") is None
+    assert len(runner.calls) == 1
+    reader.REFRESH = 0.0  # as if REFRESH seconds went by
+    assert reader.volume_group("vg-cap") is not None  # found at the second reading
+    assert len(runner.calls) == 2
+    assert reader.volume_group("vg-cap") is not None  # and kept: no third
+    assert len(runner.calls) == 2
+
