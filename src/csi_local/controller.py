@@ -146,7 +146,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     caps = validation.capabilities(raw_caps, pool.default_fs_type)
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
-            report = stack.enter_context(pool.reserved())
+            # Without a source no volume's device is acted on: the committed
+            # metadata and the pool's status answer without a process.
+            report = stack.enter_context(pool.reserved(committed=source is None))
             existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
             if existing is not None:
                 lv = self._reuse(pool, report, existing, name, caps, rng, source, asked)
@@ -245,7 +247,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 raise FailedPrecondition(
                     f"volume {volume_id} is still staged or published on this node ({where})"
                 )
-            found = self.pools.find(volume_id)
+            # An LV in the committed metadata is found without a process; only
+            # one that is not there (a retry, most likely) costs an `lvs`.
+            found = self.pools.find_committed(volume_id) or self.pools.find(volume_id)
             if found is not None and vols.is_csi_volume(found[1]):
                 found[0].lvm.remove(volume_id)  # VolumeInUse: FAILED_PRECONDITION
                 if found[1].uuid:  # a mark left by a stage killed in its mkfs
@@ -351,7 +355,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             if validation.capability_problem(cap, pool.default_fs_type):
                 return pb.GetCapacityResponse(available_capacity=0)
         try:
-            report = pool.lvm.report()
+            report = pool.report(committed=True)
             cap_info = pool.capacity(report)
         except VolumeGroupMissing as err:
             # A query, not a change: a node without its VG or pool has room for

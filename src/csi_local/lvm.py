@@ -24,6 +24,7 @@ from csi_local.errors import (
     LvNotFound,
     OriginFrozen,
     PoolUnusable,
+    StorageError,
     VolumeGroupMissing,
     VolumeInUse,
 )
@@ -593,6 +594,49 @@ class CommittedMetadata:
                     return meta
         return None
 
+    def report(self, vg: str, pool: str) -> VgReport | None:
+        """What `Lvm.report()` answers for capacity and idempotency checks:
+        every LV of `vg` with its size, tags, thin pool and origin, and the
+        thin pool `pool` with its usage as the kernel reports it. The thin
+        volumes carry no kernel state (shown inactive, with no device): a
+        caller that acts on a volume's device reads it another way. None when
+        the metadata or the pool's status does not answer."""
+        from csi_local import dm
+
+        meta = self.volume_group(vg)
+        if meta is None:
+            return None
+        usage = None
+        if pool in meta.lvs:
+            try:
+                usage = dm.pool_usage(vg, pool)
+            except (StorageError, ValueError) as err:
+                log.debug("thin pool %s/%s status: %s", vg, pool, err)
+                return None
+        lvs = []
+        for m in meta.lvs.values():
+            if not m.visible:
+                continue  # as `lvs VG` (no -a): a pool's _tdata and _tmeta are its own
+            if m.segment_type == "thin":
+                attr = f"Vwi---tz-{'k' if m.activation_skip else '-'}"
+            elif m.segment_type == "thin-pool":
+                attr = f"twi-{'a' if usage is not None else '-'}-tz--"
+            else:
+                attr = "-wi-------"
+            percent = usage is not None and m.name == pool
+            lvs.append(LogicalVolume(
+                name=m.name, vg=vg, size=m.size, tags=m.tags, attr=attr, pool=m.pool,
+                origin=m.origin,
+                path="" if m.segment_type == "thin-pool" else f"/dev/{vg}/{m.name}",
+                data_percent=_percent(usage.data_used, usage.data_total)
+                if usage is not None and percent else None,
+                metadata_percent=_percent(usage.metadata_used, usage.metadata_total)
+                if usage is not None and percent else None,
+                created=m.created, health="", kernel_major=-1, kernel_minor=-1,
+                metadata_size=_pool_metadata_size(meta, m),
+                thin_id=m.device_id, uuid=m.uuid))
+        return VgReport(tuple(lvs), meta.extent_size)
+
     def thin_volume(self, vg: str, name: str) -> LogicalVolume | None:
         """Thin LV vg/name with its kernel state, or None: not found (LVM
         has the last word on absence), not a thin volume, or no answer."""
@@ -619,3 +663,16 @@ class CommittedMetadata:
             kernel_major=device.major if live and device else -1,
             kernel_minor=device.minor if live and device else -1,
             thin_id=found.device_id, uuid=found.uuid)
+
+
+def _percent(used: int, total: int) -> float:
+    """As lvs shows it: a percentage with two decimals."""
+    return round(100.0 * used / total, 2) if total else 0.0
+
+
+def _pool_metadata_size(meta: lvm_metadata.VgMetadata, lv: lvm_metadata.MetaLv) -> int:
+    """A thin pool's metadata LV's size (lv_metadata_size); 0 for other LVs."""
+    if lv.segment_type != "thin-pool" or not lv.metadata_lv:
+        return 0
+    found = meta.lvs.get(lv.metadata_lv)
+    return found.size if found is not None else 0

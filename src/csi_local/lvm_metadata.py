@@ -249,6 +249,7 @@ class MetaLv:
     pool: str  # a thin volume's pool
     origin: str  # a thin snapshot's origin
     device_id: int  # a thin volume's ID in its pool (-1: not a thin volume)
+    metadata_lv: str  # a thin pool's metadata LV ("pool_tmeta")
     visible: bool
     activation_skip: bool
     created: int
@@ -310,6 +311,7 @@ def vg_metadata(text: bytes) -> VgMetadata:
             pool=_str(first.get("thin_pool")) if thin else "",
             origin=_str(first.get("origin")) if thin else "",
             device_id=_int(first.get("device_id"), -1) if thin else -1,
+            metadata_lv=_str(first.get("metadata")) if first.get("type") == "thin-pool" else "",
             visible="VISIBLE" in _words(lv.get("status")),
             activation_skip="ACTIVATION_SKIP" in _words(lv.get("flags")),
             created=_int(lv.get("creation_time")),

@@ -103,6 +103,8 @@ class Pool:
         self.ratio = ratio
         self.policy = policy or PoolPolicy()
         self.device_class = device_class or DeviceClass("default", lvm.vg, lvm.pool, ratio)
+        # Set by Pools: where report(committed=True) reads without a process.
+        self.committed: CommittedMetadata | None = None
 
     @property
     def class_name(self) -> str:
@@ -115,6 +117,16 @@ class Pool:
     @property
     def name(self) -> str:
         return f"{self.lvm.vg}/{self.lvm.pool}"
+
+    def report(self, *, committed: bool = False) -> VgReport:
+        """The VG's report: one `lvs`, or with `committed` the VG's committed
+        metadata and the pool's kernel status when they answer (no process;
+        the thin volumes then carry no kernel state, see CommittedMetadata)."""
+        if committed and self.committed is not None:
+            found = self.committed.report(self.lvm.vg, self.lvm.pool)
+            if found is not None:
+                return found
+        return self.lvm.report()
 
     def capacity(self, report: VgReport | None = None) -> PoolCapacity:
         """The pool's capacity, from `report` or a fresh one (one `lvs`)."""
@@ -203,12 +215,15 @@ class Pool:
         return grown
 
     @contextlib.contextmanager
-    def reserved(self, timeout: float | None = None) -> Iterator[VgReport]:
+    def reserved(self, timeout: float | None = None, *,
+                 committed: bool = False) -> Iterator[VgReport]:
         """Hold the pool lock and read the VG once. Whatever is checked against
         the report and then made or grown inside the block cannot be
-        overtaken by another create, in this process or the other plugin."""
+        overtaken by another create, in this process or the other plugin.
+        `committed`: see report(); read after the lock is taken, it is as
+        fresh as an `lvs` then."""
         with self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout):
-            yield self.lvm.report()
+            yield self.report(committed=committed)
 
     def create_thin(self, report: VgReport, name: str, size: int,
                     tags: list[str]) -> LogicalVolume:
@@ -256,6 +271,8 @@ class Pools:
                           c.overprovision_ratio, policy, device_class=c)
             for c in classes.classes
         }
+        for pool in self._pools.values():
+            pool.committed = committed
 
     @classmethod
     def of(cls, pool: Pool) -> Pools:

@@ -4,12 +4,16 @@ at the next read, and NodeStageVolume finds its volume without an `lvs`."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import re
+from typing import Any
 
+import grpc
 import pytest
 
 from csi_local import lvm_metadata
+from csi_local._gen import csi_pb2 as pb
 from csi_local.lvm import CommittedMetadata, LogicalVolume, Lvm
 from csi_local.runner import ShRunner
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
@@ -88,6 +92,32 @@ def test_a_ring_that_wraps_many_times_reads_right() -> None:
         small.destroy()
 
 
+def test_report_agrees_with_lvs(vg: LoopVG) -> None:
+    """The committed report says what `lvs` says of every LV's size, tags, pool
+    and origin, and of the pool's size and usage (written data included)."""
+    lvm = Lvm(ShRunner(), vg.name, vg.pool)
+    run("lvcreate", "--yes", "--thin", "-V", "64M", "-n", "rp-a", "--addtag", "t=1",
+        f"{vg.name}/{vg.pool}")
+    run("dd", "if=/dev/urandom", f"of=/dev/{vg.name}/rp-a", "bs=1M", "count=5",
+        "oflag=direct", "status=none")
+    run("lvcreate", "--yes", "-s", "-n", "rp-snap", f"{vg.name}/rp-a")
+    got = CommittedMetadata(ShRunner()).report(vg.name, vg.pool)
+    want = lvm.report()
+    assert got is not None and got.extent_size == want.extent_size
+    fields = ("name", "size", "tags", "pool", "origin", "created", "thin_id", "uuid")
+    assert ({tuple(getattr(lv, f) for f in fields) for lv in got.lvs}
+            == {tuple(getattr(lv, f) for f in fields) for lv in want.lvs})
+    pool, lvs_pool = got.find(vg.pool), want.find(vg.pool)
+    assert pool is not None and lvs_pool is not None and pool.is_thin_pool
+    assert (pool.size, pool.metadata_size) == (lvs_pool.size, lvs_pool.metadata_size)
+    assert pool.data_percent is not None and lvs_pool.data_percent is not None
+    assert pool.data_percent > 0
+    assert abs(pool.data_percent - lvs_pool.data_percent) < 0.05
+    assert pool.metadata_percent == pytest.approx(lvs_pool.metadata_percent, abs=0.05)
+    assert sorted(lv.name for lv in got.lvs if lv.is_thin_volume) == sorted(
+        lv.name for lv in want.lvs if lv.is_thin_volume)
+
+
 def test_stage_finds_its_volume_without_lvs(plugin: PluginProcess) -> None:
     """NodeStageVolume of an active volume runs no LVM command at all: the
     LV comes from the committed metadata, its emptiness from device-mapper."""
@@ -99,3 +129,51 @@ def test_stage_finds_its_volume_without_lvs(plugin: PluginProcess) -> None:
     # `pvs` once in a plugin's life, when it first looks for the VG's PVs.
     assert [t for t in tools if t != "pvs"] == ["mkfs.ext4", "mount"]
     unstage(plugin, vid, staging)
+
+
+def _capacity(p: PluginProcess) -> int:
+    return p.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
+
+
+def test_changes_behind_the_plugins_back_are_seen_by_the_next_rpc(
+        plugin: PluginProcess) -> None:
+    """GetCapacity and CreateVolume answer from the committed metadata: an
+    lvcreate, lvextend or lvremove by another process shows at the next RPC."""
+    vg = plugin.vg
+    before = _capacity(plugin)
+    run("lvcreate", "--yes", "--thin", "-V", "64M", "-n", "behind", f"{vg.name}/{vg.pool}")
+    assert _capacity(plugin) == before - 64 * MiB
+    run("lvextend", "--size", "128M", f"{vg.name}/behind")
+    assert _capacity(plugin) == before - 128 * MiB
+    run("lvremove", "--yes", f"{vg.name}/behind")
+    assert _capacity(plugin) == before
+    # A volume removed behind its back is made again by a retried create.
+    vid = create(plugin, "md-gone")
+    run("lvremove", "--yes", f"{vg.name}/{vid}")
+    assert create(plugin, "md-gone") == vid
+    assert vid in vg.lv_names()
+
+
+def test_two_processes_creating_at_once_never_over_commit(plugin_factory: Any) -> None:
+    """Two plugin processes on one pool (their pool lock shared, as the CSI and
+    host volume plugins share it), each asked at once for 60% of the pool's
+    room: one volume is made, the other is RESOURCE_EXHAUSTED."""
+    first: PluginProcess = plugin_factory()
+    second: PluginProcess = plugin_factory("--lock-dir", str(first.workdir / "locks"))
+    room = _capacity(first)
+    size = (room * 6 // 10) // MiB * MiB
+    reqs = [pb.CreateVolumeRequest(name=f"race-{i}", volume_capabilities=[mount_cap()],
+                                   capacity_range=pb.CapacityRange(required_bytes=size))
+            for i in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(p.controller.CreateVolume, r)
+                for p, r in zip((first, second), reqs, strict=True)]
+        codes, made = [], 0
+        for f in futs:
+            try:
+                made = f.result().volume.capacity_bytes  # whole extents
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+    assert sorted(c.name for c in codes) == ["OK", "RESOURCE_EXHAUSTED"]
+    assert made >= size and _capacity(first) == _capacity(second) == room - made

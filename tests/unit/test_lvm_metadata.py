@@ -16,6 +16,7 @@ import pytest
 from csi_local import dm
 from csi_local import lvm_metadata as lm
 from csi_local.dm import DmDevice
+from csi_local.errors import DmStatusUnusable
 from csi_local.lvm import CommittedMetadata
 from tests.unit.conftest import FakeRunner
 
@@ -201,3 +202,37 @@ def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, pv: str) -> 
     assert reader.volume_group("vg-cap") is not None  # and kept: no third
     assert len(runner.calls) == 2
 
+
+
+def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, pv: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What CreateVolume and GetCapacity need, as `lvs` would say it: every LV's
+    size and pool, the pool's size, usage and metadata size."""
+    usage = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
+                         data_used=1000, data_total=4096, read_only=False,
+                         out_of_data_space=False, needs_check=False)
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage
+                        if (vg, pool) == ("vg-cap", "po-ol") else None)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    report = CommittedMetadata(runner).report("vg-cap", "po-ol")
+    assert report is not None and report.extent_size == 4 << 20
+    pool = report.find("po-ol")
+    assert pool is not None and pool.is_thin_pool and pool.active
+    assert (pool.size, pool.metadata_size) == (256 << 20, 4 << 20)
+    assert (pool.data_percent, pool.metadata_percent) == (24.41, 0.98)
+    thin = sorted(lv.name for lv in report.lvs if lv.is_thin_volume and lv.pool == "po-ol")
+    assert thin == ["1+odd.name_x", "csi-s-snap", "csi-v-abc"]
+    vol = report.find("csi-v-abc")
+    assert vol is not None and vol.size == 64 << 20 and vol.tags == {
+        "csi-local.kind=volume", "csi-local.size=67108864"}
+    assert vol.kernel_major == -1 and vol.data_percent is None  # no kernel state read
+
+
+def test_report_is_none_when_the_pools_status_cannot_be_trusted(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failed(vg: str, pool: str) -> dm.PoolUsage:
+        raise DmStatusUnusable("thin pool status says 'Fail'")
+
+    monkeypatch.setattr(dm, "pool_usage", failed)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    assert CommittedMetadata(runner).report("vg-cap", "po-ol") is None
