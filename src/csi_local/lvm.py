@@ -637,18 +637,21 @@ class CommittedMetadata:
                 thin_id=m.device_id, uuid=m.uuid))
         return VgReport(tuple(lvs), meta.extent_size)
 
-    def thin_volume(self, vg: str, name: str) -> LogicalVolume | None:
+    def thin_volume(self, vg: str, name: str,
+                    meta: lvm_metadata.VgMetadata | None = None) -> LogicalVolume | None:
         """Thin LV vg/name with its kernel state, or None: not found (LVM
-        has the last word on absence), not a thin volume, or no answer."""
+        has the last word on absence), not a thin volume, or no answer.
+        `meta`: the VG's metadata the caller has just read (not read again)."""
         from csi_local import dm
 
-        meta = self.volume_group(vg)
+        meta = meta or self.volume_group(vg)
         found = meta.lvs.get(name) if meta is not None else None
         if found is None or found.segment_type != "thin" or not found.visible:
             return None
         try:
             device = dm.device(dm.dm_name(vg, name))
-        except (CommandError, ValueError):
+        except (StorageError, ValueError) as err:  # as report(): no answer, ask lvs
+            log.debug("device-mapper device of %s/%s: %s", vg, name, err)
             return None
         live = device is not None and device.live
         opened = device is not None and device.open_count > 0

@@ -37,6 +37,7 @@ from csi_local.lvm import (
 )
 
 if TYPE_CHECKING:
+    from csi_local.lvm_metadata import VgMetadata
     from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -352,16 +353,17 @@ class Pools:
         or in more than one, not a class's thin volume): then ask find()."""
         if self.committed is None:
             return None
-        hits = []
+        hits: list[tuple[str, VgMetadata]] = []
         for vg in self.classes.volume_groups:
             meta = self.committed.volume_group(vg)
             if meta is None:
                 return None
             if name in meta.lvs:
-                hits.append(vg)
+                hits.append((vg, meta))
         if len(hits) != 1:
             return None
-        lv = self.committed.thin_volume(hits[0], name)
+        ((hit_vg, hit_meta),) = hits
+        lv = self.committed.thin_volume(hit_vg, name, hit_meta)
         owner = self.of_lv(lv) if lv is not None else None
         return (owner, lv) if owner is not None and lv is not None else None
 

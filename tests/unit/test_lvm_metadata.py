@@ -16,7 +16,7 @@ import pytest
 from csi_local import dm
 from csi_local import lvm_metadata as lm
 from csi_local.dm import DmDevice
-from csi_local.errors import DmStatusUnusable
+from csi_local.errors import DmReplyMalformed, DmStatusUnusable
 from csi_local.lvm import CommittedMetadata
 from tests.unit.conftest import FakeRunner
 
@@ -236,3 +236,28 @@ def test_report_is_none_when_the_pools_status_cannot_be_trusted(
     monkeypatch.setattr(dm, "pool_usage", failed)
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
     assert CommittedMetadata(runner).report("vg-cap", "po-ol") is None
+
+
+def test_a_kernel_reply_that_does_not_hold_together_is_no_answer(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any storage error from device-mapper sends the caller to `lvs`, as the
+    pool status does in report(), instead of failing the RPC."""
+    def malformed(name: str) -> DmDevice:
+        raise DmReplyMalformed("target 0 at byte 9999 is outside the reply")
+
+    monkeypatch.setattr(dm, "device", malformed)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    assert CommittedMetadata(runner).thin_volume("vg-cap", "csi-v-abc") is None
+
+
+def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, pv: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """find_committed reads each VG once; the LV it found is not read again."""
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    reader = CommittedMetadata(runner)
+    meta = reader.volume_group("vg-cap")
+    reads: list[str] = []
+    real = lm.read_committed
+    monkeypatch.setattr(lm, "read_committed", lambda path: reads.append(path) or real(path))
+    lv = reader.thin_volume("vg-cap", "csi-v-abc", meta)
+    assert lv is not None and lv.active and reads == []
