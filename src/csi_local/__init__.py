@@ -2,8 +2,8 @@
 
 import os
 
-# The plugin runs lvm, mkfs and mount from a multi-threaded gRPC server through
-# `sh`, which forks. gRPC's own at-fork handlers then run in the child while
+# The plugin runs lvm, mkfs and mount from a multi-threaded gRPC server, and
+# starting a process forks. gRPC's own at-fork handlers then run in the child while
 # other threads are inside gRPC, and the child crashes (SIGSEGV, seen under
 # load). The children exec at once and never use gRPC, so the handlers are
 # not needed. This must be set before grpc is first imported.

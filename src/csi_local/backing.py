@@ -8,14 +8,14 @@ import os
 from csi_local.config import Config
 from csi_local.errors import VolumeGroupMissing
 from csi_local.lvm import Lvm
-from csi_local.runner import ShRunner
+from csi_local.runner import ProcessRunner
 
 log = logging.getLogger(__name__)
 
 
 def ensure_backing(config: Config) -> None:
     assert config.backing_file is not None and config.backing_size is not None
-    runner = ShRunner(timeout=config.command_timeout)
+    runner = ProcessRunner(timeout=config.command_timeout)
     path = config.backing_file
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -35,7 +35,7 @@ from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, read_config
 from csi_local.pool import PoolPolicy
-from csi_local.runner import Runner, ShRunner, resolve
+from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -538,5 +538,5 @@ def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -
 
 
 def main(args: argparse.Namespace) -> int:
-    return run(System(ShRunner(timeout=30.0)), args)
+    return run(System(ProcessRunner(timeout=30.0)), args)
 

@@ -85,11 +85,13 @@ class Filesystems:
 
         `empty`: the caller knows the device holds no data at all (a thin
         volume that maps no block reads as zeros): there is nothing for blkid
-        to find, so the probe is skipped. It implies `fresh`.
+        to find, so the probe is skipped, and with it the read that makes its
+        "nothing found" trustworthy (a device that cannot be read fails mkfs,
+        and holds nothing to lose). It implies `fresh`.
         """
         what = name or device
         if empty:
-            self._format_readable(device, fs_type)
+            self.mkfs(device, fs_type)
             return fs_type
         found, ambivalent = self.probe(device)
         if ambivalent:

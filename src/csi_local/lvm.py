@@ -549,7 +549,7 @@ class CommittedMetadata:
         self._pvs: dict[str, list[tuple[str, str]]] | None = None  # vg -> [(path, uuid)]
         self._read_at = 0.0
         # vg -> the last text read and what it says: a VG that did not change
-        # since is not parsed again.
+        # since is not parsed again, and one that did parses its new sections.
         self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
 
     def _physical_volumes(self, refresh: bool) -> dict[str, list[tuple[str, str]]]:
@@ -584,8 +584,9 @@ class CommittedMetadata:
                     cached = self._parsed.get(vg)
                     if cached is not None and cached[0] == found.text:
                         meta = cached[1]
-                    else:
-                        meta = lvm_metadata.vg_metadata(found.text)
+                    else:  # only the LVs whose sections changed are parsed
+                        meta = lvm_metadata.vg_metadata(
+                            found.text, cached[1] if cached is not None else None)
                         self._parsed[vg] = (found.text, meta)
                 except lvm_metadata.MetadataUnreadable as err:
                     log.debug("committed metadata of %s from %s: %s", vg, path, err)

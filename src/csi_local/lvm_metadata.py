@@ -25,7 +25,7 @@ import os
 import re
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SECTOR = 512
 LABEL_ID = b"LABELONE"
@@ -155,28 +155,37 @@ def _area_text(fd: int, device: str, area_offset: int, area_size: int) -> bytes 
 
 # The text: lvm2's config format. Sections `name { ... }`, settings
 # `key = value`, values a string, a number or a list of them; # comments.
+# Every byte that is not white space belongs to one token: a lone quote (a
+# string never closed) is a token of its own, which no rule accepts.
 _TOKEN = re.compile(rb"""
-    \s+ | \#[^\n]*
-  | (?P<str>"(?:[^"\\]|\\.)*")
-  | (?P<punct>[{}\[\]=,])
-  | (?P<word>[^\s{}\[\]=,"\#]+)
+    "(?:[^"\\]|\\.)*"
+  | \#[^\n]*
+  | [{}\[\]=,]
+  | [^\s{}\[\]=,"\#]+
+  | "
 """, re.VERBOSE | re.DOTALL)
 _ESCAPE = re.compile(rb"\\(.)", re.DOTALL)
+_PUNCT = frozenset(b"{}[]=,")
 
 Value = str | int | float | list["Value"] | dict[str, "Value"]
 
 
 def _tokens(text: bytes) -> list[tuple[str, bytes]]:
+    # One findall in C, then a kind for each token from its first byte: the
+    # text of a VG with a thousand LVs is a few hundred KiB.
     out: list[tuple[str, bytes]] = []
-    pos, end = 0, len(text)
-    while pos < end:
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise MetadataUnreadable(f"metadata text does not parse at byte {pos}")
-        pos = m.end()
-        kind = m.lastgroup
-        if kind is not None:
-            out.append((kind, m.group(kind)))
+    for tok in _TOKEN.findall(text):
+        first = tok[0]
+        if first == 0x23:  # '#': a comment
+            continue
+        if first == 0x22:  # '"': a whole string, or the lone quote of one never closed
+            if len(tok) == 1:
+                raise MetadataUnreadable("metadata text: a string is never closed")
+            out.append(("str", tok))
+        elif len(tok) == 1 and first in _PUNCT:
+            out.append(("punct", tok))
+        else:
+            out.append(("word", tok))
     return out
 
 
@@ -263,6 +272,9 @@ class VgMetadata:
     extent_size: int  # bytes
     pv_uuids: frozenset[str]
     lvs: dict[str, MetaLv]
+    # Each LV's section as the text has it, and what it says: the next
+    # version of the text parses only the sections that are new (vg_metadata).
+    sections: dict[bytes, MetaLv] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _words(v: Value | None) -> frozenset[str]:
@@ -277,13 +289,116 @@ def _str(v: Value | None) -> str:
     return v if isinstance(v, str) else ""
 
 
-def vg_metadata(text: bytes) -> VgMetadata:
-    """The VG of a metadata text: its one section, its PVs' IDs and its LVs."""
-    tree = parse_text(text)
-    sections = [(k, v) for k, v in tree.items() if isinstance(v, dict)]
-    if len(sections) != 1:
-        raise MetadataUnreadable(f"metadata text holds {len(sections)} VGs, not one")
-    name, vg = sections[0]
+# What the layout of a text needs: a section's name with its opening brace,
+# a closing brace, and what may hide either (a string, a comment).
+_SKELETON = re.compile(rb"""
+    "(?:[^"\\]|\\.)*"
+  | \#[^\n]*
+  | ([^\s{}\[\]=,"\#]+)\s*\{
+  | \}
+""", re.VERBOSE | re.DOTALL)
+_LVS_SECTION = b"logical_volumes"
+
+
+# One LV's section whole, as LVM writes it: `name { ... }` with sections one
+# level deep inside (its segments). Matched in C, one call per LV: walking
+# the skeleton of a thousand LVs in Python takes seconds under emulation.
+# Possessive quantifiers: a section that does not match fails at once,
+# without trying every way to split its text.
+_ATOM = rb"""(?:[^{}"\#]++|"(?:[^"\\]|\\.)*+"|\#[^\n]*+)"""
+_WHOLE_LV = re.compile(rb"\s*+([^\s{}\[\]=,\"\#]++)\s*+\{(?:%s|\{%s*+\})*+\}"
+                       % (_ATOM, _ATOM), re.DOTALL)
+
+
+def _whole_lvs(text: bytes, pos: int, lvs: list[tuple[str, bytes]]) -> int:
+    """LV sections from `pos` on, each matched whole, into `lvs`, up to the
+    first that is not (the end of the list, or one nested deeper): where
+    that is."""
+    while (m := _WHOLE_LV.match(text, pos)) is not None:
+        lvs.append((m.group(1).decode("utf-8", "surrogateescape"), text[m.start(1):m.end()]))
+        pos = m.end()
+    return pos
+
+
+def _layout(text: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """(the text without its logical_volumes section, each LV's section in
+    it as (name, its text)). Whatever lies between two LV sections must be
+    white space: any other layout is not one LVM writes."""
+    path: list[bytes] = []  # the sections open at this point
+    area: tuple[int, int] | None = None
+    lvs: list[tuple[str, bytes]] = []
+    lv_start = gap_start = pos = 0
+    while (m := _SKELETON.search(text, pos)) is not None:
+        pos = m.end()
+        if m.group(0)[0] in b'"#':
+            continue
+        name = m.group(1)
+        if name is not None:
+            path.append(name)
+            if len(path) == 2 and name == _LVS_SECTION:
+                if area is not None:
+                    raise MetadataUnreadable("metadata text: two logical_volumes sections")
+                area = (m.start(), -1)
+                gap_start = pos = _whole_lvs(text, pos, lvs)
+            elif len(path) == 3 and path[1] == _LVS_SECTION:
+                if _tokens(text[gap_start:m.start()]):
+                    raise MetadataUnreadable("metadata text: settings among the LVs")
+                lv_start = m.start()
+            continue
+        if not path:
+            raise MetadataUnreadable(f"metadata text: a }} with no section at byte {m.start()}")
+        closed = path.pop()
+        if len(path) == 2 and path[1] == _LVS_SECTION:
+            lvs.append((closed.decode("utf-8", "surrogateescape"), text[lv_start:m.end()]))
+            gap_start = pos = _whole_lvs(text, pos, lvs)
+        elif len(path) == 1 and closed == _LVS_SECTION:
+            assert area is not None
+            if _tokens(text[gap_start:m.start()]):
+                raise MetadataUnreadable("metadata text: settings among the LVs")
+            area = (area[0], m.end())
+    if path:
+        raise MetadataUnreadable("metadata text ends early")
+    if area is None:
+        return text, []
+    return text[:area[0]] + text[area[1]:], lvs
+
+
+def _meta_lv(vg: str, lv_name: str, lv: dict[str, Value], extent: int) -> MetaLv:
+    segments = [lv[f"segment{i}"] for i in range(1, _int(lv.get("segment_count")) + 1)
+                if isinstance(lv.get(f"segment{i}"), dict)]
+    if not segments:
+        raise MetadataUnreadable(f"LV {vg}/{lv_name} has no segments")
+    first = segments[0]
+    assert isinstance(first, dict)
+    thin = first.get("type") == "thin"
+    return MetaLv(
+        name=lv_name, uuid=_str(lv.get("id")),
+        size=sum(_int(s.get("extent_count")) for s in segments
+                 if isinstance(s, dict)) * extent,
+        tags=_words(lv.get("tags")), segment_type=_str(first.get("type")),
+        pool=_str(first.get("thin_pool")) if thin else "",
+        origin=_str(first.get("origin")) if thin else "",
+        device_id=_int(first.get("device_id"), -1) if thin else -1,
+        metadata_lv=_str(first.get("metadata")) if first.get("type") == "thin-pool" else "",
+        visible="VISIBLE" in _words(lv.get("status")),
+        activation_skip="ACTIVATION_SKIP" in _words(lv.get("flags")),
+        created=_int(lv.get("creation_time")),
+    )
+
+
+def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
+    """The VG of a metadata text: its one section, its PVs' IDs and its LVs.
+
+    `previous`: what an earlier version of this VG's text said. An LV whose
+    section is the same, byte for byte, is taken from it unparsed: a change
+    rewrites a section or two, and parsing a section is what costs (a few ms
+    per LV under emulation; a thousand LVs would take seconds)."""
+    head, sections = _layout(text.rstrip(b"\0"))
+    tree = parse_text(head)
+    vgs = [(k, v) for k, v in tree.items() if isinstance(v, dict)]
+    if len(vgs) != 1:
+        raise MetadataUnreadable(f"metadata text holds {len(vgs)} VGs, not one")
+    name, vg = vgs[0]
     assert isinstance(vg, dict)
     extent = _int(vg.get("extent_size")) * SECTOR
     if extent <= 0:
@@ -291,29 +406,20 @@ def vg_metadata(text: bytes) -> VgMetadata:
     pvs = vg.get("physical_volumes", {})
     pv_uuids = frozenset(_str(pv.get("id")) for pv in (pvs.values() if isinstance(pvs, dict)
                                                        else ()) if isinstance(pv, dict))
+    known = previous.sections if previous is not None and previous.extent_size == extent \
+        and previous.name == name else {}
     lvs: dict[str, MetaLv] = {}
-    raw_lvs = vg.get("logical_volumes", {})
-    for lv_name, lv in (raw_lvs.items() if isinstance(raw_lvs, dict) else ()):
-        if not isinstance(lv, dict):
-            continue
-        segments = [lv[f"segment{i}"] for i in range(1, _int(lv.get("segment_count")) + 1)
-                    if isinstance(lv.get(f"segment{i}"), dict)]
-        if not segments:
-            raise MetadataUnreadable(f"LV {name}/{lv_name} has no segments")
-        first = segments[0]
-        assert isinstance(first, dict)
-        thin = first.get("type") == "thin"
-        lvs[lv_name] = MetaLv(
-            name=lv_name, uuid=_str(lv.get("id")),
-            size=sum(_int(s.get("extent_count")) for s in segments
-                     if isinstance(s, dict)) * extent,
-            tags=_words(lv.get("tags")), segment_type=_str(first.get("type")),
-            pool=_str(first.get("thin_pool")) if thin else "",
-            origin=_str(first.get("origin")) if thin else "",
-            device_id=_int(first.get("device_id"), -1) if thin else -1,
-            metadata_lv=_str(first.get("metadata")) if first.get("type") == "thin-pool" else "",
-            visible="VISIBLE" in _words(lv.get("status")),
-            activation_skip="ACTIVATION_SKIP" in _words(lv.get("flags")),
-            created=_int(lv.get("creation_time")),
-        )
-    return VgMetadata(name, _str(vg.get("id")), _int(vg.get("seqno")), extent, pv_uuids, lvs)
+    parsed: dict[bytes, MetaLv] = {}
+    for lv_name, section in sections:
+        if lv_name in lvs:
+            raise MetadataUnreadable(f"VG {name} names LV {lv_name} twice")
+        meta = known.get(section)
+        if meta is None:
+            tree = parse_text(section)
+            lv = tree.get(lv_name)
+            if len(tree) != 1 or not isinstance(lv, dict):
+                raise MetadataUnreadable(f"LV {name}/{lv_name}: its section does not parse")
+            meta = _meta_lv(name, lv_name, lv, extent)
+        lvs[lv_name] = parsed[section] = meta
+    return VgMetadata(name, _str(vg.get("id")), _int(vg.get("seqno")), extent, pv_uuids, lvs,
+                      parsed)

@@ -105,7 +105,7 @@ class Metrics:
         self.rpc_seconds.labels(method=method).observe(seconds)
 
     def observe_command(self, tool: str, seconds: float, ok: bool) -> None:
-        """For runner.ShRunner: one external command's time and outcome."""
+        """For runner.ProcessRunner: one external command's time and outcome."""
         self.command_seconds.labels(tool=tool).observe(seconds)
         if not ok:
             self.command_failures.labels(tool=tool).inc()

@@ -15,6 +15,8 @@ MOUNTINFO = "/proc/self/mountinfo"
 
 def _unescape(field: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    if "\\" not in field:
+        return field  # nearly every field: no work per character
     out = []
     i = 0
     while i < len(field):

@@ -25,7 +25,7 @@ from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
 from csi_local.pool import Pools
 from csi_local.recovery import rebuild_state, reconcile_state
-from csi_local.runner import ShRunner
+from csi_local.runner import ProcessRunner
 from csi_local.snapshot_metadata import SnapshotMetadataServicer
 from csi_local.state import StateStore, VolumeRecord
 
@@ -63,7 +63,7 @@ class CsiPlugin:
 
             self.metrics = Metrics()
         metrics = self.metrics
-        runner = ShRunner(timeout=config.command_timeout,
+        runner = ProcessRunner(timeout=config.command_timeout,
                           observe=metrics.observe_command if metrics else None)
         host = Host()
         locks = Locks(config.lock_dir)

@@ -45,7 +45,7 @@ from csi_local.errors import LockDirError, StorageError
 from csi_local.locks import Locks
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, check_name
 from csi_local.pool import Pool, PoolPolicy
-from csi_local.runner import Runner, ShRunner
+from csi_local.runner import ProcessRunner, Runner
 from csi_local.state import STATE_FILE, VolumeRecord, parse
 from csi_local.volumes import Condition
 
@@ -570,7 +570,7 @@ def run(runner: Runner, args: argparse.Namespace, *, out: TextIO = sys.stdout,
 
 
 def main(args: argparse.Namespace) -> int:
-    return run(ShRunner(), args)
+    return run(ProcessRunner(), args)
 
 
 def lvm_name(text: str) -> str:

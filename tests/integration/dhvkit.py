@@ -136,7 +136,6 @@ class Dhv:
 
 
 def all_lvs(vg: LoopVG) -> list[LogicalVolume]:
-    # subprocess, not ShRunner: sh's fork aborts in a process that has run grpc
     out = run("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
               "-o", LV_FIELDS, vg.name).stdout
     return parse_lvs(out)

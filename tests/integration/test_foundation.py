@@ -14,7 +14,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.fs import Filesystems
 from csi_local.host import Host
 from csi_local.lvm import Lvm
-from csi_local.runner import ShRunner
+from csi_local.runner import ProcessRunner
 from csi_local.sizes import round_up
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("fs_type", ["ext4", "xfs"])
 def test_thin_lv_filesystem_roundtrip(vg: LoopVG, tmp_path_factory: pytest.TempPathFactory,
                                       fs_type: str) -> None:
-    runner = ShRunner(timeout=60)
+    runner = ProcessRunner(timeout=60)
     lvm = Lvm(runner, vg.name, vg.pool)
     fs = Filesystems(runner, Host())
     extent = lvm.volume_group().extent_size

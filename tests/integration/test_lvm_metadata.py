@@ -15,7 +15,7 @@ import pytest
 from csi_local import lvm_metadata
 from csi_local._gen import csi_pb2 as pb
 from csi_local.lvm import CommittedMetadata, LogicalVolume, Lvm
-from csi_local.runner import ShRunner
+from csi_local.runner import ProcessRunner
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
 from tests.integration.test_node import create, stage, unstage
 
@@ -33,14 +33,14 @@ def _comparable(lv: LogicalVolume) -> LogicalVolume:
 
 
 def test_reader_agrees_with_lvs(vg: LoopVG) -> None:
-    lvm = Lvm(ShRunner(), vg.name, vg.pool)
+    lvm = Lvm(ProcessRunner(), vg.name, vg.pool)
     run("lvcreate", "--yes", "--thin", "-V", "64M", "-n", "md-a", "--addtag", "csi-local.kind=x",
         "--addtag", "k=v/1:2#&!", f"{vg.name}/{vg.pool}")
     run("lvcreate", "--yes", "-s", "-n", "md-snap", f"{vg.name}/md-a")  # skip flag, inactive
     run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "md-off", "--activate", "n",
         f"{vg.name}/{vg.pool}")
     with open(f"/dev/{vg.name}/md-a", "rb"):  # held open: lvs says "o", so must the reader
-        reader = CommittedMetadata(ShRunner())
+        reader = CommittedMetadata(ProcessRunner())
         for name in ("md-a", "md-snap", "md-off"):
             got = reader.thin_volume(vg.name, name)
             assert got is not None, name
@@ -57,7 +57,7 @@ def test_reader_agrees_with_lvs(vg: LoopVG) -> None:
 def test_changes_behind_its_back_are_seen_at_once(vg: LoopVG) -> None:
     """Another process (an admin, csi-local-dhv) changes the VG: the next read
     shows it. Nothing is cached but the parse of an unchanged text."""
-    reader = CommittedMetadata(ShRunner())
+    reader = CommittedMetadata(ProcessRunner())
     run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "md-b", f"{vg.name}/{vg.pool}")
     before = reader.volume_group(vg.name)
     assert before is not None and "md-b" in before.lvs
@@ -95,13 +95,13 @@ def test_a_ring_that_wraps_many_times_reads_right() -> None:
 def test_report_agrees_with_lvs(vg: LoopVG) -> None:
     """The committed report says what `lvs` says of every LV's size, tags, pool
     and origin, and of the pool's size and usage (written data included)."""
-    lvm = Lvm(ShRunner(), vg.name, vg.pool)
+    lvm = Lvm(ProcessRunner(), vg.name, vg.pool)
     run("lvcreate", "--yes", "--thin", "-V", "64M", "-n", "rp-a", "--addtag", "t=1",
         f"{vg.name}/{vg.pool}")
     run("dd", "if=/dev/urandom", f"of=/dev/{vg.name}/rp-a", "bs=1M", "count=5",
         "oflag=direct", "status=none")
     run("lvcreate", "--yes", "-s", "-n", "rp-snap", f"{vg.name}/rp-a")
-    got = CommittedMetadata(ShRunner()).report(vg.name, vg.pool)
+    got = CommittedMetadata(ProcessRunner()).report(vg.name, vg.pool)
     want = lvm.report()
     assert got is not None and got.extent_size == want.extent_size
     fields = ("name", "size", "tags", "pool", "origin", "created", "thin_id", "uuid")

@@ -135,6 +135,88 @@ def test_parse_text_refuses_what_lvm_does_not_write(text: bytes) -> None:
         lm.parse_text(text)
 
 
+# vg_metadata: each LV's section parsed once, and again only when it changes.
+
+def _counting_parse(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    parsed: list[bytes] = []
+    real = lm.parse_text
+
+    def spy(text: bytes) -> dict[str, Any]:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(lm, "parse_text", spy)
+    return parsed
+
+
+def test_the_sections_say_what_the_whole_text_says() -> None:
+    tree = lm.parse_text(TEXT)["vg-cap"]
+    assert isinstance(tree, dict) and isinstance(tree["logical_volumes"], dict)
+    whole = {name: lm._meta_lv("vg-cap", name, lv, 4 << 20)
+             for name, lv in tree["logical_volumes"].items() if isinstance(lv, dict)}
+    meta = lm.vg_metadata(TEXT)
+    assert meta.lvs == whole and len(whole) == 7
+    assert (meta.uuid, meta.seqno) == (tree["id"], tree["seqno"])
+
+
+def test_a_new_version_parses_only_the_sections_that_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = lm.vg_metadata(TEXT)
+    # What an lvchange --addtag writes: one LV's section differs, and the seqno.
+    changed = TEXT.replace(b'tags = ["csi-local.kind=snapshot"]',
+                           b'tags = ["csi-local.kind=snapshot", "x"]').replace(
+        b"seqno = 10", b"seqno = 11")
+    parsed = _counting_parse(monkeypatch)
+    again = lm.vg_metadata(changed, first)
+    assert len(parsed) == 2  # the VG without its LVs, and the one LV that changed
+    assert parsed[1].startswith(b"csi-s-snap {") and b"csi-v-abc {" not in parsed[1]
+    assert again.seqno == 11 and again.lvs["csi-s-snap"].tags == {"csi-local.kind=snapshot",
+                                                                  "x"}
+    assert again == lm.vg_metadata(changed)  # the same answer as a parse from scratch
+    # Another VG's metadata (here: another extent size) reuses nothing.
+    parsed.clear()
+    lm.vg_metadata(TEXT.replace(b"extent_size = 8192", b"extent_size = 16384"), first)
+    assert len(parsed) == 8
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (b"v { logical_volumes { a { } x = 1 } }", "settings among the LVs"),
+    (b"v { logical_volumes { x = 1 a { } } }", "settings among the LVs"),
+    (b"v { logical_volumes { } logical_volumes { } }", "two logical_volumes"),
+    (b"v { logical_volumes { a { segment_count = 1 segment1 { type = \"thin\" } }\n"
+     b"a { } } extent_size = 1 }", "names LV a twice"),
+    (b"v { } }", "with no section"),
+    (b"v { logical_volumes { a {", "ends early"),
+    (b'v { extent_size = 1 logical_volumes { a { t = "x } } }', "never closed"),
+])
+def test_a_layout_lvm_does_not_write_is_unreadable(text: bytes, why: str) -> None:
+    with pytest.raises(lm.MetadataUnreadable, match=why):
+        lm.vg_metadata(text)
+
+
+def test_an_lv_nested_deeper_than_lvm_writes_today_is_still_read() -> None:
+    # LV sections are matched whole in one step; one with sections two levels
+    # deep is walked brace by brace, and those after it are matched whole again.
+    def lv(name: str, extents: int, inner: bytes = b"") -> bytes:
+        return (b"%s {\nsegment_count = 1\nsegment1 {\nextent_count = %d\ntype = \"thin\"\n"
+                b"%s}\n}\n" % (name.encode(), extents, inner))
+    text = (b"v {\nextent_size = 8\nlogical_volumes {\n" + lv("a", 1)
+            + lv("b", 2, b"settings {\nx = 1\n}\n") + lv("c", 3) + b"}\n}\n")
+    meta = lm.vg_metadata(text)
+    assert {n: m.size for n, m in meta.lvs.items()} == {"a": 4096, "b": 8192, "c": 12288}
+    assert set(meta.sections) == {lv("a", 1).rstrip(), lv("b", 2, b"settings {\nx = 1\n}\n")
+                                  .rstrip(), lv("c", 3).rstrip()}
+
+
+def test_braces_in_strings_and_comments_are_not_sections() -> None:
+    text = (b'v { extent_size = 8 # a } and a {\n'
+            b'logical_volumes { a { tags = ["}", "{"] segment_count = 1\n'
+            b'segment1 { extent_count = 2 type = "thin" } } } }\n'
+            b'description = "lvcreate --config \'devices { a } }\'"\n')
+    meta = lm.vg_metadata(text)
+    assert meta.lvs["a"].tags == {"}", "{"} and meta.lvs["a"].size == 2 * 8 * 512
+
+
 # CommittedMetadata: the PVs from `pvs`, the LV's kernel state from device-mapper.
 
 def _pvs(rows: list[tuple[str, str, str]]) -> str:

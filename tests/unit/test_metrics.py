@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import pytest
-import sh
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,7 +29,7 @@ from csi_local.errors import CommandError
 from csi_local.metrics import Metrics, serve_metrics
 from csi_local.monitor import PoolMonitor
 from csi_local.pool import PoolPolicy
-from csi_local.runner import ShRunner
+from csi_local.runner import ProcessRunner
 from csi_local.server import ErrorInterceptor
 from tests.unit.servicers import (
     THREE_CLASSES,
@@ -406,39 +405,35 @@ def test_a_failing_observer_never_fails_an_rpc(tmp_path: Path,
                                 node.controller.CreateVolume, req) == "OK"
 
 
-# the command hook (ShRunner over a fake `sh`: no process) -------------------------------
+# the command hook (ProcessRunner over a fake Popen: no process) ------------------------
 
 
-class _Killed(sh.SignalException):
-    exit_code = -9
+class _FakePopen:
+    """subprocess.Popen for one argv: the exit code is the first argument;
+    "hang" runs until the runner's timeout kills it."""
 
+    def __init__(self, argv: tuple[str, ...], **kwargs: Any) -> None:
+        self.args = argv[1:]
+        self.returncode: int | None = None
+        self.killed = threading.Event()
 
-class _FakeCommand:
-    """sh.Command for one exe: exit codes by the first argument; "hang" runs
-    until the runner's timer kills it."""
+    def communicate(self, input: str | None = None) -> tuple[str, str]:
+        if self.args and self.args[0] == "hang":
+            self.killed.wait()
+        self.returncode = -9 if self.killed.is_set() else (
+            int(self.args[0]) if self.args and self.args[0].isdigit() else 0)
+        return "", ""
 
-    def __init__(self, exe: str) -> None:
-        self.exe = exe
+    def kill(self) -> None:
+        self.killed.set()
 
-    def bake(self, **kwargs: Any) -> _FakeCommand:
-        return self
-
-    def __call__(self, *args: str) -> Any:
-        code = int(args[0]) if args and args[0].isdigit() else 0
-        killed = threading.Event()
-
-        def wait() -> None:
-            if args and args[0] == "hang":
-                killed.wait()
-                raise _Killed(self.exe, b"", b"")
-
-        return types.SimpleNamespace(
-            exit_code=code, stdout="", stderr="", wait=wait,
-            process=types.SimpleNamespace(signal=lambda sig: killed.set()))
+    def wait(self) -> int:
+        return self.returncode or 0
 
 
 def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.sh, "Command", _FakeCommand)
+    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
 
     def resolve(tool: str) -> str:
         if tool == "missing":
@@ -447,7 +442,7 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(runner_mod, "resolve", resolve)
     metrics = Metrics()
-    runner = ShRunner(observe=metrics.observe_command)
+    runner = ProcessRunner(observe=metrics.observe_command)
     runner.run(["lvcreate", "0"])
     runner.run(["/sbin/lvcreate", "0"])  # the tool is argv[0]'s basename
     runner.run(["lvs", "5"], ok_codes=(0, 5))  # an expected exit code is no failure
@@ -471,15 +466,16 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
 
 def test_a_failing_command_observer_never_fails_a_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.sh, "Command", _FakeCommand)
+    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
     monkeypatch.setattr(runner_mod, "resolve", lambda tool: f"/usr/sbin/{tool}")
 
     def observer(tool: str, seconds: float, ok: bool) -> None:
         raise RuntimeError("metrics broke")
 
-    assert ShRunner(observe=observer).run(["lvs", "0"]).returncode == 0
+    assert ProcessRunner(observe=observer).run(["lvs", "0"]).returncode == 0
     with pytest.raises(CommandError) as err:
-        ShRunner(observe=observer).run(["lvs", "3"])
+        ProcessRunner(observe=observer).run(["lvs", "3"])
     assert err.value.returncode == 3
 
 
@@ -501,7 +497,7 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         metrics = plugin.metrics
         assert metrics is not None
         runner = plugin.backend.pools.default.lvm.runner
-        assert isinstance(runner, ShRunner) and runner.observe == metrics.observe_command
+        assert isinstance(runner, ProcessRunner) and runner.observe == metrics.observe_command
         (monitor,) = plugin.monitors
         assert monitor.on_extend is not None
         monitor.on_extend("data", 4 * MiB)  # counted for the monitor's class
@@ -525,7 +521,7 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     try:
         assert off.metrics is None
         runner = off.backend.pools.default.lvm.runner
-        assert isinstance(runner, ShRunner) and runner.observe is None
+        assert isinstance(runner, ProcessRunner) and runner.observe is None
         assert [m.on_extend for m in off.monitors] == [None]
     finally:
         off.close()

@@ -725,8 +725,11 @@ STAGE_ROWS = [
     row("used-stray-signatures-refused", stage(), "FAILED_PRECONDITION",
         "carries conflicting signatures and has been used before",
         setup=chain(used(fs=None), content(ambivalent=True)), ran="lvs blkid"),
-    row("fresh-unreadable-refused", stage(), "FAILED_PRECONDITION", "cannot read",
-        setup=chain(fresh(), content(unreadable=True)), ran="lvs"),
+    # Blocks mapped and a formatting mark: blkid's "nothing" is trusted only
+    # for a device that reads. (One that maps nothing holds nothing to lose.)
+    row("marked-unreadable-refused", stage(), "FAILED_PRECONDITION", "cannot read",
+        setup=chain(fresh(), content(unreadable=True), written(), format_mark()),
+        ran="lvs blkid", check=marked(True)),
     # Devices and commands that fail.
     row("activation-fails", stage(), "INTERNAL", "lvchange exited 5",
         setup=chain(used(active=False), fail("lvchange", rc=5)), ran="lvs lvchange"),

@@ -60,7 +60,7 @@ from csi_local.locks import Locks, volume_key
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.mounts import Mount
 from csi_local.pool import Pool, Pools
-from csi_local.runner import Result, Runner, ShRunner
+from csi_local.runner import ProcessRunner, Result, Runner
 
 log = logging.getLogger("csi_local.dhv")
 
@@ -115,7 +115,7 @@ class HostVolumePlugin:
                  host: Host | None = None) -> None:
         self.config = config
         self.deadline = Deadline(config.timeout_seconds)
-        inner = runner if runner is not None else ShRunner(timeout=config.timeout_seconds)
+        inner = runner if runner is not None else ProcessRunner(timeout=config.timeout_seconds)
         self.runner = DeadlineRunner(inner, self.deadline)
         self.host = host if host is not None else Host()
         self.fs = Filesystems(self.runner, self.host)
