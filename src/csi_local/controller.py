@@ -284,9 +284,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _listed(self, want: Callable[[LogicalVolume], bool], *, partial: bool = False
                 ) -> tuple[list[tuple[Pool, LogicalVolume]], dict[str, LogicalVolume]]:
         """The CSI objects `want` picks in every class, with their pools, and each
-        class's thin pool LV, from one `lvs`. A missing VG is UNAVAILABLE (a
-        list without its volumes would say they are gone) unless `partial`."""
-        lvs, missing = self.pools.scan()
+        class's thin pool LV, from one listing (Pools.listing). A missing VG is
+        UNAVAILABLE (a list without its volumes would say they are gone) unless
+        `partial`."""
+        lvs, missing = self.pools.listing()
         if missing and not partial:
             raise VolumeGroupMissing(
                 f"volume group {', '.join(missing)} not found: its volumes cannot be listed")
@@ -313,7 +314,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,
                             context: grpc.ServicerContext) -> pb.ControllerGetVolumeResponse:
         volume_id = validation.object_id(request.volume_id, "volume_id")
-        lvs, missing = self.pools.scan()
+        lvs, missing = self.pools.listing()
         found = next(((p, lv) for p, lv in lvs
                       if p is not None and lv.name == volume_id and vols.is_csi_volume(lv)),
                      None)

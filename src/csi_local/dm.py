@@ -75,6 +75,9 @@ def _iowr(nr: int, size: int) -> int:
     return (3 << 30) | (size << 16) | (0xFD << 8) | nr
 
 
+# The command numbers of linux/dm-ioctl.h's enum: DM_VERSION_CMD is 0,
+# DM_REMOVE_ALL_CMD 1, DM_LIST_DEVICES_CMD 2 (3 would create a device).
+DM_LIST_DEVICES = _iowr(2, HEADER_SIZE)
 DM_DEV_STATUS = _iowr(7, HEADER_SIZE)
 DM_TABLE_STATUS = _iowr(12, HEADER_SIZE)
 
@@ -89,6 +92,10 @@ DM_BUFFER_FULL_FLAG = 1 << 8
 # kernel that keeps saying so.
 FIRST_STATUS_SIZE = 4096
 MAX_STATUS_SIZE = 16 << 20
+# A list of every device: about 150 bytes each (name, event number, UUID).
+FIRST_LIST_SIZE = 64 << 10
+# struct dm_name_list: dev (u64), next (u32), then the name, NUL-terminated.
+_NAME_LIST = struct.Struct("=Q I")
 
 
 @dataclass(frozen=True)
@@ -156,15 +163,16 @@ def _encode_name(name: str) -> bytes:
     return raw
 
 
-def pack_request(name: str, size: int = HEADER_SIZE, flags: int = 0) -> bytearray:
+def pack_request(name: str | None, size: int = HEADER_SIZE, flags: int = 0) -> bytearray:
     """A zeroed buffer of `size` bytes that starts with the struct dm_ioctl of
-    a request for device `name`: version 4.0.0, data_size `size` (how much
-    the kernel may write back), data_start just past the header."""
+    a request for device `name` (None: a request about no one device, as a
+    list): version 4.0.0, data_size `size` (how much the kernel may write
+    back), data_start just past the header."""
     if size < HEADER_SIZE:
         raise ValueError(f"a device-mapper request needs at least {HEADER_SIZE} bytes")
     buf = bytearray(size)
     _HEADER.pack_into(buf, 0, *_VERSION, size, HEADER_SIZE, 0, 0, flags, 0, 0, 0,
-                      _encode_name(name), b"", b"")
+                      b"" if name is None else _encode_name(name), b"", b"")
     return buf
 
 
@@ -223,6 +231,36 @@ def unpack_targets(reply: bytes | bytearray) -> list[Target] | None:
                                    "does not lead past it")
         offset = following
     return targets
+
+
+def unpack_names(reply: bytes | bytearray) -> dict[str, tuple[int, int]] | None:
+    """{name: (major, minor)} of every device in a DM_LIST_DEVICES reply;
+    None when the kernel ran out of room (DM_BUFFER_FULL_FLAG).
+
+    The entries follow the header from data_start; each one's `next` counts
+    from the entry itself to the following one, 0 on the last. A first entry
+    with dev 0 means there is no device at all."""
+    h = unpack_header(reply)
+    if h.flags & DM_BUFFER_FULL_FLAG:
+        return None
+    end = min(len(reply), h.data_size)
+    names: dict[str, tuple[int, int]] = {}
+    offset = h.data_start
+    while True:
+        if offset < HEADER_SIZE or offset + _NAME_LIST.size > end:
+            raise DmReplyMalformed(f"device-mapper list: an entry at byte {offset} is "
+                                   f"outside the reply's {end} bytes")
+        dev, next_ = _NAME_LIST.unpack_from(reply, offset)
+        if dev == 0 and not names:
+            return names  # no device-mapper device at all
+        name = _c_string(reply, offset + _NAME_LIST.size, end, "a device's name")
+        names[name] = (os.major(dev), os.minor(dev))
+        if next_ == 0:
+            return names
+        if next_ < _NAME_LIST.size + len(name) + 1:
+            raise DmReplyMalformed(f"device-mapper list: {name!r}'s next ({next_}) "
+                                   "does not lead past it")
+        offset += next_
 
 
 def next_status_size(size: int) -> int:
@@ -353,6 +391,20 @@ def device(name: str) -> DmDevice | None:
     if not _ioctl(DM_DEV_STATUS, "DM_DEV_STATUS", name, buf):
         return None
     return device_from_reply(buf)
+
+
+def devices() -> dict[str, tuple[int, int]]:
+    """{name: (major, minor)} of every device-mapper device (what `dmsetup
+    ls` prints), in one ioctl: an active LV is one of them."""
+    size = FIRST_LIST_SIZE
+    while True:
+        buf = pack_request(None, size)
+        if not _ioctl(DM_LIST_DEVICES, "DM_LIST_DEVICES", "", buf):
+            raise DmReplyMalformed("device-mapper: DM_LIST_DEVICES found no device list")
+        names = unpack_names(buf)
+        if names is not None:
+            return names
+        size = next_status_size(size)
 
 
 def status(name: str) -> list[Target] | None:

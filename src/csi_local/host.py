@@ -128,6 +128,11 @@ class Host:
         """The mount table of this process's mount namespace, in mount order."""
         return mounts.read_mounts()
 
+    def mounts_at_path(self, path: str) -> list[Mount]:
+        """The mounts whose mount point is `path` (normalised), oldest first:
+        mounts_at() of the live table, reading only what names `path`."""
+        return mounts.read_mounts_at(path)
+
     def device_numbers(self, path: str) -> tuple[int, int] | None:
         """major:minor of the block device node at `path` (None: no such node)."""
         try:
@@ -230,7 +235,9 @@ class Host:
 
     def mounts_at(self, path: str, table: list[Mount] | None = None) -> list[Mount]:
         """Mounts whose mount point is `path` (normalised), oldest first."""
-        return mounts.mounts_at(path, self.mounts() if table is None else table)
+        if table is None:
+            return self.mounts_at_path(path)
+        return mounts.mounts_at(path, table)
 
     def top_mount(self, path: str, table: list[Mount] | None = None) -> Mount | None:
         """The mount visible at `path` (the last one stacked there)."""

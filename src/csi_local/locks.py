@@ -1,7 +1,11 @@
 """Named locks shared by threads and processes (flock on files in one directory).
 
-Each acquisition opens its own file description, so two threads of one
-process exclude each other just as two processes do. The CSI plugin and the
+Threads of one process queue for a key on an in-process lock first, and only
+the one at the head takes the flock: a thread that waits is woken when the
+lock is released instead of polling. flock has no timeout, so it is polled
+(with a growing pause) only while another process holds it. Each
+acquisition opens its own file description, so a holder excludes other
+processes just as it excludes other threads. The CSI plugin and the
 Nomad host volume plugin use the same directory and the same keys (defined
 here, once), so they never race on a volume or on the pool's capacity. Lock
 order, everywhere: a volume's key before the pool's; of two volumes, the one
@@ -15,6 +19,7 @@ import fcntl
 import hashlib
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 
@@ -70,11 +75,21 @@ def _secure_directory(directory: str) -> None:
         os.chmod(directory, 0o700, follow_symlinks=False)
 
 
+class _Queue:
+    """This process's threads that hold or wait for one key."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class Locks:
     def __init__(self, directory: str = DEFAULT_LOCK_DIR, timeout: float = 120.0) -> None:
         self.directory = directory
         self.timeout = timeout
         _secure_directory(directory)
+        self._guard = threading.Lock()
+        self._queues: dict[str, _Queue] = {}  # only keys held or waited for
 
     def _open(self, key: str) -> int:
         """The lock file for `key`: never through a symlink, mode 0600, ours."""
@@ -100,9 +115,28 @@ class Locks:
     def hold(self, key: str, timeout: float | None = None) -> Iterator[None]:
         """Hold the lock for `key`; LockBusy when it stays busy past the timeout."""
         limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        with self._guard:
+            queue = self._queues.setdefault(key, _Queue())
+            queue.users += 1
+        try:
+            if not queue.lock.acquire(timeout=max(limit, 0.0)):
+                raise LockBusy(f"an operation on {key!r} is already in progress")
+            try:
+                with self._flock(key, deadline):
+                    yield
+            finally:
+                queue.lock.release()
+        finally:
+            with self._guard:
+                queue.users -= 1
+                if not queue.users:
+                    del self._queues[key]
+
+    @contextlib.contextmanager
+    def _flock(self, key: str, deadline: float) -> Iterator[None]:
         fd = self._open(key)
         try:
-            deadline = time.monotonic() + limit
             delay = 0.005
             while True:
                 try:

@@ -30,6 +30,7 @@ from csi_local.errors import (
 )
 
 if TYPE_CHECKING:
+    from csi_local.dm import PoolUsage
     from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -602,41 +603,65 @@ class CommittedMetadata:
         volumes carry no kernel state (shown inactive, with no device): a
         caller that acts on a volume's device reads it another way. None when
         the metadata or the pool's status does not answer."""
-        from csi_local import dm
-
         meta = self.volume_group(vg)
         if meta is None:
             return None
-        usage = None
-        if pool in meta.lvs:
-            try:
-                usage = dm.pool_usage(vg, pool)
-            except (StorageError, ValueError) as err:
-                log.debug("thin pool %s/%s status: %s", vg, pool, err)
+        usages = _pool_usages(vg, [pool] if pool in meta.lvs else [])
+        if usages is None:
+            return None
+        return VgReport(tuple(_listed_lvs(vg, meta, usages, None)), meta.extent_size)
+
+    def listing(self, vgs: Sequence[str]) -> list[LogicalVolume] | None:
+        """Every LV of `vgs` as `lvs VG...` lists them, for the calls that
+        read many volumes (ListVolumes, ListSnapshots, the state's recovery
+        at start): sizes, tags, pools and origins from the metadata; which
+        LVs are active, and their devices, from one list of the kernel's
+        devices; each thin pool's usage and health from its status. Not
+        read, and shown as not: whether a volume is open, and how much of a
+        thin volume is mapped (data_percent). None when a VG, its pools or
+        the kernel do not answer."""
+        from csi_local import dm
+
+        metas = []
+        for vg in vgs:
+            meta = self.volume_group(vg)
+            if meta is None:
                 return None
-        lvs = []
-        for m in meta.lvs.values():
-            if not m.visible:
-                continue  # as `lvs VG` (no -a): a pool's _tdata and _tmeta are its own
-            if m.segment_type == "thin":
-                attr = f"Vwi---tz-{'k' if m.activation_skip else '-'}"
-            elif m.segment_type == "thin-pool":
-                attr = f"twi-{'a' if usage is not None else '-'}-tz--"
-            else:
-                attr = "-wi-------"
-            percent = usage is not None and m.name == pool
-            lvs.append(LogicalVolume(
-                name=m.name, vg=vg, size=m.size, tags=m.tags, attr=attr, pool=m.pool,
-                origin=m.origin,
-                path="" if m.segment_type == "thin-pool" else f"/dev/{vg}/{m.name}",
-                data_percent=_percent(usage.data_used, usage.data_total)
-                if usage is not None and percent else None,
-                metadata_percent=_percent(usage.metadata_used, usage.metadata_total)
-                if usage is not None and percent else None,
-                created=m.created, health="", kernel_major=-1, kernel_minor=-1,
-                metadata_size=_pool_metadata_size(meta, m),
-                thin_id=m.device_id, uuid=m.uuid))
-        return VgReport(tuple(lvs), meta.extent_size)
+            metas.append((vg, meta))
+        try:
+            devices = dm.devices()
+        except (StorageError, ValueError) as err:
+            log.debug("device-mapper device list: %s", err)
+            return None
+        out: list[LogicalVolume] = []
+        for vg, meta in metas:
+            pools = [m.name for m in meta.lvs.values() if m.segment_type == "thin-pool"]
+            usages = _pool_usages(vg, pools)
+            if usages is None:
+                return None
+            out += _listed_lvs(vg, meta, usages, devices)
+        return out
+
+    def thin_pools(self, places: Sequence[tuple[str, str]]
+                   ) -> dict[tuple[str, str], LogicalVolume | None] | None:
+        """{(vg, pool): the thin pool's LV, None when the VG holds no LV of that
+        name} for each of `places`, as Probe asks it, without a process. None
+        when a VG or a pool's status does not answer (a missing VG among them:
+        `lvs` says which)."""
+        out: dict[tuple[str, str], LogicalVolume | None] = {}
+        for vg in sorted({vg for vg, _ in places}):
+            meta = self.volume_group(vg)
+            if meta is None:
+                return None
+            names = [pool for v, pool in places if v == vg and pool in meta.lvs]
+            usages = _pool_usages(vg, names)
+            if usages is None:
+                return None
+            found = {lv.name: lv for lv in _listed_lvs(vg, meta, usages, None)}
+            for v, pool in places:
+                if v == vg:
+                    out[(vg, pool)] = found.get(pool)
+        return out
 
     def thin_volume(self, vg: str, name: str,
                     meta: lvm_metadata.VgMetadata | None = None) -> LogicalVolume | None:
@@ -667,6 +692,76 @@ class CommittedMetadata:
             kernel_major=device.major if live and device else -1,
             kernel_minor=device.minor if live and device else -1,
             thin_id=found.device_id, uuid=found.uuid)
+
+
+def _pool_usages(vg: str, pools: Sequence[str]) -> dict[str, PoolUsage | None] | None:
+    """{pool: its usage, None when it is not active} from each thin pool's
+    status; None when one cannot be read or trusted (a failed pool: `lvs`
+    tells its health)."""
+    from csi_local import dm
+
+    out: dict[str, PoolUsage | None] = {}
+    for pool in pools:
+        try:
+            out[pool] = dm.pool_usage(vg, pool)
+        except (StorageError, ValueError) as err:
+            log.debug("thin pool %s/%s status: %s", vg, pool, err)
+            return None
+    return out
+
+
+def _listed_lvs(vg: str, meta: lvm_metadata.VgMetadata, usages: dict[str, PoolUsage | None],
+                devices: dict[str, tuple[int, int]] | None) -> list[LogicalVolume]:
+    """The visible LVs of `meta` as `lvs` lists them. Thin pools in `usages`
+    carry their usage and health (others are shown inactive); with `devices`
+    (dm.devices()), an LV with a device-mapper device is active, with its
+    numbers; without, no LV but a pool is shown active."""
+    from csi_local import dm
+
+    lvs = []
+    for m in meta.lvs.values():
+        if not m.visible:
+            continue  # as `lvs VG` (no -a): a pool's _tdata and _tmeta are its own
+        numbers = None
+        if devices is not None:
+            # A stacked pool's device is its -tpool layer, as lvs reports it.
+            numbers = (m.segment_type == "thin-pool" and devices.get(
+                f"{dm.dm_name(vg, m.name)}-tpool")) or devices.get(dm.dm_name(vg, m.name))
+        usage = usages.get(m.name) if m.segment_type == "thin-pool" else None
+        active = "a" if numbers is not None or usage is not None else "-"
+        if m.segment_type == "thin":
+            attr = f"Vwi-{active}-tz-{'k' if m.activation_skip else '-'}"
+        elif m.segment_type == "thin-pool":
+            attr = f"twi-{active}-tz{_pool_health(usage)[0]}-"
+        else:
+            attr = f"-wi-{active}-----"
+        lvs.append(LogicalVolume(
+            name=m.name, vg=vg, size=m.size, tags=m.tags, attr=attr, pool=m.pool,
+            origin=m.origin,
+            path="" if m.segment_type == "thin-pool" else f"/dev/{vg}/{m.name}",
+            data_percent=_percent(usage.data_used, usage.data_total) if usage else None,
+            metadata_percent=_percent(usage.metadata_used, usage.metadata_total)
+            if usage else None,
+            created=m.created,
+            health=_pool_health(usage)[1] if m.segment_type == "thin-pool" else "",
+            kernel_major=numbers[0] if numbers is not None else -1,
+            kernel_minor=numbers[1] if numbers is not None else -1,
+            metadata_size=_pool_metadata_size(meta, m),
+            thin_id=m.device_id, uuid=m.uuid))
+    return lvs
+
+
+def _pool_health(usage: PoolUsage | None) -> tuple[str, str]:
+    """(lv_attr's health character, lv_health_status) of a thin pool, as lvs
+    derives them from its status (lvm2's report.c; a failed pool gives no
+    usage here, and the caller asks lvs)."""
+    if usage is None:
+        return "-", ""
+    if usage.out_of_data_space:
+        return "D", "out_of_data"
+    if usage.read_only:
+        return "M", "metadata_read_only"
+    return "-", ""
 
 
 def _percent(used: int, total: int) -> float:

@@ -85,8 +85,31 @@ def read_mounts(path: str = MOUNTINFO) -> list[Mount]:
 def mounts_at(path: str, mounts: list[Mount] | None = None) -> list[Mount]:
     """Mounts whose mount point is `path` (normalised), oldest first."""
     target = os.path.normpath(path)
-    table = read_mounts() if mounts is None else mounts
-    return [m for m in table if m.mount_point == target]
+    if mounts is None:
+        return read_mounts_at(target)
+    return [m for m in mounts if m.mount_point == target]
+
+
+def _escape(field: str) -> str:
+    """A path as mountinfo writes it (the kernel's mangle: \\ooo for space,
+    tab, newline and backslash)."""
+    for ch in "\\ \t\n":
+        field = field.replace(ch, f"\\{ord(ch):03o}")
+    return field
+
+
+def read_mounts_at(path: str, source: str = MOUNTINFO) -> list[Mount]:
+    """mounts_at(path) of the live table, parsing only the lines that name
+    `path`: a node's table holds hundreds of mounts, and stage, publish and
+    their undoing each ask about one path."""
+    target = os.path.normpath(path)
+    needle = f" {_escape(target)} "
+    with open(source, encoding="utf-8", errors="surrogateescape") as f:
+        text = f.read()
+    if needle not in text:
+        return []
+    lines = "\n".join(line for line in text.splitlines() if needle in line)
+    return [m for m in parse_mountinfo(lines) if m.mount_point == target]
 
 
 def is_mount_point(path: str) -> bool:

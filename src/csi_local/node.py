@@ -379,7 +379,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         rec = self.state.get(volume_id)
         path = self._volume_path(rec, raw_path)
         assert rec.staging is not None
-        lvs, missing = self.pools.scan()
+        lvs, missing = self.pools.listing()
         found = next(((p, x) for p, x in lvs
                       if p is not None and x.name == volume_id and vols.is_csi_volume(x)), None)
         if found is None and missing:

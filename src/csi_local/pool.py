@@ -382,10 +382,26 @@ class Pools:
             lvs, missing = list_vgs(self.runner, self.classes.volume_groups)
         return [(self.of_lv(lv), lv) for lv in lvs], missing
 
+    def listing(self) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
+        """scan(), for the calls that read many volumes but need neither
+        whether one is open nor how much of it is mapped: from the committed
+        metadata and the kernel, without a process, when they answer
+        (CommittedMetadata.listing); else scan()."""
+        if self.committed is not None:
+            lvs = self.committed.listing(self.classes.volume_groups)
+            if lvs is not None:
+                return [(self.of_lv(lv), lv) for lv in lvs], []
+        return self.scan()
+
     def read_thin_pools(self) -> tuple[dict[str, LogicalVolume | None], list[str]]:
         """{class name: its thin pool's LV, None when its VG holds no LV of that
-        name}, and the VGs that are missing: one `lvs` selecting the pools,
-        however many classes (Probe runs this every few seconds)."""
+        name}, and the VGs that are missing. Probe runs this every few
+        seconds: from the committed metadata and the pools' status when they
+        answer, else one `lvs` selecting the pools, however many classes."""
+        if self.committed is not None:
+            got = self.committed.thin_pools([(p.lvm.vg, p.lvm.pool) for p in self])
+            if got is not None:
+                return {p.class_name: got[(p.lvm.vg, p.lvm.pool)] for p in self}, []
         names = sorted({p.lvm.pool for p in self})
         found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
         by_place = {(lv.vg, lv.name): lv for lv in found}

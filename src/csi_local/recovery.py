@@ -109,7 +109,7 @@ def _staging(m: Mount, block_node: bool) -> Staging:
 def _csi_lvs(pools: Pools) -> tuple[list[LogicalVolume], list[str]] | None:
     """The CSI volumes of every class, and the VGs that are missing."""
     try:
-        found, missing = pools.scan()
+        found, missing = pools.listing()
     except StorageError as err:
         log.error("cannot list LVs to recover the node state: %s", err.message)
         return None

@@ -138,6 +138,31 @@ def test_no_such_device_and_a_deactivated_lv_are_none(vg: LoopVG) -> None:
     assert dm.thin_mapped_sectors(name) is None
 
 
+def test_the_device_list_is_what_dmsetup_ls_lists(vg: LoopVG) -> None:
+    thin_lv(vg, "dm-list-a")
+    thin_lv(vg, "dm-list-b")
+    run("lvchange", "--activate", "n", f"{vg.name}/dm-list-b")
+
+    def dmsetup_ls() -> dict[str, tuple[int, int]]:
+        out = run("dmsetup", "ls").stdout
+        if "No devices found" in out:
+            return {}
+        found = {}
+        for line in out.splitlines():
+            if line.strip():
+                name, numbers = line.rsplit(None, 1)  # "vg-lv\t(254:3)"
+                major, minor = numbers.strip("()").split(":")
+                found[name.strip()] = (int(major), int(minor))
+        return found
+
+    listed = dm.devices()
+    assert listed == dmsetup_ls()
+    assert dm.dm_name(vg.name, "dm-list-a") in listed  # active
+    assert dm.dm_name(vg.name, "dm-list-b") not in listed  # deactivated: no device
+    rdev = os.stat(f"/dev/mapper/{dm.dm_name(vg.name, 'dm-list-a')}").st_rdev
+    assert listed[dm.dm_name(vg.name, "dm-list-a")] == (os.major(rdev), os.minor(rdev))
+
+
 def test_a_device_of_another_target_is_unusable_not_empty(vg: LoopVG) -> None:
     name = f"csi-local-zero-{uuid.uuid4().hex[:8]}"
     run("dmsetup", "create", name, "--notable")

@@ -118,6 +118,33 @@ def test_report_agrees_with_lvs(vg: LoopVG) -> None:
         lv.name for lv in want.lvs if lv.is_thin_volume)
 
 
+def test_listing_agrees_with_lvs(vg: LoopVG) -> None:
+    """What ListVolumes and the state's recovery read: every LV `lvs VG`
+    lists, which ones are active and their devices, the pool's usage."""
+    lvm = Lvm(ProcessRunner(), vg.name, vg.pool)
+    run("lvcreate", "--yes", "--thin", "-V", "64M", "-n", "ls-a", "--addtag", "t=1",
+        f"{vg.name}/{vg.pool}")
+    run("dd", "if=/dev/urandom", f"of=/dev/{vg.name}/ls-a", "bs=1M", "count=3",
+        "oflag=direct", "status=none")
+    run("lvcreate", "--yes", "-s", "-n", "ls-snap", f"{vg.name}/ls-a")  # inactive
+    run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "ls-off", "--activate", "n",
+        f"{vg.name}/{vg.pool}")
+    got = CommittedMetadata(ProcessRunner()).listing([vg.name])
+    want = lvm.list()
+    assert got is not None
+    fields = ("name", "size", "tags", "pool", "origin", "created", "thin_id", "uuid",
+              "active", "kernel_major", "kernel_minor", "activation_skip", "is_thin_pool",
+              "is_thin_volume", "health")
+    assert ({tuple(getattr(lv, f) for f in fields) for lv in got}
+            == {tuple(getattr(lv, f) for f in fields) for lv in want})
+    active = {lv.name for lv in got if lv.active}
+    assert {"ls-a", vg.pool} <= active and not {"ls-snap", "ls-off"} & active
+    pool = next(lv for lv in got if lv.name == vg.pool)
+    lvs_pool = next(lv for lv in want if lv.name == vg.pool)
+    assert pool.data_percent == pytest.approx(lvs_pool.data_percent, abs=0.05)
+    assert pool.metadata_percent == pytest.approx(lvs_pool.metadata_percent, abs=0.05)
+
+
 def test_stage_finds_its_volume_without_lvs(plugin: PluginProcess) -> None:
     """NodeStageVolume of an active volume runs no LVM command at all: the
     LV comes from the committed metadata, its emptiness from device-mapper."""
@@ -152,6 +179,33 @@ def test_changes_behind_the_plugins_back_are_seen_by_the_next_rpc(
     run("lvremove", "--yes", f"{vg.name}/{vid}")
     assert create(plugin, "md-gone") == vid
     assert vid in vg.lv_names()
+
+
+def test_list_volumes_and_probe_run_no_process_and_see_changes_behind_their_back(
+        plugin: PluginProcess) -> None:
+    """ListVolumes, ControllerGetVolume and Probe answer from the committed
+    metadata and the kernel's device list: no process, and a volume removed
+    or deactivated by another process shows at the next call."""
+    vg = plugin.vg
+    vids = [create(plugin, f"md-list-{i}") for i in range(2)]
+    mark = len(plugin.log())
+
+    def listed() -> dict[str, pb.ListVolumesResponse.Entry]:
+        entries = plugin.controller.ListVolumes(pb.ListVolumesRequest()).entries
+        return {e.volume.volume_id: e for e in entries}
+
+    assert set(listed()) == set(vids)
+    assert plugin.identity.Probe(pb.ProbeRequest()).ready.value
+    got = plugin.controller.ControllerGetVolume(pb.ControllerGetVolumeRequest(volume_id=vids[0]))
+    assert got.volume.capacity_bytes == 32 * MiB
+    assert not got.status.volume_condition.abnormal
+    tools = [c.rsplit("/", 1)[-1] for c in re.findall(r"ran (\S+)", plugin.log()[mark:])]
+    assert [t for t in tools if t != "pvs"] == []
+    run("lvchange", "--activate", "n", f"{vg.name}/{vids[0]}")
+    condition = listed()[vids[0]].status.volume_condition
+    assert condition.abnormal and "not active" in condition.message
+    run("lvremove", "--yes", f"{vg.name}/{vids[1]}")
+    assert set(listed()) == {vids[0]}
 
 
 def test_two_processes_creating_at_once_never_over_commit(plugin_factory: Any) -> None:

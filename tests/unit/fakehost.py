@@ -441,6 +441,9 @@ class FakeHost(Host):
     def mounts(self) -> list[Mount]:
         return [r.mount for r in self._table]
 
+    def mounts_at_path(self, path: str) -> list[Mount]:
+        return mounts.mounts_at(path, self.mounts())
+
     def device_numbers(self, path: str) -> tuple[int, int] | None:
         """major:minor of a device node, also through a node bound onto `path`
         (stat follows the bind). None for anything that is not a block device."""

@@ -526,6 +526,8 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     runner.on(["umount"])
     runner.on(["mount"])
     monkeypatch.setattr(mounts, "read_mounts", lambda path="": list(runner.table))
+    monkeypatch.setattr(mounts, "read_mounts_at",
+                        lambda at, source="": mounts.mounts_at(at, list(runner.table)))
     # raising=False: the same test shows what the code without the check does
     monkeypatch.setattr(dhv_plugin, "volume_users", users, raising=False)
     monkeypatch.setattr(dhv_plugin, "_SETTLE", (0.0,), raising=False)

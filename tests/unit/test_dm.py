@@ -81,6 +81,7 @@ def test_dm_name(vg: str, lv: str, expected: str) -> None:
 
 def test_ioctl_numbers_are_iowr_0xfd_of_the_312_byte_header() -> None:
     assert HEADER_SIZE == 312
+    assert dm.DM_LIST_DEVICES == 0xC138FD02  # `dmsetup ls` asks it (strace names it)
     assert dm.DM_DEV_STATUS == 0xC138FD07
     assert dm.DM_TABLE_STATUS == 0xC138FD0C
 
@@ -193,6 +194,79 @@ def test_a_next_that_does_not_move_on_is_malformed() -> None:
     struct.pack_into("=I", buf, HEADER_SIZE + 20, 0)  # the first spec's next
     with pytest.raises(DmReplyMalformed, match="next"):
         dm.unpack_targets(buf)
+
+
+# Replies: the device list.
+
+def name_list(devices: Sequence[tuple[str, int, int]], size: int = 4096,
+              flags: int = 0) -> bytearray:
+    """A DM_LIST_DEVICES reply as dm-ioctl.c's list_devices writes it: from
+    data_start, each struct dm_name_list (dev, next, the name and its NUL),
+    then the event number and the UUID, the next entry 8-aligned, `next`
+    counted from the entry itself; a first dev of 0 when there is none."""
+    buf = bytearray(size)
+    data_start = (HEADER_SIZE + 7) & ~7
+    offset = data_start
+    previous = None
+    for name, major, minor in devices:
+        if previous is not None:
+            struct.pack_into("=I", buf, previous + 8, offset - previous)
+        struct.pack_into("=Q I", buf, offset, huge_encode_dev(major, minor), 0)
+        text = name.encode() + b"\0"
+        buf[offset + 12:offset + 12 + len(text)] = text
+        event = (offset + 12 + len(text) + 7) & ~7
+        struct.pack_into("=I I", buf, event, 3, 1)  # event_nr, then a flag: a UUID follows
+        uuid = b"LVM-" + name.encode()[:60] + b"\0"
+        buf[event + 8:event + 8 + len(uuid)] = uuid
+        previous, offset = offset, (event + 8 + len(uuid) + 7) & ~7
+    HEADER.pack_into(buf, 0, 4, 48, 0, max(offset, data_start + 16), data_start, 0, 0,
+                     flags, 0, 0, 0, b"", b"", b"")
+    return buf
+
+
+@pytest.mark.parametrize("devices", [
+    pytest.param([], id="none"),
+    pytest.param([("vg-pool-tpool", 254, 2)], id="one"),
+    pytest.param([("vg-pool", 254, 3), ("vg-pool--tpool", 254, 2), ("a" * 127, 254, 300),
+                  ("vg-csi--v--1", 259, 1 << 12)], id="several"),
+])
+def test_unpack_names(devices: list[tuple[str, int, int]]) -> None:
+    assert dm.unpack_names(name_list(devices)) == {n: (a, b) for n, a, b in devices}
+
+
+def test_a_full_list_means_ask_again() -> None:
+    assert dm.unpack_names(name_list([("vg-lv", 254, 1)], flags=DM_BUFFER_FULL_FLAG)) is None
+
+
+def test_a_list_entry_past_the_end_or_going_nowhere_is_malformed() -> None:
+    buf = name_list([("vg-a", 254, 1), ("vg-b", 254, 2)])
+    struct.pack_into("=I", buf, HEADER_SIZE + 8, 1 << 20)  # the first entry's next
+    with pytest.raises(DmReplyMalformed, match="outside"):
+        dm.unpack_names(buf)
+    struct.pack_into("=I", buf, HEADER_SIZE + 8, 4)  # back into the first entry
+    with pytest.raises(DmReplyMalformed, match="next"):
+        dm.unpack_names(buf)
+
+
+def test_devices_retries_with_a_bigger_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    many = [(f"vg-lv{i:04d}" + "x" * 80, 254, i) for i in range(1000)]  # about 190 KiB
+
+    def ioctl(request: int, call: str, name: str, buf: bytearray) -> bool:
+        assert request == dm.DM_LIST_DEVICES and HEADER.unpack_from(buf, 0)[11] == bytes(128)
+        sizes.append(len(buf))
+        whole = name_list(many, size=1 << 20)
+        if len(buf) < HEADER.unpack_from(whole, 0)[3]:
+            buf[:HEADER_SIZE] = name_list([], size=HEADER_SIZE + 16,
+                                          flags=DM_BUFFER_FULL_FLAG)[:HEADER_SIZE]
+        else:
+            buf[:] = whole[:len(buf)]
+        return True
+
+    monkeypatch.setattr(dm, "_ioctl", ioctl)
+    got = dm.devices()
+    assert len(got) == 1000 and got["vg-lv0999" + "x" * 80] == (254, 999)
+    assert sizes == [dm.FIRST_LIST_SIZE, dm.FIRST_LIST_SIZE * 4]
 
 
 # Status grammars.

@@ -16,7 +16,7 @@ import pytest
 from csi_local import dm
 from csi_local import lvm_metadata as lm
 from csi_local.dm import DmDevice
-from csi_local.errors import DmReplyMalformed, DmStatusUnusable
+from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnusable
 from csi_local.lvm import CommittedMetadata
 from tests.unit.conftest import FakeRunner
 
@@ -308,6 +308,91 @@ def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, pv: str,
     assert vol is not None and vol.size == 64 << 20 and vol.tags == {
         "csi-local.kind=volume", "csi-local.size=67108864"}
     assert vol.kernel_major == -1 and vol.data_percent is None  # no kernel state read
+
+
+@pytest.mark.parametrize(("out_of_data", "read_only", "attr", "health"), [
+    (False, False, "twi-a-tz--", ""),
+    (True, False, "twi-a-tzD-", "out_of_data"),
+    (False, True, "twi-a-tzM-", "metadata_read_only"),
+    (True, True, "twi-a-tzD-", "out_of_data"),  # lvs names the first of the two
+])
+def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, pv: str,
+                                         monkeypatch: pytest.MonkeyPatch, out_of_data: bool,
+                                         read_only: bool, attr: str, health: str) -> None:
+    usage = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
+                         data_used=4096 if out_of_data else 10, data_total=4096,
+                         read_only=read_only, out_of_data_space=out_of_data, needs_check=False)
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    report = CommittedMetadata(runner).report("vg-cap", "po-ol")
+    assert report is not None
+    pool = report.find("po-ol")
+    assert pool is not None and (pool.attr, pool.health) == (attr, health)
+    vol = report.find("csi-v-abc")
+    assert vol is not None and vol.health == ""
+
+
+POOL_USAGE = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
+                          data_used=1000, data_total=4096, read_only=False,
+                          out_of_data_space=False, needs_check=False)
+
+
+def test_listing_from_metadata_the_device_list_and_the_pools_status(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ListVolumes and the state's recovery read: every visible LV, each
+    active one (a device-mapper device) with its numbers, the pool with its
+    usage; from one `pvs` in the reader's life and no other process."""
+    monkeypatch.setattr(dm, "devices", lambda: {
+        "vg--cap-csi--v--abc": (254, 5), "vg--cap-po--ol": (254, 3),
+        "vg--cap-po--ol-tpool": (254, 2), "other-vg-lv": (254, 9)})
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE
+                        if (vg, pool) == ("vg-cap", "po-ol") else None)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    lvs = {lv.name: lv for lv in CommittedMetadata(runner).listing(["vg-cap"]) or []}
+    assert sorted(lvs) == ["1+odd.name_x", "csi-s-snap", "csi-v-abc", "po-ol"]  # as `lvs VG`
+    vol = lvs["csi-v-abc"]
+    assert vol.active and (vol.kernel_major, vol.kernel_minor) == (254, 5)
+    assert vol.tags == {"csi-local.kind=volume", "csi-local.size=67108864"}
+    assert not lvs["csi-s-snap"].active and lvs["csi-s-snap"].kernel_major == -1
+    assert lvs["csi-s-snap"].activation_skip and lvs["csi-s-snap"].origin == "csi-v-abc"
+    pool = lvs["po-ol"]
+    # A stacked pool's device is its -tpool layer, as lvs says.
+    assert pool.is_thin_pool and pool.active and (pool.kernel_major, pool.kernel_minor) == (
+        254, 2)
+    assert (pool.data_percent, pool.metadata_percent, pool.health) == (24.41, 0.98, "")
+    assert len(runner.calls) == 1
+
+
+@pytest.mark.parametrize("broken", ["devices", "pool_usage", "metadata"])
+def test_listing_is_none_when_anything_does_not_answer(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
+    def fails(*args: object) -> None:
+        raise {"devices": DeviceMapperMissing(2, "No such file or directory"),
+               "pool_usage": DmStatusUnusable("thin pool status says 'Fail'")}[broken]
+
+    monkeypatch.setattr(dm, "devices", fails if broken == "devices" else dict)
+    monkeypatch.setattr(dm, "pool_usage",
+                        fails if broken == "pool_usage" else lambda vg, pool: POOL_USAGE)
+    runner.on(["pvs"], _pvs([] if broken == "metadata" else [(pv, "vg-cap", _uuid(pv))]))
+    reader = CommittedMetadata(runner)
+    assert reader.listing(["vg-cap"]) is None
+    assert reader.thin_pools([("vg-cap", "po-ol")]) is None or broken == "devices"
+
+
+def test_thin_pools_as_probe_asks(runner: FakeRunner, pv: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dm, "devices", lambda: pytest.fail("Probe needs no device list"))
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE if pool == "po-ol"
+                        else None)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    got = CommittedMetadata(runner).thin_pools([("vg-cap", "po-ol"), ("vg-cap", "nopool"),
+                                                ("vg-cap", "csi-v-abc")])
+    assert got is not None
+    pool, missing, thin = got[("vg-cap", "po-ol")], got[("vg-cap", "nopool")], \
+        got[("vg-cap", "csi-v-abc")]
+    assert pool is not None and pool.is_thin_pool and pool.active
+    assert missing is None
+    assert thin is not None and not thin.is_thin_pool  # Probe says "not a thin pool"
 
 
 def test_report_is_none_when_the_pools_status_cannot_be_trusted(

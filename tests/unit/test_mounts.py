@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from csi_local import mounts
@@ -44,3 +46,17 @@ def test_btrfs_mount_is_recognised_by_its_source(monkeypatch: pytest.MonkeyPatch
                         lambda dev: (253, 4) if dev == "/dev/mapper/vg0-v" else (8, 0))
     assert mounts.mount_is_device(m, 253, 4)
     assert not mounts.mount_is_device(m, 253, 5)
+
+
+@pytest.mark.parametrize("path", ["/", "/dev", "/var/lib/kubelet/staging/pv1/",
+                                  "/var/lib/kubelet/block/dev file", "/var/lib/kubelet",
+                                  "/var/lib/kubelet/pods/x", "/mnt/broken", "/nowhere"])
+def test_read_mounts_at_is_mounts_at_of_the_whole_table(tmp_path: Path, path: str) -> None:
+    """Only the lines that name the path are parsed; the answer is the same,
+    escapes included, and a path that is a prefix of others matches none of them."""
+    source = tmp_path / "mountinfo"
+    # A second mount stacked on the staging path, and one whose source names it.
+    source.write_text(SAMPLE + "46 41 0:9 / /var/lib/kubelet/staging/pv1 rw - tmpfs "
+                      "/var/lib/kubelet/staging/pv1 rw\n")
+    whole = mounts.parse_mountinfo(source.read_text())
+    assert mounts.read_mounts_at(path, str(source)) == mounts.mounts_at(path, whole)

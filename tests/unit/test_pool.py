@@ -17,7 +17,7 @@ from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import parse_request
 from csi_local.errors import NoRoom
 from csi_local.locks import Locks
-from csi_local.lvm import Lvm
+from csi_local.lvm import LogicalVolume, Lvm
 from csi_local.monitor import PoolMonitor
 from csi_local.pool import Pool, PoolPolicy
 from tests.unit.fakehost import FakeHost
@@ -202,3 +202,45 @@ def test_pool_flags_are_checked_at_start(kwargs: dict[str, float], match: str) -
     with pytest.raises(ConfigError, match=match):
         Config(endpoint="unix:///run/x.sock", node_id="n", volume_group="vg",
                thin_pool="pool", **kwargs)  # type: ignore[arg-type]
+
+
+class _Committed:
+    """A committed-metadata reader that answers with `lvs`, or not at all (None)."""
+
+    def __init__(self, lvs: list[LogicalVolume] | None) -> None:
+        self.lvs = lvs
+        self.asked = 0
+
+    def listing(self, vgs: list[str]) -> list[LogicalVolume] | None:
+        self.asked += 1
+        return self.lvs
+
+    def thin_pools(self, places: list[tuple[str, str]]
+                   ) -> dict[tuple[str, str], LogicalVolume | None] | None:
+        self.asked += 1
+        if self.lvs is None:
+            return None
+        found = {(lv.vg, lv.name): lv for lv in self.lvs}
+        return {place: found.get(place) for place in places}
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_listing_and_probe_read_without_lvs_when_the_metadata_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answers: bool) -> None:
+    n = make_node(tmp_path, monkeypatch)
+    code, made = create(n, "listed")
+    assert code == "OK" and isinstance(made, pb.CreateVolumeResponse)
+    vid = made.volume.volume_id
+    pools = n.backend.pools
+    scanned, _ = pools.scan()
+    reader = _Committed([lv for _, lv in scanned] if answers else None)
+    pools.committed = reader  # type: ignore[assignment]
+    n.host.calls.clear()
+    code, reply = call(n.controller.ListVolumes, pb.ListVolumesRequest())
+    assert code == "OK" and [e.volume.volume_id for e in reply.entries] == [vid]
+    assert not reply.entries[0].status.volume_condition.abnormal
+    found, missing = pools.read_thin_pools()
+    assert found[pools.default.class_name] is not None and missing == []
+    assert reader.asked == 2
+    # Not answered: one `lvs` each, as without a reader.
+    assert len(n.host.commands("lvs")) == (0 if answers else 2)
