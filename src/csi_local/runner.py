@@ -5,11 +5,13 @@ shell, and a timeout that kills the child. Failures raise CommandError with
 argv, exit code, stdout and stderr.
 
 Processes start through the standard library's subprocess, which forks and
-execs in C (vfork where it can) and waits with its own timeout. The `sh`
-library did the same job with four helper threads and a polling loop per
-command: 50-70 ms more per command under emulation than subprocess, and
-1.2 s of import at start-up (measured in the test VM, see the README's
-performance section).
+execs in C (vfork where it can); one watchdog thread kills a command's
+process group at its timeout. The `sh` library did the same job with four
+helper threads and a polling loop per command: 50-70 ms more per command
+under emulation than subprocess, and 1.2 s of import at start-up (measured
+in the test VM, see the README's performance section). Each command runs in
+a process group of its own: a timeout kills what it started too, and a
+signal to the plugin's group does not cut an LVM command short.
 """
 
 from __future__ import annotations

@@ -74,7 +74,6 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    logging.getLogger("sh").setLevel(logging.WARNING)
 
 
 def _operate(op: str, argv0: str) -> int:
