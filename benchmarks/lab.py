@@ -5,6 +5,7 @@ helpers (no pytest needed); everything made here is undone by `Lab.close`."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -187,6 +188,16 @@ class Plugin:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def own_starts(self, wanted: int, timeout: float = 60) -> list[float]:
+        """The plugin's own start (after Python and its imports), as each start
+        logged it: waits until `wanted` starts have (the line follows Probe's
+        first answer)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = [float(m) for m in _OWN_START.findall(self.log())]
+            if len(got) >= wanted or time.monotonic() > deadline:
+                return got
+
     @property
     def identity(self) -> csi_pb2_grpc.IdentityStub:
         assert self.channel is not None
@@ -201,6 +212,9 @@ class Plugin:
     def node(self) -> csi_pb2_grpc.NodeStub:
         assert self.channel is not None
         return csi_pb2_grpc.NodeStub(self.channel)
+
+
+_OWN_START = re.compile(r"own start: ([0-9.]+)s")
 
 
 def _listening(path: str) -> bool:

@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="do not advertise controller expansion; NodeExpandVolume grows LV and file system")
     e("--command-timeout", action=_EnvDefault, env="CSI_LOCAL_COMMAND_TIMEOUT", default="120",
       type=float, help="seconds before an external command is killed")
+    e("--lvm-shell", action=_EnvDefault, env="CSI_LOCAL_LVM_SHELL", nargs="?", const=True,
+      default="true", type=_bool,
+      help="run lvcreate, lvremove, lvextend and lvchange in one lvm shell kept running, "
+      "which reads the command profile csi-local-shell.profile that csi-local writes in "
+      "LVM's profile directory (false: one process per command)")
     e("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR", default=DEFAULT_LOCK_DIR,
       help="directory of per-volume lock files, shared with csi-local-dhv")
     e("--pool-data-limit-percent", action=_EnvDefault, env="CSI_LOCAL_POOL_DATA_LIMIT_PERCENT",
@@ -262,6 +267,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             default_fs_type=args.default_fs_type,
             node_expansion_only=_bool(args.node_expansion_only),
             command_timeout=float(args.command_timeout),
+            lvm_shell=_bool(args.lvm_shell),
             lock_dir=args.lock_dir,
             pool_data_limit_percent=float(args.pool_data_limit_percent),
             pool_metadata_limit_percent=float(args.pool_metadata_limit_percent),

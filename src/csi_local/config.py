@@ -69,6 +69,8 @@ class Config:
     default_fs_type: str = "ext4"
     node_expansion_only: bool = False
     command_timeout: float = 120.0
+    # LVM's changing commands in one `lvm` shell kept running (lvm_shell.py).
+    lvm_shell: bool = True
     lock_dir: str = DEFAULT_LOCK_DIR
     backing_file: str | None = None
     backing_size: int | None = None

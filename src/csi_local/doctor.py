@@ -33,7 +33,8 @@ from csi_local import config as config_mod
 from csi_local.classes import ClassConfigError, load_classes
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, read_config
+from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, profile_dir, read_config
+from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
@@ -327,6 +328,32 @@ def _check_monitoring(system: System, settings: Mapping[str, str]) -> Check:
                  "(systemctl enable --now dm-event.socket)")
 
 
+def check_lvm_shell(system: System) -> Check:
+    """Whether the plugin's lvm shell will have its command profile: present,
+    or in a directory the plugin can write it to."""
+    label = "lvm shell profile"
+    try:
+        directory = profile_dir(system.runner)
+    except StorageError:
+        directory = "/etc/lvm/profile"
+    path = os.path.join(directory, f"{PROFILE_NAME}.profile")
+    text = system.read(path)
+    if text == PROFILE:
+        return Check(label, OK, f"{path} present: the plugin runs lvcreate, lvremove, "
+                     "lvextend and lvchange in one lvm shell")
+    state = "missing" if text is None else "not this version's"
+    existing = directory
+    while existing != "/" and system.lstat(existing) is None:
+        existing = os.path.dirname(existing.rstrip("/")) or "/"
+    st = system.lstat(existing)
+    if st is not None and stat.S_ISDIR(st.st_mode) and system.writable(existing):
+        return Check(label, OK, f"{path} {state}; the plugin writes it at start")
+    return Check(label, WARN, f"{path} {state}, and it cannot be written there: the plugin "
+                 "will start a process for every LVM command (it works, more slowly)",
+                 "write it once: python3 -c \"from csi_local.lvm_shell import ensure_profile; "
+                 f"ensure_profile('{directory}')\"; or run the plugin with --lvm-shell=false")
+
+
 def check_directory(system: System, label: str, path: str, flag: str) -> Check:
     """Exists (or can be made), a real directory, owned by root, not world-writable."""
     label = f"{label} {path}"
@@ -447,6 +474,7 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     ]
     checks += _class_checks(system, opts)
     checks += check_lvm_settings(system)
+    checks.append(check_lvm_shell(system))
     checks.append(check_directory(system, "state directory", opts.state_dir, "--state-dir"))
     checks.append(check_directory(system, "lock directory", opts.lock_dir, "--lock-dir"))
     checks.append(check_socket(system, opts.endpoint))

@@ -143,6 +143,10 @@ class Filesystems:
             # dirty log (and exits 0). nouuid is what xfs provides for snapshots, and
             # every xfs is mounted with it, so the order of mounts never matters.
             opts.append("nouuid")
+        # One system call, as mount(8) would make it, for the options whose
+        # call is known; mount(8) for any other (its own, a file system's).
+        if self.host.mount_filesystem(device, target, fs_type, opts):
+            return
         if opts:
             argv += ["-o", ",".join(opts)]
         self.runner.run([*argv, device, target])

@@ -3,11 +3,12 @@ the file systems they make, the smallest volume each can be made on, and
 which mount options a request may pass (CSI mount_flags and the host volume
 plugin's mount_options alike).
 
-Options reach mount(8) as one `-o` list. Some options are not options of the
-file system but turn `mount DEV DIR` into another operation (remount, bind,
-move), make mount(8) set up devices or directories of its own (loop,
-X-mount.mkdir), or change mount propagation; none of those may come from a
-request. No processes or heavy imports here: the host volume plugin's
+Options reach mount(8) as one `-o` list (or, when host.mount_call knows each
+of them, the one mount(2) call that mount(8) would make). Some options are
+not options of the file system but turn `mount DEV DIR` into another
+operation (remount, bind, move), make mount(8) set up devices or directories
+of its own (loop, X-mount.mkdir), or change mount propagation; none of those
+may come from a request. No processes or heavy imports here: the host volume plugin's
 fingerprint path imports it.
 """
 

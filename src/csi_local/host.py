@@ -33,13 +33,16 @@ MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_SYNCHRONOUS = 16
 MS_REMOUNT = 32
+MS_DIRSYNC = 128
 MS_NOSYMFOLLOW = 256
 MS_NOATIME = 1024
 MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
+MS_LAZYTIME = 1 << 25
 _ATIME = MS_NOATIME | MS_RELATIME | MS_STRICTATIME
 # What statvfs(2) reports of a mount (ST_*) and the MS_* flag that sets it.
 # linux/statfs.h ST_NOSYMFOLLOW (8192) is not in Python's os module.
@@ -59,6 +62,38 @@ MOUNT_FLAGS: dict[str, tuple[int, int]] = {
     "relatime": (MS_RELATIME, _ATIME), "norelatime": (0, MS_RELATIME),
     "strictatime": (MS_STRICTATIME, _ATIME),
 }
+
+
+# A new mount's options that mount(8) (libmount) passes as flags of mount(2):
+# the per-mount flags and these, which belong to the file system's superblock.
+_NEW_MOUNT_FLAGS: dict[str, tuple[int, int]] = {
+    **MOUNT_FLAGS,
+    "sync": (MS_SYNCHRONOUS, 0), "async": (0, MS_SYNCHRONOUS),
+    "dirsync": (MS_DIRSYNC, 0),
+    "lazytime": (MS_LAZYTIME, 0), "nolazytime": (0, MS_LAZYTIME),
+}
+# File-system options that csi-local adds itself (fs.py: xfs's nouuid), which
+# mount(8) hands to the file system unchanged, as mount(2)'s data.
+_FS_DATA = frozenset({"nouuid"})
+
+
+def mount_call(options: Sequence[str]) -> tuple[int, str] | None:
+    """(flags, data) of the mount(2) call that `mount -t T -o OPTIONS DEV DIR`
+    makes, or None when an option is not one of those above: mount(8) knows
+    many more (its own, such as nofail, and every file system's), and runs
+    then. Nothing is passed that mount(8) would not pass: no option at all is
+    flags 0, as `mount -t T DEV DIR` calls it."""
+    flags = 0
+    data: list[str] = []
+    for opt in options:
+        if opt in _NEW_MOUNT_FLAGS:
+            add, drop = _NEW_MOUNT_FLAGS[opt]
+            flags = (flags & ~drop) | add
+        elif opt in _FS_DATA:
+            data.append(opt)
+        else:
+            return None
+    return flags, ",".join(data)
 
 
 def remount_flags(current: int, options: Sequence[str]) -> int:
@@ -194,6 +229,20 @@ class Host:
         except (DmStatusUnusable, DmReplyMalformed, SyscallError, ValueError) as err:
             log.warning("device-mapper status of %s/%s: %s", vg, lv, err)
             return None
+
+    def mount_filesystem(self, device: str, target: str, fs_type: str,
+                         options: Sequence[str]) -> bool:
+        """mount -t FS_TYPE -o OPTIONS DEVICE TARGET as the one system call
+        mount(8) would make; False (nothing done) when `options` need mount(8)
+        itself (see mount_call)."""
+        call = mount_call(options)
+        if call is None:
+            return False
+        flags, data = call
+        _syscall("mount(2)", (device, target, fs_type, ",".join(options)), "mount",
+                 os.fsencode(device), os.fsencode(target), fs_type.encode(), flags,
+                 data.encode() if data else None)
+        return True
 
     def bind_mount(self, source: str, target: str) -> None:
         """mount --bind: `source` (a directory, a file or a device node) at `target`."""

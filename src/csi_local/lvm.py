@@ -248,6 +248,11 @@ def read_config(runner: Runner, keys: Sequence[str]) -> dict[str, str]:
     return values
 
 
+def profile_dir(runner: Runner) -> str:
+    """Where LVM reads command profiles (config/profile_dir)."""
+    return read_config(runner, ["config/profile_dir"]).get("profile_dir") or "/etc/lvm/profile"
+
+
 def _vg_missing(err: CommandError) -> bool:
     return err.returncode == 5 and bool(_VG_NOT_FOUND_RE.search(err.stderr))
 

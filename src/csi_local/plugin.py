@@ -19,7 +19,7 @@ from csi_local.groups import GroupSnapshots
 from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
-from csi_local.lvm import CommittedMetadata
+from csi_local.lvm import CommittedMetadata, profile_dir
 from csi_local.monitor import PoolMonitor
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
@@ -64,7 +64,10 @@ class CsiPlugin:
             self.metrics = Metrics()
         metrics = self.metrics
         runner = ProcessRunner(timeout=config.command_timeout,
-                          observe=metrics.observe_command if metrics else None)
+                               observe=metrics.observe_command if metrics else None)
+        if config.lvm_shell:
+            runner.use_lvm_shell(lambda: profile_dir(runner))
+        self.runner = runner
         host = Host()
         locks = Locks(config.lock_dir)
         pools = Pools(config.classes, runner, locks, config.pool_policy,
@@ -107,8 +110,11 @@ class CsiPlugin:
     def start(self) -> None:
         for monitor in self.monitors:
             monitor.start()
+        # Serving already: the shell starts beside the first calls, not before.
+        self.runner.start_lvm_shell()
 
     def close(self) -> None:
         for monitor in self.monitors:
             monitor.stop()
         self.backend.state.close()
+        self.runner.close()

@@ -26,9 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from csi_local.errors import CommandError
+
+if TYPE_CHECKING:
+    from csi_local.lvm_shell import LvmShell
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,10 @@ class ProcessRunner:
     `observe(tool, seconds, ok)`, when given, hears of every command (tool: the
     basename of argv[0]; ok: False for an exit code not in ok_codes, a timeout,
     or a tool not found); the metrics use it. It never fails a command.
+
+    After `use_lvm_shell`, the LVM commands that change a VG run in one `lvm`
+    shell kept running (csi_local.lvm_shell) whenever it can take them: same
+    argv, same exit codes and messages, same timeout, no process start.
     """
 
     def __init__(self, timeout: float = 120.0, extra_env: Mapping[str, str] | None = None,
@@ -165,6 +172,26 @@ class ProcessRunner:
         if extra_env:
             env.update(extra_env)
         self.env = env
+        self.lvm_shell: LvmShell | None = None
+
+    def use_lvm_shell(self, profile_dir: Callable[[], str]) -> None:
+        """Run what it can take in an lvm shell from now on; `profile_dir`
+        says where LVM reads command profiles (lvm.profile_dir)."""
+        from csi_local.lvm_shell import LvmShell
+
+        self.lvm_shell = LvmShell(self.env, lambda: resolve("lvm"), profile_dir)
+
+    def start_lvm_shell(self) -> None:
+        """Start the lvm shell in the background, so that the first command
+        does not wait for it."""
+        shell = self.lvm_shell
+        if shell is not None:
+            threading.Thread(target=shell.start, name="lvm-shell-start", daemon=True).start()
+
+    def close(self) -> None:
+        """Let the lvm shell exit."""
+        if self.lvm_shell is not None:
+            self.lvm_shell.close()
 
     def run(
         self,
@@ -196,6 +223,15 @@ class ProcessRunner:
         full = (exe, *(str(a) for a in argv[1:]))
         limit = self.timeout if timeout is None else timeout
         started = time.monotonic()
+        if self.lvm_shell is not None and input is None:
+            done = self.lvm_shell.run([str(a) for a in argv], full, limit)
+            if done is not None:
+                code, stdout, stderr = done
+                log.debug("ran %s in the lvm shell -> %d in %.2fs", " ".join(full), code,
+                          time.monotonic() - started)
+                if code not in ok_codes:
+                    raise CommandError(full, code, stdout, stderr)
+                return Result(full, code, stdout, stderr)
         try:
             proc = subprocess.Popen(
                 full, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,

@@ -167,7 +167,21 @@ def build_server(plugin: CsiPlugin, socket_file: str, workers: int = 16) -> grpc
     return server
 
 
+def _seconds_since_exec() -> float | None:
+    """How long ago this process started (Linux: /proc), for the start-up log."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def serve(config: Config) -> None:
+    began = time.monotonic()
+    before = _seconds_since_exec()
     path = config.socket
     _claim_socket(path)
     if config.backing_file is not None and config.backing_size is not None:
@@ -205,6 +219,11 @@ def serve(config: Config) -> None:
         config.driver_name, config.endpoint, config.node_id,
         ", ".join(f"{c.name}={c.pool_name}" for c in classes.classes), classes.default,
     )
+    # Python and its imports, then csi-local's own start (the state loaded and
+    # reconciled with the mount table and LVM, the recovery of a crashed run).
+    log.info("started in %s (own start: %.3fs)",
+             "?" if before is None else f"{before + time.monotonic() - began:.3f}s",
+             time.monotonic() - began)
     stop.wait()
     # New RPCs are refused at once; in-flight ones get the grace period.
     server.stop(GRACE_SECONDS).wait()

@@ -46,6 +46,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from csi_local import host as host_mod
 from csi_local import mounts
 from csi_local.errors import CommandError
 from csi_local.host import Host
@@ -486,6 +487,14 @@ class FakeHost(Host):
     # The mount calls: the real host makes them as system calls; the fake runs
     # them through its model of mount(8), under mount(8)'s names, so that the
     # tests' call lists and fail_next("mount"/"umount") read as before.
+
+    def mount_filesystem(self, device: str, target: str, fs_type: str,
+                         options: Sequence[str]) -> bool:
+        if host_mod.mount_call(options) is None:
+            return False  # the caller runs mount(8)
+        argv = ["mount", "-t", fs_type, *(["-o", ",".join(options)] if options else [])]
+        self.run([*argv, device, target])
+        return True
 
     def bind_mount(self, source: str, target: str) -> None:
         self.run(["mount", "--bind", source, target])

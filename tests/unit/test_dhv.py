@@ -534,6 +534,12 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     plugin = dhv_plugin.HostVolumePlugin(config, runner)
     # The real host unmounts by a system call; here the fake runner's table is the kernel.
     monkeypatch.setattr(plugin.host, "unmount", lambda target: runner.run(["umount", target]))
+
+    def mount_filesystem(device: str, target: str, fs_type: str, options: Sequence[str]) -> bool:
+        runner.run(["mount", "-t", fs_type, "-o", ",".join(options), device, target])
+        return True
+
+    monkeypatch.setattr(plugin.host, "mount_filesystem", mount_filesystem)
     return plugin, req, runner
 
 

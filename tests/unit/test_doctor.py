@@ -18,6 +18,7 @@ from csi_local import doctor
 from csi_local.cli import build_parser
 from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
 from csi_local.lvm import Lvm, VgReport
+from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.runner import Result
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
@@ -25,6 +26,7 @@ from tests.unit.fakehost import FakeHost
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
              *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools))
 SETTINGS_ARGV = ("lvmconfig", "--type", "full", *doctor.LVM_SETTINGS)
+PROFILE_DIR_ARGV = ("lvmconfig", "--type", "full", "config/profile_dir")
 GOOD_SETTINGS = "udev_sync=1\nudev_rules=1\nmonitoring=0\n"
 MOUNTINFO = """\
 21 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
@@ -60,6 +62,7 @@ class Machine:
         runner.on(["lvmconfig", "--version"],
                   "  LVM version:     2.03.16(2) (2022-05-18)\n  Library version: 1.02\n")
         runner.on(SETTINGS_ARGV, GOOD_SETTINGS)
+        runner.on(PROFILE_DIR_ARGV, 'profile_dir="/etc/lvm/profile"\n')
         self.write("proc/modules", "dm_thin_pool 36864 1 - Live 0x0\n"
                                    "dm_snapshot 53248 0 - Live 0x0\ndm_mod 184320 9 - Live 0x0\n")
         self.write("proc/misc", "236 device-mapper\n 60 loop-control\n")
@@ -111,7 +114,7 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
         "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
         "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
         "thin pool vg0/pool0", "thin pool zeroing", "thin pool fill", "lvm.conf udev",
-        "lvm.conf monitoring", "state directory /var/lib/csi-local",
+        "lvm.conf monitoring", "lvm shell profile", "state directory /var/lib/csi-local",
         "lock directory /run/lock/csi-local", "CSI socket",
         "mount propagation of /var/lib/kubelet"]
     assert checks["lvm tools"].message == \
@@ -129,7 +132,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("17 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("18 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -351,6 +354,30 @@ def test_udev_settings(m: Machine) -> None:
     assert udev.status == WARN and "udev is not running" in udev.message
     udev, _ = settings(m, "udev_sync=0\nudev_rules=0\nmonitoring=0\n")
     assert udev.status == OK
+
+
+def test_lvm_shell_profile(m: Machine) -> None:
+    # Missing, in a directory the plugin can make: it writes it at start.
+    got = doctor.check_lvm_shell(m.system())
+    assert got.status == OK and "missing; the plugin writes it at start" in got.message
+    m.write(f"etc/lvm/profile/{PROFILE_NAME}.profile", PROFILE)
+    got = doctor.check_lvm_shell(m.system())
+    assert got.status == OK and "present" in got.message
+    m.write(f"etc/lvm/profile/{PROFILE_NAME}.profile", "log { report_command_log=0 }\n")
+    assert "not this version's" in doctor.check_lvm_shell(m.system()).message
+    # A profile directory configured elsewhere, under a file (a read-only
+    # /etc reads the same): every LVM command will be a process.
+    m.write("opt/lvm", "")
+    m.canned.replies[PROFILE_DIR_ARGV] = []
+    m.canned.on(PROFILE_DIR_ARGV, 'profile_dir="/opt/lvm/profile"\n')
+    got = doctor.check_lvm_shell(m.system())
+    assert got.status == WARN and "/opt/lvm/profile/" in got.message
+    assert "ensure_profile('/opt/lvm/profile')" in got.fix and "--lvm-shell=false" in got.fix
+    # lvmconfig failing: LVM's default directory is the one looked at.
+    m.canned.replies[PROFILE_DIR_ARGV] = []
+    m.canned.on(PROFILE_DIR_ARGV, rc=5, stderr="boom")
+    got = doctor.check_lvm_shell(m.system())
+    assert "/etc/lvm/profile/" in got.message
 
 
 def test_monitoring(m: Machine) -> None:

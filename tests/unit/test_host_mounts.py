@@ -16,6 +16,8 @@ import pytest
 from csi_local.errors import CommandError, SyscallError
 from csi_local.host import (
     MS_BIND,
+    MS_DIRSYNC,
+    MS_LAZYTIME,
     MS_NOATIME,
     MS_NODEV,
     MS_NODIRATIME,
@@ -25,7 +27,9 @@ from csi_local.host import (
     MS_RELATIME,
     MS_REMOUNT,
     MS_STRICTATIME,
+    MS_SYNCHRONOUS,
     Host,
+    mount_call,
     remount_flags,
 )
 
@@ -80,3 +84,35 @@ def test_a_bind_of_a_missing_source_fails_before_anything_is_mounted(tmp_path: P
     assert info.value.errno in (errno.ENOENT, errno.EPERM)
     assert not Host().is_mount_point(str(target))
 
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ([], (0, "")),
+    (["rw"], (0, "")),
+    (["ro", "nodev", "noatime"], (MS_RDONLY | MS_NODEV | MS_NOATIME, "")),
+    (["noatime", "relatime"], (MS_RELATIME, "")),  # the last atime option wins
+    (["ro", "rw"], (0, "")),
+    (["sync", "dirsync", "lazytime"], (MS_SYNCHRONOUS | MS_DIRSYNC | MS_LAZYTIME, "")),
+    (["nouuid", "nosuid"], (MS_NOSUID, "nouuid")),
+    # Anything else is mount(8)'s to handle: its own options, a file system's.
+    (["discard"], None),
+    (["defaults"], None),
+    (["nofail"], None),
+    (["errors=remount-ro"], None),
+    (["ro", "user_xattr"], None),
+])
+def test_a_new_mount_is_one_call_for_the_options_it_knows(
+        options: list[str], expected: tuple[int, str] | None) -> None:
+    assert mount_call(options) == expected
+
+
+def test_a_failed_filesystem_mount_names_the_call_and_errno(tmp_path: Path) -> None:
+    with pytest.raises(SyscallError) as info:
+        Host().mount_filesystem(str(tmp_path / "no-device"), str(tmp_path), "ext4", ["ro"])
+    assert info.value.errno in (errno.ENOENT, errno.EPERM)
+    assert info.value.message.startswith("mount(2) ")
+
+
+def test_options_it_does_not_know_are_left_to_mount8(tmp_path: Path) -> None:
+    assert Host().mount_filesystem(str(tmp_path / "dev"), str(tmp_path), "ext4",
+                                   ["discard"]) is False

@@ -1,0 +1,264 @@
+"""The lvm shell against real LVM: the commands that change a VG run in one
+`lvm` kept running, with the exit codes and messages a process would give,
+the same timeout, and a new shell after one hangs, dies or loses its framing."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from csi_local.errors import CommandError
+from csi_local.lvm import Lvm, profile_dir
+from csi_local.lvm_shell import LvmShell
+from csi_local.runner import ProcessRunner
+
+from .conftest import LoopVG, run
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+
+
+@pytest.fixture
+def shell_runner() -> Iterator[ProcessRunner]:
+    runner = ProcessRunner()
+    runner.use_lvm_shell(lambda: profile_dir(runner))
+    yield runner
+    runner.close()
+
+
+def _shell(runner: ProcessRunner) -> LvmShell:
+    assert runner.lvm_shell is not None
+    return runner.lvm_shell
+
+
+def _sizes(vg: LoopVG) -> dict[str, tuple[int, str]]:
+    out = run("lvs", "--noheadings", "--units", "b", "--nosuffix", "--separator", "|",
+              "-o", "lv_name,lv_size,lv_tags", vg.name).stdout
+    got = {}
+    for ln in out.splitlines():
+        name, size, tags = ln.strip().split("|")
+        got[name] = (int(size), tags)
+    return got
+
+
+def test_changes_run_in_one_shell_with_the_outcomes_of_processes(
+        vg: LoopVG, shell_runner: ProcessRunner) -> None:
+    shell = _shell(shell_runner)
+    assert shell.start(), shell.disabled
+    pid = shell.pid
+    lvm = Lvm(shell_runner, vg.name, vg.pool)
+    plain = Lvm(ProcessRunner(), vg.name, vg.pool)
+
+    lv = lvm.create_thin("s1", 64 * MiB, ["csi-local.t=1"], read_back=False)
+    assert _sizes(vg)["s1"] == (64 * MiB, "csi-local.t=1")
+    lvm.extend_to(lv, 128 * MiB)
+    lvm.add_tags("s1", ["b=2"])
+    lvm.delete_tags("s1", ["csi-local.t=1"])
+    assert _sizes(vg)["s1"] == (128 * MiB, "b=2")
+
+    # A failure: the same exit code and message as the same command as a process.
+    errors = []
+    for which in (lvm, plain):
+        with pytest.raises(CommandError) as info:
+            which.create_thin("s1", 64 * MiB, [], read_back=False)
+        errors.append(info.value)
+    assert errors[0].returncode == errors[1].returncode == 5
+    assert errors[0].stderr.strip() == errors[1].stderr.strip()
+    assert 'Logical Volume "s1" already exists' in errors[0].stderr
+
+    # The "already gone" rule reads the shell's message as it reads lvremove's.
+    assert lvm.remove("s1") is True
+    assert lvm.remove("s1") is False
+    assert "s1" not in _sizes(vg)
+    # Every one of those ran in the one shell started at first.
+    assert (shell.ran, shell.started, shell.pid) == (7, 1, pid)
+
+
+def test_the_idle_shell_holds_no_device_open(vg: LoopVG, shell_runner: ProcessRunner) -> None:
+    lvm = Lvm(shell_runner, vg.name, vg.pool)
+    lvm.create_thin("s2", 64 * MiB, [], read_back=False)
+    pid = _shell(shell_runner).pid
+    assert pid is not None
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with_path = os.path.realpath(f"/proc/{pid}/fd/{fd}")
+        if with_path.startswith("/dev/"):
+            assert not stat.S_ISBLK(os.stat(with_path).st_mode), with_path
+    # The new LV is not open: the plugin can format, wipe or remove it.
+    info = run("dmsetup", "info", "--noheadings", "-c", "-o", "open",
+               f"{vg.name}-s2").stdout.strip()
+    assert info == "0"
+    assert lvm.remove("s2") is True
+
+
+def test_a_long_line_of_tags_reaches_lvm_whole(vg: LoopVG, shell_runner: ProcessRunner) -> None:
+    tags = [f"t{i}=" + "x" * 1000 for i in range(7)]  # a line of about 7.3 KB
+    lvm = Lvm(shell_runner, vg.name, vg.pool)
+    lvm.create_thin("s3", 64 * MiB, tags, read_back=False)
+    assert _shell(shell_runner).ran == 1
+    assert sorted(_sizes(vg)["s3"][1].split(",")) == sorted(tags)
+
+
+def test_a_hung_command_times_out_and_the_next_runs_in_a_new_shell(
+        vg: LoopVG, shell_runner: ProcessRunner) -> None:
+    shell = _shell(shell_runner)
+    assert shell.start()
+    first = shell.pid
+    lvm = Lvm(shell_runner, vg.name, vg.pool)
+    # LVM's own VG lock, held by another process: lvcreate waits for it.
+    lock = os.open(f"/run/lock/lvm/V_{vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(CommandError) as info:
+            shell_runner.run(["lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}",
+                              "--virtualsize", "64m", "--name", "s4"], timeout=3)
+        assert info.value.timed_out and "timed out after 3s" in info.value.stderr
+        assert time.monotonic() - started < 30
+    finally:
+        os.close(lock)
+    assert first is not None and not psutil.pid_exists(first)  # killed and reaped
+    assert shell.pid is None
+    lvm.create_thin("s5", 64 * MiB, [], read_back=False)
+    assert "s5" in _sizes(vg) and "s4" not in _sizes(vg)
+    assert shell.started == 2 and shell.pid not in (None, first)
+
+
+def test_a_shell_killed_between_commands_is_replaced(
+        vg: LoopVG, shell_runner: ProcessRunner) -> None:
+    lvm = Lvm(shell_runner, vg.name, vg.pool)
+    lvm.create_thin("s6", 64 * MiB, [], read_back=False)
+    shell = _shell(shell_runner)
+    pid = shell.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the shell did not die"
+        time.sleep(0.1)
+    assert lvm.remove("s6") is True  # sent to a new shell, never lost
+    assert shell.started == 2 and shell.ran == 2
+
+
+def _fake_lvm(tmp_path: Path, body: str) -> str:
+    exe = tmp_path / "lvm"
+    exe.write_text(f"#!{sys.executable}\n{body}")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+_FAKE = """
+import json, os, sys
+report = os.fdopen(int(os.environ["LVM_REPORT_FD"]), "w")
+def status(name, code):
+    return {"log_type": "status", "log_context": "shell", "log_object_type": "cmd",
+            "log_object_name": name, "log_ret_code": str(code), "log_message": ""}
+for line in sys.stdin:
+    name = line.split()[0]
+    rows = [status(name, 1)]
+    if "lose-framing" in line:
+        rows = [status("lvremove", 1)]
+    if "two-documents" in line:
+        report.write(json.dumps({"log": rows}) + "\\n")
+    if "die" in line:
+        sys.exit(9)
+    report.write(json.dumps({"log": rows}) + "\\n")
+    report.flush()
+    if "exit-after" in line:
+        sys.exit(0)
+"""
+
+
+def test_an_lvm_without_a_working_shell_leaves_commands_to_processes(tmp_path: Path) -> None:
+    shell = LvmShell(ProcessRunner().env, lambda: _fake_lvm(tmp_path, "import sys; sys.exit(3)"),
+                     lambda: str(tmp_path / "profile"))
+    assert shell.run(["lvchange", "--addtag", "ok", "vg/v"], ["lvchange"], 30) is None
+    assert shell.disabled is not None and "did not start" in shell.disabled
+    assert shell.run(["lvchange", "--addtag", "ok", "vg/v"], ["lvchange"], 30) is None
+
+
+@pytest.mark.parametrize(("tag", "why"), [
+    ("lose-framing", "not the status of lvchange"),
+    ("two-documents", "unexpected report output"),
+    ("die", "exited (9) during lvchange"),
+])
+def test_a_shell_that_loses_its_framing_or_dies_fails_that_command_alone(
+        tmp_path: Path, tag: str, why: str) -> None:
+    shell = LvmShell(ProcessRunner().env, lambda: _fake_lvm(tmp_path, _FAKE),
+                     lambda: str(tmp_path / "profile"))
+    try:
+        assert shell.run(["lvchange", "--addtag", "ok", "vg/v"], ["lvchange"], 30) == (0, "", "")
+        first = shell.pid
+        with pytest.raises(CommandError) as info:
+            shell.run(["lvchange", "--addtag", tag, "vg/v"], ["lvchange"], 30)
+        assert why in info.value.stderr
+        assert shell.pid is None  # killed: never trusted with another command
+        assert shell.run(["lvchange", "--addtag", "ok", "vg/v"], ["lvchange"], 30) == (0, "", "")
+        assert shell.pid not in (None, first) and shell.disabled is None
+    finally:
+        shell.close()
+
+
+def test_a_command_sent_to_a_shell_found_gone_goes_to_a_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from csi_local import lvm_shell
+
+    shell = LvmShell(ProcessRunner().env, lambda: _fake_lvm(tmp_path, _FAKE),
+                     lambda: str(tmp_path / "profile"))
+    try:
+        assert shell.run(["lvchange", "--addtag", "exit-after", "vg/v"], ["lvchange"], 30) \
+            == (0, "", "")
+        assert shell._shell is not None
+        first = shell._shell.proc.pid
+        deadline = time.monotonic() + 30
+        while psutil.Process(first).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the fake shell did not exit"
+            time.sleep(0.05)
+        # Gone, but not seen gone before the command is written: the write
+        # fails (nobody reads the pipe), so the command never ran anywhere.
+        monkeypatch.setattr(lvm_shell._Shell, "alive", lambda self: True)
+        assert shell.run(["lvchange", "--addtag", "ok", "vg/v"], ["lvchange"], 30) == (0, "", "")
+        assert shell.started == 2 and shell.ran == 2
+    finally:
+        shell.close()
+
+
+def test_a_shell_that_cannot_start_leaves_commands_to_processes(
+        vg: LoopVG, tmp_path: Path) -> None:
+    # A profile directory that cannot be written (a read-only /etc).
+    (tmp_path / "file").write_text("")
+    runner = ProcessRunner()
+    runner.use_lvm_shell(lambda: str(tmp_path / "file" / "profile"))
+    lvm = Lvm(runner, vg.name, vg.pool)
+    lvm.create_thin("s7", 64 * MiB, [], read_back=False)
+    shell = _shell(runner)
+    assert shell.disabled is not None and "cannot start it" in shell.disabled
+    assert shell.ran == 0 and "s7" in _sizes(vg)
+    assert lvm.remove("s7") is True
+    runner.close()
+
+
+def test_the_plugin_keeps_one_shell_and_can_do_without(plugin_factory: Any) -> None:
+    with_shell = plugin_factory()
+    without = plugin_factory("--lvm-shell=false")
+
+    def shells(pid: int) -> list[psutil.Process]:
+        deadline = time.monotonic() + 120
+        while True:
+            found = [c for c in psutil.Process(pid).children()
+                     if c.name() == "lvm" and c.cmdline()[1:] == []]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+    assert len(shells(with_shell.proc.pid)) == 1
+    assert [c for c in psutil.Process(without.proc.pid).children() if c.name() == "lvm"] == []
