@@ -112,9 +112,14 @@ def test_stage_killed_inside_mkfs_formats_on_retry(plugin_factory: Any) -> None:
     fut = p.node.NodeStageVolume.future(req)
     pid = _find_process("mkfs.ext4", lv_path, time.monotonic() + 120)
     assert pid is not None, "mkfs.ext4 never ran"
-    os.kill(pid, signal.SIGSTOP)  # hold it where it is, then kill both
+    # Hold it where it is, then kill both. mkfs may have finished between
+    # being found and the signal (a zombie takes SIGSTOP, then is reaped):
+    # the plugin dies all the same before it mounts, and the retry must cope.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
     p.kill()
-    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(grpc.RpcError):
         fut.result()
     if _mapped_sectors(p.vg.name, vid) == 0:
