@@ -132,6 +132,8 @@ class PoolUsage:
     read_only: bool  # "ro": metadata trouble or out of metadata space
     out_of_data_space: bool
     needs_check: bool
+    # A metadata snapshot is held (a reader such as thin_dump reserved one).
+    metadata_snapshot_held: bool = False
 
 
 @dataclass(frozen=True)
@@ -343,7 +345,8 @@ def parse_thin_pool_status(params: str) -> PoolUsage:
         raise DmStatusUnusable(f"thin pool status {params!r} does not parse")
     return PoolUsage(transaction_id=tid, metadata_used=meta[0], metadata_total=meta[1],
                      data_used=data[0], data_total=data[1], read_only=mode[0],
-                     out_of_data_space=mode[1], needs_check=needs_check)
+                     out_of_data_space=mode[1], needs_check=needs_check,
+                     metadata_snapshot_held=fields[3] != "-")
 
 
 def single_target(name: str, targets: list[Target], target_type: str) -> Target:

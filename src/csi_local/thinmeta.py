@@ -181,18 +181,13 @@ class ThinMetadata:
 
     def _none_held(self) -> bool:
         """Whether the kernel, asked by ioctl (no process), says the pool holds
-        no metadata snapshot: its thin-pool target's held root is "-". False
-        whenever it cannot tell; `dmsetup status` is asked then."""
-        base = dm_name(self.vg, self.pool)
+        no metadata snapshot. False whenever it cannot tell; `dmsetup status`
+        is asked then."""
         try:
-            for name in (f"{base}-tpool", base):
-                targets = dm.status(name)
-                if targets and len(targets) == 1 and targets[0].target_type == "thin-pool":
-                    params = targets[0].params.split()
-                    return len(params) > 3 and params[3] == "-"
+            usage = dm.pool_usage(self.vg, self.pool)
         except (StorageError, OSError):
             return False
-        return False
+        return usage is not None and not usage.metadata_snapshot_held
 
     def release(self) -> bool:
         """Release a held metadata snapshot; whether there was one."""

@@ -302,10 +302,11 @@ POOL = "1 112/1024 48/8192 - rw discard_passdown queue_if_no_space - 256"
 
 
 def usage(tid: int = 1, meta: tuple[int, int] = (112, 1024), data: tuple[int, int] = (48, 8192),
-          ro: bool = False, full: bool = False, check: bool = False) -> PoolUsage:
+          ro: bool = False, full: bool = False, check: bool = False,
+          held: bool = False) -> PoolUsage:
     return PoolUsage(transaction_id=tid, metadata_used=meta[0], metadata_total=meta[1],
                      data_used=data[0], data_total=data[1], read_only=ro,
-                     out_of_data_space=full, needs_check=check)
+                     out_of_data_space=full, needs_check=check, metadata_snapshot_held=held)
 
 
 @pytest.mark.parametrize(("params", "expected"), [
@@ -319,7 +320,7 @@ def usage(tid: int = 1, meta: tuple[int, int] = (112, 1024), data: tuple[int, in
     pytest.param("7 1024/1024 10/8192 - ro ignore_discard queue_if_no_space - 256",
                  usage(7, (1024, 1024), (10, 8192), ro=True), id="ro"),
     pytest.param("3 112/1024 48/8192 77 ro discard_passdown queue_if_no_space needs_check 256",
-                 usage(3, ro=True, check=True), id="needs-check-held-root"),
+                 usage(3, ro=True, check=True, held=True), id="needs-check-held-root"),
     pytest.param("18446744073709551615 1/2 3/4 - rw discard_passdown queue_if_no_space - 1 x",
                  usage(2**64 - 1, (1, 2), (3, 4)), id="big-and-more-fields"),
 ])
