@@ -244,7 +244,7 @@ def test_node_registrar_and_liveness() -> None:
         "/var/lib/kubelet/plugins_registry")
     assert _host_path(ds, _mounts(reg)["/csi"]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}"
     probe = container(ds, "liveness-probe")
-    port = next(a.split("=", 1)[1] for a in probe["args"] if a.startswith("--health-port="))
+    port = _flag(probe, "--http-endpoint").rsplit(":", 1)[1]
     plugin = container(ds, "csi-local")
     ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
     assert str(ports[plugin["livenessProbe"]["httpGet"]["port"]]) == port
@@ -1017,3 +1017,30 @@ def test_documented_image_override(tmp_path: Path) -> None:
             if PLUGIN_IMAGE_RE.match(c["image"]):
                 c["image"] = "?"
     assert built == shipped
+
+
+@pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
+def test_liveness_timeouts_agree(directory: Path) -> None:
+    """kubelet's timeout on a container's livenessProbe outlasts the
+    livenessprobe sidecar's --probe-timeout behind that port: else a Probe
+    slower than kubelet's timeout restarts the plugin before the sidecar
+    answers. No sidecar uses the deprecated --health-port."""
+    checked = 0
+    for w in _workloads(kustomize_docs(directory)):
+        containers = pod_spec(w)["containers"]
+        for c in containers:
+            assert not any(a.startswith("--health-port") for a in c.get("args", [])), c["name"]
+        sidecars = {int(_flag(c, "--http-endpoint").rsplit(":", 1)[1]): c for c in containers
+                    if image_repo(c["image"]) == "livenessprobe"}
+        for c in containers:
+            probe = c.get("livenessProbe", {}).get("httpGet")
+            if probe is None:
+                continue
+            port = _resolve_port(c, probe["port"])
+            if port not in sidecars:
+                continue
+            timeout = _flag(sidecars[port], "--probe-timeout")
+            assert timeout.endswith("s") and timeout[:-1].isdigit(), timeout
+            assert c["livenessProbe"]["timeoutSeconds"] > int(timeout[:-1]), c["name"]
+            checked += 1
+    assert checked == 1
