@@ -18,7 +18,9 @@ from csi_local.config import (
     DEFAULT_STATE_DIR,
     Config,
     ConfigError,
+    absolute_path,
     parse_size,
+    socket_path,
 )
 from csi_local.fsrules import SUPPORTED_FS as FS_TYPES
 from csi_local.locks import DEFAULT_LOCK_DIR
@@ -162,6 +164,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _directory(what: str) -> Callable[[str], str]:
+    """A `type` for status's and doctor's directories: serve's rule
+    (config.absolute_path), so what serve refuses they refuse too."""
+
+    def check(text: str) -> str:
+        try:
+            return absolute_path(text, what)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return check
+
+
+def _endpoint(text: str) -> str:
+    """serve's rule of the endpoint (config.socket_path), for doctor."""
+    try:
+        socket_path(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _lvm_name(text: str) -> str:
     from csi_local.status import lvm_name
 
@@ -232,7 +256,8 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
                        help="TOML file of the node's device classes, as serve's, instead of "
                        "--volume-group and --thin-pool")
         p.add_argument("--state-dir", action=_EnvDefault, env="CSI_LOCAL_STATE_DIR",
-                       default=DEFAULT_STATE_DIR, help="directory of the node state file")
+                       default=DEFAULT_STATE_DIR, type=_directory("the state directory"),
+                       help="directory of the node state file")
         p.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     status.add_argument("--overprovision-ratio", action=_EnvDefault,
                         env="CSI_LOCAL_OVERPROVISION_RATIO", default="1.0", type=_ratio,
@@ -242,9 +267,11 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
                         help="a CSI volume neither staged nor published and older than this "
                         "is a possible orphan (90s, 30m, 1h, 2d)")
     doctor.add_argument("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR",
-                        default=DEFAULT_LOCK_DIR, help="directory of the lock files")
+                        default=DEFAULT_LOCK_DIR, type=_directory("the lock directory"),
+                        help="directory of the lock files")
     doctor.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
-                        default=DEFAULT_ENDPOINT, help="the plugin's unix:///path/to/csi.sock")
+                        default=DEFAULT_ENDPOINT, type=_endpoint,
+                        help="the plugin's unix:///path/to/csi.sock")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -41,6 +41,23 @@ def socket_path(endpoint: str) -> str:
     return path
 
 
+def absolute_path(path: str, what: str) -> str:
+    """`path`, which must be absolute: the rule of the state and lock
+    directories for serve, status and doctor alike (a relative one would
+    depend on where the process was started)."""
+    if not path or "\0" in path or not os.path.isabs(path):
+        raise ConfigError(f"{what} must be an absolute path, not {path!r}")
+    return path
+
+
+def seconds(value: float, what: str) -> float:
+    """`value`, a finite number of seconds above 0: nan compares false with
+    everything, and inf would never end a wait (a command never killed)."""
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{what} must be a finite number of seconds above 0, not {value!r}")
+    return value
+
+
 def parse_listen_address(text: str) -> tuple[str, int]:
     """(host, port) from "host:port", "[v6]:port" or ":port" (host "": every
     IPv4 address); ConfigError on any other form."""
@@ -108,11 +125,9 @@ class Config:
             raise ConfigError("max volumes per node must be >= 0")
         if self.default_fs_type not in SUPPORTED_FS:
             raise ConfigError(f"unsupported default fs type {self.default_fs_type!r}")
-        if self.command_timeout <= 0:
-            raise ConfigError("command timeout must be positive")
-        for path in (self.state_dir, self.lock_dir):
-            if not os.path.isabs(path):
-                raise ConfigError(f"{path!r} must be an absolute path")
+        seconds(self.command_timeout, "the command timeout")
+        absolute_path(self.state_dir, "the state directory")
+        absolute_path(self.lock_dir, "the lock directory")
         if (self.backing_file is None) != (self.backing_size is None):
             raise ConfigError("--backing-file and --backing-size go together")
         if self.backing_file is not None and self.device_classes is not None:
@@ -124,8 +139,7 @@ class Config:
             self.pool_policy  # noqa: B018 - validates the pool flags together
         except ValueError as err:
             raise ConfigError(f"pool flags: {err}") from None
-        if not self.pool_monitor_interval > 0:
-            raise ConfigError("the pool monitor interval must be positive")
+        seconds(self.pool_monitor_interval, "the pool monitor interval")
         if self.metrics_address:
             parse_listen_address(self.metrics_address)
 

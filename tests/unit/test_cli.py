@@ -229,3 +229,83 @@ def test_status_and_doctor_take_a_configuration_file(
             build_parser().parse_args([command, *bad])
         assert info.value.code == 2
     assert "not both" in capsys.readouterr().err
+
+
+# values no process may run with ------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["nan", "NaN", "inf", "-inf", "Infinity", "0", "-5"])
+@pytest.mark.parametrize(("flag", "env"), [
+    ("--command-timeout", "CSI_LOCAL_COMMAND_TIMEOUT"),
+    ("--pool-monitor-interval", "CSI_LOCAL_POOL_MONITOR_INTERVAL"),
+])
+def test_timeouts_and_intervals_are_finite_and_positive(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        flag: str, env: str, bad: str) -> None:
+    """float() takes nan and inf: a command timeout of either never kills the
+    command (nan compares false with everything), an interval of inf never
+    wakes. Refused by flag and by environment, and serve exits 2 before it
+    starts anything."""
+    from csi_local.cli import main
+
+    with pytest.raises(ConfigError, match="finite number of seconds above 0"):
+        config_from_args(build_parser().parse_args([*BASE, f"{flag}={bad}"]))
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(ConfigError, match="finite number of seconds above 0"):
+        config_from_args(build_parser().parse_args(BASE))
+    with pytest.raises(SystemExit) as exc:
+        main(BASE)
+    assert exc.value.code == 2
+    assert "finite number of seconds above 0" in capsys.readouterr().err
+
+
+SERVE = ["serve", "--endpoint", "unix:///run/x.sock", "--node-id", "n1",
+         "--volume-group", "vg0", "--thin-pool", "pool"]
+CHECKS = ["--volume-group", "vg0", "--thin-pool", "pool"]
+
+
+def _refused(argv: list[str]) -> str | None:
+    """The message serve, status or doctor refuses `argv` with, else None."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(argv)
+        if args.command == "serve":
+            config_from_args(args)
+    except SystemExit:
+        return err.getvalue().strip().rsplit(": error: ", 1)[-1].split(": ", 1)[-1]
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("path", ["locks", "./locks", "run/lock/csi-local", "", "/run/lock/ok",
+                                  "/a/../b"])
+def test_doctor_and_serve_take_one_rule_for_directories(path: str) -> None:
+    """A relative --lock-dir or --state-dir, which serve refuses, is refused
+    by doctor (and status) too, with the same words (config.absolute_path);
+    what serve takes, they take."""
+    serve_lock = _refused([*SERVE, "--state-dir", "/var/lib/x", "--lock-dir", path])
+    doctor_lock = _refused(["doctor", *CHECKS, "--lock-dir", path])
+    assert serve_lock == doctor_lock
+    serve_state = _refused([*SERVE, "--state-dir", path])
+    for command in ("doctor", "status"):
+        assert _refused([command, *CHECKS, "--state-dir", path]) == serve_state, command
+    if path.startswith("/"):
+        assert serve_lock is None and serve_state is None
+    else:
+        assert serve_lock is not None and "absolute path" in serve_lock
+        assert serve_state is not None and "absolute path" in serve_state
+
+
+def test_doctor_takes_serves_rule_for_the_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    for endpoint in ("unix://run/x.sock", "tcp://1.2.3.4:5", "/run/x.sock"):
+        assert _refused(["doctor", *CHECKS, "--endpoint", endpoint]) == (
+            _refused([*SERVE, "--state-dir", "/s", "--endpoint", endpoint])), endpoint
+        monkeypatch.setenv("CSI_ENDPOINT", endpoint)
+        assert _refused(["doctor", *CHECKS]) is not None
+        monkeypatch.delenv("CSI_ENDPOINT")
+    assert _refused(["doctor", *CHECKS, "--endpoint", "unix:///run/x.sock"]) is None
