@@ -207,12 +207,6 @@ job "csi-local" {
             source = "/var/lib/csi-local"
             target = "/var/lib/csi-local"
           }
-          mount {
-            type     = "bind"
-            source   = "/lib/modules"
-            target   = "/lib/modules"
-            readonly = true
-          }
         }
 
         template {

@@ -207,6 +207,17 @@ def test_resizer_copy_is_ready_without_a_volume_group(ctr: str) -> None:
     assert answer["ready"] is True, (answer, log)
 
 
+def test_nothing_in_the_image_loads_a_kernel_module(ctr: str) -> None:
+    """The deployments mount no /lib/modules: nothing in the image could use
+    it (no modprobe or insmod for LVM to call; the host loads dm_thin_pool,
+    and doctor reads /proc/modules)."""
+    r = run_in(ctr, "sh", "-c", "for t in modprobe insmod kmod; do command -v $t; done; "
+               "ls /lib/modules 2>&1 || true", check=False)
+    assert not any(line.endswith(("/modprobe", "/insmod", "/kmod"))
+                   for line in r.stdout.splitlines()), r.stdout
+    assert "No such file or directory" in r.stdout or not r.stdout.strip(), r.stdout
+
+
 # What the node DaemonSet (and the Nomad job) mount from the host, for LVM in
 # the image: a devices file in /etc/lvm/devices and the device filters as
 # /etc/lvm/lvmlocal.conf. The image's own files are put back afterwards.

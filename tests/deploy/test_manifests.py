@@ -1044,3 +1044,99 @@ def test_liveness_timeouts_agree(directory: Path) -> None:
             assert c["livenessProbe"]["timeoutSeconds"] > int(timeout[:-1]), c["name"]
             checked += 1
     assert checked == 1
+
+
+# --- least privilege ------------------------------------------------------------
+
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The containers that call the API server (by image); every other one of the
+# pods talks to kubelet, to the plugin's socket, or to nothing.
+API_CALLERS = {"csi-provisioner", "csi-snapshotter", "csi-resizer", "csi-snapshot-metadata"}
+
+
+@pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
+def test_api_credentials_only_where_the_api_is_called(directory: Path) -> None:
+    """No pod gets the ServiceAccount token mounted into every container: the
+    pod's automount is off, and the containers that call the API server,
+    and only those, mount a projected volume with what kubelet would have
+    put there (a bound token, the cluster CA, the namespace) at its path."""
+    seen = set()
+    for w in _workloads(kustomize_docs(directory)):
+        spec = pod_spec(w)
+        assert spec.get("automountServiceAccountToken") is False, w["metadata"]["name"]
+        for c in spec["containers"]:
+            mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == SA_PATH]
+            calls = image_repo(c["image"]) in API_CALLERS
+            assert bool(mounts) == calls, (w["metadata"]["name"], c["name"])
+            if not mounts:
+                continue
+            seen.add(image_repo(c["image"]))
+            (m,) = mounts
+            assert m.get("readOnly") is True and "subPath" not in m
+            sources = _volume(w, m["name"])["projected"]["sources"]
+            token = next(s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s)
+            assert token["path"] == "token" and "audience" not in token  # the API server's
+            ca = next(s["configMap"] for s in sources if "configMap" in s)
+            assert ca == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt",
+                                                                  "path": "ca.crt"}]}
+            ns = next(s["downwardAPI"] for s in sources if "downwardAPI" in s)
+            assert ns["items"] == [{"path": "namespace",
+                                    "fieldRef": {"fieldPath": "metadata.namespace"}}]
+    expected = API_CALLERS if directory == SNAPSHOT_METADATA_DIR else (
+        API_CALLERS - {"csi-snapshot-metadata"})
+    assert seen == expected
+
+
+def test_the_plugin_never_holds_an_api_token() -> None:
+    """The plugin calls no Kubernetes API: nothing in it reads a token."""
+    src = REPO / "src" / "csi_local"
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        assert "serviceaccount" not in text and "kubernetes.default" not in text, path
+
+
+def test_resizer_pod_runs_without_privileges() -> None:
+    """Both containers of the resizer pod: no capability, no privilege
+    escalation, a read-only root; what the plugin copy writes (its socket,
+    state and lock directories, LVM's run-time files) is on emptyDirs."""
+    dep = one("Deployment", "csi-local-resizer")
+    spec = pod_spec(dep)
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc.get("privileged", False) is False, c["name"]
+        assert sc["allowPrivilegeEscalation"] is False, c["name"]
+        assert sc["readOnlyRootFilesystem"] is True, c["name"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}, c["name"]
+        assert "add" not in sc["capabilities"]
+    plugin = container(dep, "csi-local")
+    env = _env(plugin)
+    from csi_local.locks import DEFAULT_LOCK_DIR
+
+    assert "CSI_LOCAL_LOCK_DIR" not in env
+    writable = [env["CSI_ENDPOINT"]["value"].removeprefix("unix://"),
+                env["CSI_LOCAL_STATE_DIR"]["value"] + "/state.json",
+                DEFAULT_LOCK_DIR + "/x", "/run/lvm/hints", "/run/lock/lvm/V_vg", "/tmp/x"]
+    for path in writable:
+        p = PurePosixPath(path)
+        mounts = [m for m in plugin["volumeMounts"]
+                  if PurePosixPath(m["mountPath"]) in p.parents]
+        assert mounts, f"{path} is on the read-only root"
+        m = max(mounts, key=lambda m: len(m["mountPath"]))
+        assert "emptyDir" in _volume(dep, m["name"]), path
+        assert not m.get("readOnly")
+    # the lvm shell would write its profile into /etc/lvm/profile
+    assert env["CSI_LOCAL_LVM_SHELL"]["value"] == "false"
+
+
+@pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
+def test_no_lib_modules_mount(directory: Path) -> None:
+    """The image has no modprobe and nothing in it loads a module (the host
+    does; doctor checks /proc/modules): /lib/modules is not mounted."""
+    for w in _workloads(kustomize_docs(directory)):
+        for v in pod_spec(w).get("volumes", []):
+            assert v.get("hostPath", {}).get("path") != "/lib/modules", w["metadata"]["name"]
+        for c in pod_spec(w)["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["mountPath"] != "/lib/modules", c["name"]
+    nomad = (REPO / "deploy" / "nomad" / "csi-local.nomad.hcl").read_text()
+    assert "/lib/modules" not in nomad
