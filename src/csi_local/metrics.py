@@ -13,24 +13,35 @@ one, so nothing else in the process leaks into it):
   than `MAX_AGE` seconds. Pool and volume figures carry a `device_class`
   label.
 
+Beside them, the process's own figures (`process_*`: CPU, memory, open
+files; `python_*`: the interpreter and its garbage collector), and every
+series carries the constant label `node`, the node's ID, as TopoLVM's do:
+alerts and dashboards then name the node whatever the scrape adds.
+
 The host volume plugin (csi_local.dhv) never imports this module.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -56,15 +67,40 @@ POOL_LABELS = ("device_class", "volume_group", "thin_pool")
 VOLUME_LABELS = ("volume_id", "pvc_name", "pvc_namespace", "device_class")
 
 
-class Metrics:
-    """The plugin's registry, its event metrics and the hooks that feed them."""
+class NodeLabelled(Collector):
+    """Every family of `inner`, each sample with the constant label `node`
+    added (prometheus_client has no constant labels of its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, inner: CollectorRegistry, node: str) -> None:
+        self.inner = inner
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [s._replace(labels={**s.labels, "node": self.node})
+                           for s in family.samples]
+            yield out
+
+
+class Metrics:
+    """The plugin's registry, its event metrics and the hooks that feed them.
+    `registry` is what the endpoint serves: the figures of `own` (the plugin's
+    and the process's), with the `node` label."""
+
+    def __init__(self, node: str) -> None:
         # No `_created` series beside every counter and histogram: noise in
         # the text format (this sets a flag of the library, for the process).
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.node = node
+        self.own = CollectorRegistry()
+        r = self.own
+        # The library's process and interpreter collectors, registered here
+        # (they are stateless readers of /proc and the interpreter).
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeLabelled(r, node))
         self.rpcs = Counter(
             "rpc_requests", "CSI RPCs handled, by method and gRPC status code (OK: success)",
             ["method", "code"], namespace=NAMESPACE, registry=r)
@@ -132,7 +168,7 @@ class Metrics:
         class) read, through one collector: the registry refuses a second one
         (the same metric names). Once, with every class's monitor."""
         collector = PoolCollector(monitors, max_age)
-        self.registry.register(collector)
+        self.own.register(collector)
         for monitor in monitors:  # present at 0, so increase() works from the start
             for what in ("data", "metadata"):
                 self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
@@ -166,9 +202,12 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Room for new volumes, over-provisioning included, as GetCapacity reports it while "
         "the pool is below its high-water marks", POOL_LABELS),
     "thin_pool_healthy": (
-        "1 when LVM reports no health problem of the thin pool; health_status is LVM's "
-        "lv_health_status (out_of_data, metadata_read_only, failed, ...)",
-        (*POOL_LABELS, "health_status")),
+        "1 when LVM reports no health problem of the thin pool (lv_health_status empty), "
+        "else 0", POOL_LABELS),
+    "thin_pool_health_status": (
+        "1 for the thin pool's lv_health_status, 0 for the others (each pool has every "
+        "status, so the series stay; other: a status not listed)",
+        (*POOL_LABELS, "status")),
     "volumes": ("CSI volumes in the device class's thin pool", POOL_LABELS),
     "snapshots": ("CSI snapshots in the device class's thin pool", POOL_LABELS),
     "volume_size_bytes": ("Virtual size of a CSI volume", VOLUME_LABELS),
@@ -176,6 +215,15 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "How much of a CSI volume's virtual size the thin pool has allocated (absent while "
         "the volume is inactive)", VOLUME_LABELS),
 }
+
+
+# LVM's lv_health_status of a thin pool (lvm2's report.c), a fixed set so that
+# a pool's series do not come and go with its health; "other" for any else.
+HEALTH_STATUSES = ("out_of_data", "metadata_read_only", "failed", "partial", "other")
+
+
+def _health_status(health: str) -> str:
+    return health if health in HEALTH_STATUSES else "other"
 
 
 def _gauge(name: str) -> GaugeMetricFamily:
@@ -251,6 +299,7 @@ class PoolCollector(Collector):
                    "provisioned_bytes", "available_bytes")
         families = {name: _gauge(f"thin_pool_{name}") for name in figures}
         health = _gauge("thin_pool_healthy")
+        status = _gauge("thin_pool_health_status")
         for monitor, reading in readable:
             pool_lv = reading.report.find(monitor.lvm.pool)
             if pool_lv is None or not pool_lv.is_thin_pool:
@@ -271,8 +320,11 @@ class PoolCollector(Collector):
             for name, value in values.items():
                 if value is not None:  # an inactive pool reports no fill
                     families[name].add_metric(labels, value)
-            health.add_metric([*labels, pool_lv.health], 0 if pool_lv.health else 1)
-        for family in (*families.values(), health):
+            health.add_metric(labels, 0 if pool_lv.health else 1)
+            current = _health_status(pool_lv.health) if pool_lv.health else None
+            for name in HEALTH_STATUSES:
+                status.add_metric([*labels, name], 1 if name == current else 0)
+        for family in (*families.values(), health, status):
             if family.samples:
                 yield family
 
@@ -318,10 +370,52 @@ class MetricsServer:
         self.thread.join(timeout=5.0)
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a hung scrape never holds the plugin's exit
+
+
+class _DualStackServer(_Server):
+    """On "::" with IPV6_V6ONLY off: every IPv6 address and, as mapped
+    addresses, every IPv4 one, whatever the host's net.ipv6.bindv6only."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """A scrape is no event for the plugin's log."""
+
+
+def _ipv6_available() -> bool:
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return False
+    return True
+
+
 def serve_metrics(metrics: Metrics, address: str) -> MetricsServer:
-    """Serve `metrics` on `address` ("host:port" or ":port", every IPv4 address);
+    """Serve `metrics` on `address`: "host:port", "[v6]:port", or ":port" for
+    every address, IPv6 and IPv4 (IPv4 only where the kernel has no IPv6).
     OSError when the address cannot be bound."""
     host, port = parse_listen_address(address)
-    httpd, thread = start_http_server(port, host or "0.0.0.0", registry=metrics.registry)  # noqa: S104
+    app = make_wsgi_app(metrics.registry)
+    server_class: type[_Server]
+    if host:
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        server_class = type("_Server", (_Server,), {"address_family": family})
+        host = str(sockaddr[0])
+    elif _ipv6_available():
+        server_class, host = _DualStackServer, "::"
+    else:
+        server_class, host = _Server, "0.0.0.0"  # noqa: S104 - every address was asked for
+    httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+    thread.start()
     log.info("serving metrics on %s/metrics", address)
     return MetricsServer(httpd, thread)

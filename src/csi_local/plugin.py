@@ -61,7 +61,7 @@ class CsiPlugin:
         if config.metrics_address:
             from csi_local.metrics import Metrics
 
-            self.metrics = Metrics()
+            self.metrics = Metrics(node=config.node_id)
         metrics = self.metrics
         runner = ProcessRunner(timeout=config.command_timeout,
                                observe=metrics.observe_command if metrics else None)

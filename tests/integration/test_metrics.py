@@ -31,19 +31,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def fetch(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as reply:
+def fetch(port: int, host: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=60) as reply:
         assert reply.status == 200
         assert reply.headers["Content-Type"].startswith("text/plain")
         return str(reply.read().decode())
 
 
+NODE = "node-1"  # PluginProcess's --node-id
+
+
 def parse(text: str) -> Samples:
+    """The samples, each checked for the constant `node` label, which the
+    keys leave out."""
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
+            assert s.labels.get("node") == NODE, s
+            labels = {k: v for k, v in s.labels.items() if k != "node"}
+            out[(s.name, frozenset(labels.items()))] = s.value
     return out
+
+
+def parse_names(text: str) -> set[str]:
+    return {family.name for family in text_string_to_metric_families(text)}
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -71,7 +82,9 @@ def excerpt(text: str) -> str:
 
 def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     port = free_port()
-    p: PluginProcess = plugin_factory("--metrics-address", f"127.0.0.1:{port}")
+    # A port alone: every address, IPv6 and IPv4 (scraped over both below).
+    p: PluginProcess = plugin_factory("--metrics-address", f":{port}")
+    assert p.node_id == NODE
     data = p.controller.CreateVolume(pb.CreateVolumeRequest(
         name="data", capacity_range=pb.CapacityRange(required_bytes=64 * MiB),
         volume_capabilities=[mount_cap()], parameters=CO)).volume.volume_id
@@ -157,7 +170,9 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     assert value(got, "csi_local_thin_pool_metadata_percent", **pool_labels) == \
         float(pool["metadata_percent"])
     assert float(pool["data_percent"]) > 0
-    assert value(got, "csi_local_thin_pool_healthy", health_status="", **pool_labels) == 1
+    assert value(got, "csi_local_thin_pool_healthy", **pool_labels) == 1
+    assert value(got, "csi_local_thin_pool_health_status", status="out_of_data",
+                 **pool_labels) == 0
     assert value(got, "csi_local_thin_pool_data_limit_percent", **pool_labels) == 90
     assert value(got, "csi_local_thin_pool_available_bytes", **pool_labels) == capacity
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **pool_labels) == \
@@ -171,4 +186,11 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
         float(lv_rows[data]["data_percent"])
     assert float(lv_rows[data]["data_percent"]) > 0
     assert value(got, "csi_local_state_rebuilds_total") == 1  # a first start
+    # The process's own figures, from the real /proc.
+    assert value(got, "process_resident_memory_bytes") > 10 * MiB
+    assert value(got, "process_cpu_seconds_total") > 0
+    assert value(got, "process_open_fds") > 0
+    assert any(name == "python_info" for name, _ in got)
+    # The same endpoint over IPv6.
+    assert "csi_local_volume_group_up" in parse_names(fetch(port, "[::1]"))
     assert value(got, "csi_local_start_time_seconds") > 0

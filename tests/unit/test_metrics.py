@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from csi_local import metrics as metrics_mod
 from csi_local import monitor as monitor_mod
 from csi_local import plugin as plugin_mod
 from csi_local import runner as runner_mod
@@ -43,16 +44,23 @@ from tests.unit.servicers import (
 
 PVC = {"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "ns"}
 POOL_LABELS = {"device_class": "default", "volume_group": "vg0", "thin_pool": "pool0"}
+NODE = "node-1"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(metrics: Metrics) -> Samples:
-    """Every sample of the registry, rendered and parsed back as Prometheus would."""
+def scrape(metrics: Metrics, *, process: bool = False) -> Samples:
+    """Every sample of the registry, rendered and parsed back as Prometheus
+    would, after checking each one's `node` label (which the keys leave out);
+    the process's own figures only with `process`."""
     text = generate_latest(metrics.registry).decode()
     out: Samples = {}
     for family in text_string_to_metric_families(text):
+        if not process and family.name.startswith(("process_", "python_")):
+            continue
         for s in family.samples:
-            key = (s.name, frozenset(s.labels.items()))
+            assert s.labels.get("node") == metrics.node, s
+            labels = {k: v for k, v in s.labels.items() if k != "node"}
+            key = (s.name, frozenset(labels.items()))
             assert key not in out, f"duplicate series {key}"
             out[key] = s.value
     return out
@@ -69,7 +77,7 @@ def names(samples: Samples) -> set[str]:
 def watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             **node_args: Any) -> tuple[Node, PoolMonitor, Metrics]:
     node = make_node(tmp_path, monkeypatch, **node_args)
-    metrics = Metrics()
+    metrics = Metrics(node=NODE)
     pool = node.backend.pools.default
     monitor = PoolMonitor(pool.lvm, pool, on_extend=metrics.extend_observer(pool.class_name))
     metrics.watch([monitor])
@@ -109,7 +117,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
     assert value(got, "csi_local_thin_pool_data_percent", **POOL_LABELS) == 12.5
     assert value(got, "csi_local_thin_pool_metadata_percent", **POOL_LABELS) == 3.25
-    assert value(got, "csi_local_thin_pool_healthy", health_status="", **POOL_LABELS) == 1
+    assert value(got, "csi_local_thin_pool_healthy", **POOL_LABELS) == 1
     assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 85
     assert value(got, "csi_local_thin_pool_metadata_limit_percent", **POOL_LABELS) == 80
     assert value(got, "csi_local_thin_pool_autoextend_threshold_percent", **POOL_LABELS) == 70
@@ -145,10 +153,23 @@ def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             return "out_of_data"
         return fake_field(lv, name, argv)
 
+    healthy = scrape(metrics)
     monkeypatch.setattr(node.host, "_field", field)
+    monkeypatch.setattr(metrics_mod.PoolCollector, "_reading",
+                        lambda self, group: group[0].latest(max_age=0))
     got = scrape(metrics)
-    assert value(got, "csi_local_thin_pool_healthy", health_status="out_of_data",
-                 **POOL_LABELS) == 0
+    assert value(got, "csi_local_thin_pool_healthy", **POOL_LABELS) == 0
+    assert value(got, "csi_local_thin_pool_health_status", status="out_of_data",
+                 **POOL_LABELS) == 1
+    # A fixed label set: the same series, healthy or not (a status in a label
+    # of its own would end one series and start another at every change).
+    assert set(got) == set(healthy)
+    statuses = {dict(k[1])["status"]: v for k, v in got.items()
+                if k[0] == "csi_local_thin_pool_health_status"}
+    assert statuses == {"out_of_data": 1, "metadata_read_only": 0, "failed": 0,
+                        "partial": 0, "other": 0}
+    assert {dict(k[1])["status"]: v for k, v in healthy.items()
+            if k[0] == "csi_local_thin_pool_health_status"} == dict.fromkeys(statuses, 0)
 
 
 def test_a_scrape_reuses_a_recent_reading(tmp_path: Path,
@@ -225,7 +246,7 @@ def class_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                   **node_args: Any) -> tuple[Node, dict[str, PoolMonitor], Metrics]:
     """A node with CLASSES, its monitors by class, as the plugin wires them."""
     node = make_class_node(tmp_path, monkeypatch, CLASSES, **node_args)
-    metrics = Metrics()
+    metrics = Metrics(node=NODE)
     monitors = {pool.class_name: PoolMonitor(pool.lvm, pool,
                                              on_extend=metrics.extend_observer(pool.class_name))
                 for pool in node.backend.pools}
@@ -269,7 +290,7 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
     assert value(got, "csi_local_thin_pool_available_bytes", **BIG) == 20 * GiB - 4 * GiB
     assert value(got, "csi_local_thin_pool_available_bytes", **FAST) == 10 * GiB - GiB
     assert value(got, "csi_local_thin_pool_available_bytes", **COLD) == 10 * GiB - 512 * MiB
-    assert value(got, "csi_local_thin_pool_healthy", health_status="", **COLD) == 1
+    assert value(got, "csi_local_thin_pool_healthy", **COLD) == 1
     counts = {c["device_class"]: (value(got, "csi_local_volumes", **c),
                                   value(got, "csi_local_snapshots", **c))
               for c in (FAST, BIG, COLD)}
@@ -441,7 +462,7 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
         return f"/usr/sbin/{tool}"
 
     monkeypatch.setattr(runner_mod, "resolve", resolve)
-    metrics = Metrics()
+    metrics = Metrics(node=NODE)
     runner = ProcessRunner(observe=metrics.observe_command)
     runner.run(["lvcreate", "0"])
     runner.run(["/sbin/lvcreate", "0"])  # the tool is argv[0]'s basename
@@ -548,6 +569,57 @@ def test_the_endpoint_serves_the_registry(tmp_path: Path,
     families = {f.name for f in text_string_to_metric_families(text)}
     assert {"csi_local_volume_group_up", "csi_local_volumes",
             "csi_local_volume_size_bytes"} <= families
+
+
+def test_the_process_and_interpreter_figures(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """process_* (from /proc: CPU, memory, open files, start time) and
+    python_* (the interpreter, its garbage collector), with the node label."""
+    _, _, metrics = watched(tmp_path, monkeypatch)
+    got = scrape(metrics, process=True)
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                 "process_open_fds", "process_start_time_seconds"):
+        assert value(got, name) > 0, name
+    assert any(name == "python_info" for name, _ in got)
+    assert any(name == "python_gc_objects_collected_total" for name, _ in got)
+
+
+def test_every_series_names_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constant `node` label on every family, the plugin's and the
+    process's, from the node ID the plugin is started with."""
+    monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
+    try:
+        assert plugin.metrics is not None
+        monkeypatch.setattr(plugin.monitors[0], "latest", lambda max_age: None)
+        text = generate_latest(plugin.metrics.registry).decode()
+    finally:
+        plugin.close()
+    families = list(text_string_to_metric_families(text))
+    assert {f.name for f in families} >= {"csi_local_volume_group_up", "process_cpu_seconds",
+                                          "python_info", "csi_local_build_info"}
+    for family in families:
+        for sample in family.samples:
+            assert sample.labels.get("node") == "n", sample
+
+
+@pytest.mark.parametrize("connect", ["127.0.0.1", "::1"])
+def test_a_port_alone_serves_ipv4_and_ipv6(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           connect: str) -> None:
+    """":PORT" listens on every address of both families (one socket, IPv6
+    with IPV6_V6ONLY off), so a dual-stack or IPv6-only pod network scrapes it."""
+    _, _, metrics = watched(tmp_path, monkeypatch)
+    server = serve_metrics(metrics, f":{_free_port()}")
+    try:
+        assert server.httpd.socket.family == socket.AF_INET6
+        host = f"[{connect}]" if ":" in connect else connect
+        with urllib.request.urlopen(f"http://{host}:{server.port}/metrics",
+                                    timeout=10) as reply:
+            assert reply.status == 200
+            assert b"csi_local_volume_group_up" in reply.read()
+    finally:
+        server.stop()
 
 
 # the flag -------------------------------------------------------------------------------
