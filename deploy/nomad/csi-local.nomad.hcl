@@ -242,8 +242,13 @@ job "csi-local" {
           health_timeout         = "2m"
         }
 
-        # Let in-flight LVM commands and mounts finish.
-        kill_timeout = "60s"
+        # Let in-flight LVM commands and mounts finish: the plugin refuses new
+        # RPCs at SIGTERM and gives running ones up to 30 s. Not more: a Nomad
+        # client caps kill_timeout at its max_kill_timeout, 30 s by default,
+        # silently. (A longer one needs max_kill_timeout raised on every
+        # client first, docs/nomad.md. A kill -9 part-way is safe either way:
+        # state writes are atomic and a half-done RPC is retried.)
+        kill_timeout = "30s"
 
         resources {
           cpu    = 100
