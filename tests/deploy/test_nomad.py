@@ -6,6 +6,7 @@ api/host_volumes.go, command/volume_register_csi.go)."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,41 @@ def test_kill_timeout_within_the_clients_default_cap() -> None:
     assert found and all(GRACE_SECONDS <= t <= 30 for t in found), found
     docs = (REPO / "docs" / "nomad.md").read_text()
     assert "max_kill_timeout" in docs
+
+
+def test_host_volume_quick_start_writes_the_configuration(tmp_path: Path) -> None:
+    """docs/nomad.md's walk-through to a host volume installs the plugin with
+    `csi-local-dhv install` (which writes its configuration), restarts the
+    client before creating the volume, and never just links the plugin in
+    (a plugin without configuration fails its first create). Its install
+    command, run here into a scratch directory, writes a configuration the
+    plugin loads."""
+    import shlex
+    import subprocess
+    import sys
+
+    from csi_local.dhv.config import load_config
+
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    section = docs.split("## Dynamic host volumes", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert "ln -s" not in block
+    lines = block.replace("\\\n", " ").splitlines()
+    install = next(ln for ln in lines if "csi-local-dhv install" in ln).split("#", 1)[0]
+    order = [i for i, ln in enumerate(lines)
+             if "csi-local-dhv install" in ln or "restart nomad" in ln
+             or "nomad volume create" in ln]
+    assert len(order) == 3 and order == sorted(order), lines
+    argv = shlex.split(install)
+    assert argv[0].endswith("/csi-local-dhv") and argv[1] == "install", argv
+    plugin_dir = argv[argv.index("--plugin-dir") + 1]
+    assert plugin_dir.endswith("/host_volume_plugins")
+    args = [a if a != plugin_dir else str(tmp_path) for a in argv[2:]]
+    dhv = Path(sys.executable).parent / "csi-local-dhv"
+    r = subprocess.run([str(dhv), "install", *args], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    config = load_config(str(tmp_path), str(tmp_path / "csi-local-dhv"))
+    assert (config.volume_group, config.thin_pool) == ("csilocal", "pool")
+    volume = (NOMAD_DIR / "host-volume.hcl").read_text()
+    assert 'plugin_id = "csi-local-dhv"' in volume

@@ -582,3 +582,21 @@ def test_delete_mounts_the_volume_again_when_lvremove_fails(
         f"vg0/{LV_NAME} contains a filesystem in use.); it is mounted again at {req.path}, "
         "as before the delete; mount namespaces that no process is in, pinned at /run/pin, "
         "may hold it")
+
+
+def test_missing_config_says_what_to_write(tmp_path: Path) -> None:
+    """A plugin put into the directory without `install` (a symlink) fails its
+    first create with the JSON to write: written as the message says (with
+    the pool's names), the configuration loads."""
+    import re
+
+    with pytest.raises(DhvError) as info:
+        dhv_config.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv"))
+    message = str(info.value)
+    assert f"csi-local-dhv install --plugin-dir {tmp_path} " in message
+    (shown,) = re.findall(r"\{.*?\}", message)
+    text = shown.replace("VG", "vg0").replace("POOL", "pool")
+    path = message.split("no configuration at ", 1)[1].split(":", 1)[0]
+    Path(path).write_text(text)
+    cfg = dhv_config.load_config(str(tmp_path), str(tmp_path / "csi-local-dhv"))
+    assert (cfg.volume_group, cfg.thin_pool) == ("vg0", "pool")

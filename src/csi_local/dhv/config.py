@@ -174,7 +174,10 @@ def load_config(plugin_dir: str, argv0: str) -> PluginConfig:
             text = f.read()
     except FileNotFoundError:
         raise DhvError(
-            f"no configuration at {path}: run `csi-local-dhv install` or write it"
+            f"no configuration at {path}: run `csi-local-dhv install --plugin-dir "
+            f"{plugin_dir} --volume-group VG --thin-pool POOL`, or write there "
+            '{"volume_group": "VG", "thin_pool": "POOL"} (the pool volumes are made in; '
+            "docs/nomad-host-volumes.md, Configure)"
         ) from None
     except OSError as err:
         raise DhvError(f"cannot read {path}: {err.strerror}") from None
