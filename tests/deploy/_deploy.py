@@ -96,9 +96,25 @@ def all_docs() -> list[tuple[Path, dict[str, Any]]]:
     sources = {_identity(d): p for p in sorted(BASE_DIR.glob("*.yaml"))
                if p.name != "kustomization.yaml" for d in load_docs(p)}
     rendered = kustomize_docs(K8S_DIR)
-    assert {_identity(d) for d in rendered} == set(sources), "base files not all in the build"
+    generated = {_identity(d) for d in rendered} - set(sources)
+    assert {_identity(generated_config_map(rendered))} == generated, generated
+    assert {_identity(d) for d in rendered} >= set(sources), "base files not all in the build"
+    sources |= dict.fromkeys(generated, BASE_DIR / "kustomization.yaml")
     examples = [(p, d) for p in sorted(EXAMPLES_DIR.glob("*.yaml")) for d in load_docs(p)]
     return [(sources[_identity(d)], d) for d in rendered] + examples
+
+
+CONFIG_MAP = "csi-local-config"  # generated: its name gets a hash of its content
+
+
+def generated_config_map(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ConfigMap csi-local-config-<hash> of a build (default: the base)."""
+    if docs is None:
+        docs = kustomize_docs(K8S_DIR)
+    found = [d for d in docs if d["kind"] == "ConfigMap"
+             and re.fullmatch(rf"{CONFIG_MAP}-[a-z0-9]{{10}}", d["metadata"]["name"])]
+    assert len(found) == 1, [d["metadata"]["name"] for d in found]
+    return found[0]
 
 
 def find(kind: str, name: str | None = None) -> list[dict[str, Any]]:

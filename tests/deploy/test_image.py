@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy._deploy import REPO, container, one
+from tests.deploy._deploy import REPO, container, generated_config_map, one
 from tests.deploy.conftest import in_ci
 
 pytestmark = pytest.mark.image
@@ -183,7 +183,7 @@ def test_server_answers_probe(ctr: str) -> None:
 
 def _manifest_env(c: dict[str, Any]) -> dict[str, str]:
     """The container's environment as the manifests give it, on this machine."""
-    config = one("ConfigMap", "csi-local-config")["data"]
+    config = generated_config_map()["data"]
     env = {}
     for e in c["env"]:
         if "value" in e:

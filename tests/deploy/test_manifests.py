@@ -18,6 +18,7 @@ import yaml
 
 from tests.deploy._deploy import (
     BASE_DIR,
+    CONFIG_MAP,
     DEVICE_CLASSES_DIR,
     DRIVER,
     K8S_DIR,
@@ -33,6 +34,7 @@ from tests.deploy._deploy import (
     container,
     device_classes_docs,
     find,
+    generated_config_map,
     image_repo,
     kustomization,
     kustomize_docs,
@@ -435,15 +437,15 @@ def test_node_plugin_honours_the_hosts_device_selection() -> None:
     assert local.get("readOnly") is True
     source = _volume(ds, local["name"])["configMap"]
     item = next(i for i in source["items"] if i["path"] == local["subPath"])
-    assert source["name"] == "csi-local-config"
-    assert item["key"] in one("ConfigMap", "csi-local-config")["data"]
+    assert source["name"] == generated_config_map()["metadata"]["name"]
+    assert item["key"] in generated_config_map()["data"]
 
 
 def test_configmap_lvmlocal_conf_is_valid_lvm_config(tmp_path: Path) -> None:
     """What the ConfigMap mounts beside the image's lvm.conf is accepted by
     LVM (config/checks=1 rejects unknown settings), and a filter written
     there the way the docs say is the one LVM uses."""
-    data = one("ConfigMap", "csi-local-config")["data"]["lvmlocal.conf"]
+    data = generated_config_map()["data"]["lvmlocal.conf"]
     r = run_lvm(tmp_path, "lvmconfig", "--validate", lvmlocal=data)
     assert r.returncode == 0, r.stdout + r.stderr
     with_filter = data.replace("devices {", 'devices {\n  global_filter = [ "r|^/dev/sdb$|" ]', 1)
@@ -1140,3 +1142,35 @@ def test_no_lib_modules_mount(directory: Path) -> None:
                 assert m["mountPath"] != "/lib/modules", c["name"]
     nomad = (REPO / "deploy" / "nomad" / "csi-local.nomad.hcl").read_text()
     assert "/lib/modules" not in nomad
+
+
+FILTER = '  global_filter = [ "r|^/dev/sdb$|" ]\n'
+
+
+@pytest.mark.parametrize(("name", "edit"), [
+    ("lvmlocal.conf", lambda t: t.replace("devices {\n", "devices {\n" + FILTER)),
+    ("config.env", lambda t: t.replace("log-level=info", "log-level=debug")),
+])
+def test_a_settings_edit_rolls_the_pods(tmp_path: Path, name: str,
+                                        edit: Any) -> None:
+    """ConfigMap values reach a running container neither as environment
+    variables nor through lvmlocal.conf's subPath mount: an edit of the
+    settings must change the pod templates, so that `kubectl apply -k` rolls
+    the pods over to it. The ConfigMap is generated: its name carries a hash
+    of its content, and kustomize puts that name into the pods."""
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(K8S_DIR, copy)
+    path = copy / "base" / name
+    edited = edit(path.read_text())
+    assert edited != path.read_text()
+    path.write_text(edited)
+    before, after = kustomize_docs(K8S_DIR), kustomize_docs(copy)
+    old, new = generated_config_map(before), generated_config_map(after)
+    assert old["metadata"]["name"] != new["metadata"]["name"]
+    for kind, workload in (("DaemonSet", "csi-local-node"), ("Deployment", "csi-local-resizer")):
+        (a,) = [d for d in before if (d["kind"], d["metadata"]["name"]) == (kind, workload)]
+        (b,) = [d for d in after if (d["kind"], d["metadata"]["name"]) == (kind, workload)]
+        text = yaml.safe_dump(b["spec"]["template"])
+        assert new["metadata"]["name"] in text and old["metadata"]["name"] not in text, workload
+        assert a["spec"]["template"] != b["spec"]["template"], workload
+        assert f"name: {CONFIG_MAP}\n" not in text  # no reference kustomize left unhashed

@@ -14,9 +14,9 @@ import pytest
 from tests.deploy._deploy import (
     REPO,
     PluginInvocation,
+    generated_config_map,
     k8s_plugin_invocations,
     nomad_plugin_invocations,
-    one,
 )
 
 # The command-line contract of `csi-local serve` (flag -> environment fallback).
@@ -134,7 +134,7 @@ def test_literal_values_allowed(inv: PluginInvocation) -> None:
 
 
 def test_configmap_values_allowed() -> None:
-    data = one("ConfigMap", "csi-local-config")["data"]
+    data = generated_config_map()["data"]
     assert data["default-fs-type"] in VALUES["CSI_LOCAL_DEFAULT_FS_TYPE"]
     assert data["log-level"] in VALUES["CSI_LOCAL_LOG_LEVEL"]
     assert float(data["overprovision-ratio"]) >= 1.0
