@@ -88,6 +88,10 @@ def test_container_lvm_conf_settings() -> None:
     assert s["global/locking_dir"] == '"/run/lock/lvm"'
     assert s["backup/backup_dir"] == '"/etc/lvm/backup"'
     assert s["backup/archive_dir"] == '"/etc/lvm/archive"'
+    # the archive on the host's root is bounded by count, not kept 30 days
+    # (tests/integration/test_lvm_archive.py shows real LVM honouring it)
+    assert s["backup/retain_days"] == "0"
+    assert 10 <= int(s["backup/retain_min"]) <= 100
 
 
 def test_container_lvm_conf_valid_for_lvm(tmp_path) -> None:  # type: ignore[no-untyped-def]
