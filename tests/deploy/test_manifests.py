@@ -482,7 +482,7 @@ def _check_takes_every_manifest(directory: Path) -> None:
     assert [r for r in resources if r.startswith("../")] == ["../../base"], resources
     assert (directory / "../../base").resolve() == BASE_DIR
     own = {r for r in resources if not r.startswith("../")}
-    own |= {p["path"] for p in k["patches"]}
+    own |= {p["path"] for p in k.get("patches", [])}
     assert own == {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
     text = (directory / "kustomization.yaml").read_text()
     assert f"kubectl apply -k {directory.relative_to(REPO)}" in text
@@ -612,6 +612,7 @@ def test_device_classes_node_plugin_reads_the_configmap() -> None:
 # --- changed-block tracking (examples/snapshot-metadata) ----------------------
 
 SM_SIDECAR = "csi-snapshot-metadata"
+SM_DAEMONSET = "csi-local-snapshot-metadata"
 SM_SERVICE = "csi-local-snapshot-metadata"
 SM_SECRET = "csi-local-snapshot-metadata-tls"
 SM_CA_PLACEHOLDER = "REPLACE_WITH_BASE64_OF_ca.crt"
@@ -691,11 +692,13 @@ def test_snapshot_metadata_kustomization_takes_every_manifest() -> None:
 
 
 def test_snapshot_metadata_changes_only_what_it_should() -> None:
-    """The node DaemonSet gets the sidecar; the Service, the
-    SnapshotMetadataService and the RBAC are added; nothing else changes (the
-    resizer's capabilities-only plugin serves no snapshot metadata)."""
+    """The sidecar's DaemonSet and ServiceAccount, the Service, the
+    SnapshotMetadataService and the RBAC are added; nothing of the base
+    changes, the node DaemonSet least of all (the resizer's capabilities-only
+    plugin serves no snapshot metadata)."""
     changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOT_METADATA_DIR)}
-    assert changed == {("DaemonSet", "csi-local-node"),
+    assert changed == {("DaemonSet", SM_DAEMONSET),
+                       ("ServiceAccount", SM_DAEMONSET),
                        ("Service", SM_SERVICE),
                        ("SnapshotMetadataService", DRIVER),
                        ("ClusterRole", SM_SIDECAR_ROLE),
@@ -745,21 +748,21 @@ def test_snapshot_metadata_service_object_shape() -> None:
 def test_snapshot_metadata_service_reaches_the_sidecar_on_the_clients_node() -> None:
     """One address for the whole cluster, answered by the sidecar on the
     client's own node (internalTrafficPolicy: Local): the Service selects the
-    node pods, and only them, and targets the sidecar's gRPC port."""
+    sidecar's pods, and only them, and targets the sidecar's gRPC port."""
     svc = _sm("Service", SM_SERVICE)
     spec = svc["spec"]
     assert spec.get("type", "ClusterIP") == "ClusterIP"
     assert spec.get("clusterIP") != "None"  # headless would hand out every node's pod
     assert spec["internalTrafficPolicy"] == "Local"
-    ds = _sm("DaemonSet", "csi-local-node")
+    ds = _sm("DaemonSet", SM_DAEMONSET)
     assert svc["metadata"]["namespace"] == ds["metadata"]["namespace"]
     selector = spec["selector"]
     for doc in snapshot_metadata_docs():
         if doc["kind"] in ("DaemonSet", "Deployment", "StatefulSet"):
             labels = doc["spec"]["template"]["metadata"]["labels"]
             matches = selector.items() <= labels.items()
-            is_node_ds = (doc["kind"], doc["metadata"]["name"]) == ("DaemonSet", "csi-local-node")
-            assert matches == is_node_ds, doc["metadata"]["name"]
+            is_sidecar = (doc["kind"], doc["metadata"]["name"]) == ("DaemonSet", SM_DAEMONSET)
+            assert matches == is_sidecar, doc["metadata"]["name"]
     assert not pod_spec(ds).get("hostNetwork")  # one endpoint per pod, on its node
     (port,) = spec["ports"]
     sidecar = container(ds, SM_SIDECAR)
@@ -770,24 +773,25 @@ def test_snapshot_metadata_service_reaches_the_sidecar_on_the_clients_node() -> 
 
 def test_snapshot_metadata_sidecar_uses_the_plugins_socket() -> None:
     """--csi-address is the socket the plugin serves on (CSI_ENDPOINT), the same
-    file on the host through each container's mounts."""
-    ds = _sm("DaemonSet", "csi-local-node")
+    file on the host through each pod's hostPath mounts, on the same nodes
+    (the node plugin's nodeSelector and tolerations)."""
+    ds = _sm("DaemonSet", SM_DAEMONSET)
+    node = _sm("DaemonSet", "csi-local-node")
     sidecar = container(ds, SM_SIDECAR)
-    plugin = container(ds, "csi-local")
+    plugin = container(node, "csi-local")
     endpoint = _env(plugin)["CSI_ENDPOINT"]["value"]
     assert endpoint.startswith("unix://")
     assert _host_file(ds, sidecar, _flag(sidecar, "--csi-address")) == (
-        _host_file(ds, plugin, endpoint.removeprefix("unix://")))
-    # as the other sidecars of the pod reach it
-    assert _flag(sidecar, "--csi-address") == _flag(container(ds, "csi-snapshotter"),
-                                                    "--csi-address")
+        _host_file(node, plugin, endpoint.removeprefix("unix://")))
+    for key in ("nodeSelector", "tolerations"):
+        assert pod_spec(ds)[key] == pod_spec(node)[key], key
 
 
 def test_snapshot_metadata_sidecar_tls() -> None:
     """--tls-cert/--tls-key name the keys of the kubernetes.io/tls Secret the
     docs create, mounted whole (renewals reach the files) and read-only; the
     Secret is optional, so a missing one never keeps the plugin from starting."""
-    ds = _sm("DaemonSet", "csi-local-node")
+    ds = _sm("DaemonSet", SM_DAEMONSET)
     sidecar = container(ds, SM_SIDECAR)
     cert = PurePosixPath(_flag(sidecar, "--tls-cert"))
     key = PurePosixPath(_flag(sidecar, "--tls-key"))
@@ -804,16 +808,16 @@ def test_snapshot_metadata_sidecar_tls() -> None:
 
 
 def test_snapshot_metadata_sidecar_container() -> None:
-    """Privileged beside the privileged plugin, its ports declared and distinct
-    from the pod's others, ready when its health endpoint says so, the plugin
-    still the pod's default container; the rest of the DaemonSet is node.yaml's."""
-    ds = _sm("DaemonSet", "csi-local-node")
+    """Privileged as the plugin whose socket it uses, its ports declared,
+    ready when its health endpoint says so: in a pod of its own, so that its
+    readiness (none while the TLS Secret is missing) is never the node
+    plugin's. The node DaemonSet is the base's, unchanged."""
+    ds = _sm("DaemonSet", SM_DAEMONSET)
     spec = pod_spec(ds)
-    sidecar = container(ds, SM_SIDECAR)
+    (sidecar,) = spec["containers"]
+    assert sidecar["name"] == SM_SIDECAR
     assert sidecar["image"] == SIDECAR_IMAGES[image_repo(sidecar["image"])]
     assert sidecar["securityContext"]["privileged"] is True
-    declared = [p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])]
-    assert len(declared) == len(set(declared)), declared
     own = {p["containerPort"] for p in sidecar["ports"]}
     grpc_port = int(_flag(sidecar, "--port"))
     http_port = int(_flag(sidecar, "--http-endpoint").rsplit(":", 1)[1])
@@ -821,37 +825,23 @@ def test_snapshot_metadata_sidecar_container() -> None:
     probe = sidecar["readinessProbe"]["httpGet"]
     assert probe["path"] == "/health"
     assert _resolve_port(sidecar, probe["port"]) == http_port
-    # kustomize puts the added container first: the annotation keeps kubectl
-    # logs/exec on the plugin
-    default = ds["spec"]["template"]["metadata"]["annotations"][
-        "kubectl.kubernetes.io/default-container"]
-    assert PLUGIN_IMAGE_RE.match(container(ds, default)["image"])
-
-    base = one("DaemonSet", "csi-local-node")
-    base_spec = pod_spec(base)
-    assert [c for c in spec["containers"] if c is not sidecar] == base_spec["containers"]
-    tls = _mounts(sidecar)[str(PurePosixPath(_flag(sidecar, "--tls-cert")).parent)]["name"]
-    assert [v for v in spec["volumes"] if v["name"] != tls] == base_spec["volumes"]
-    strip = ("containers", "volumes")
-    assert {k: v for k, v in spec.items() if k not in strip} == (
-        {k: v for k, v in base_spec.items() if k not in strip})
-    meta = ds["spec"]["template"]["metadata"]
-    base_meta = base["spec"]["template"]["metadata"]
-    assert meta["labels"] == base_meta["labels"]
-    assert {k: v for k, v in meta["annotations"].items()
-            if k != "kubectl.kubernetes.io/default-container"} == base_meta["annotations"]
-    assert {k: v for k, v in ds["spec"].items() if k != "template"} == (
-        {k: v for k, v in base["spec"].items() if k != "template"})
+    node = _sm("DaemonSet", "csi-local-node")
+    assert node == one("DaemonSet", "csi-local-node")
+    assert SM_SIDECAR not in [c["name"] for c in pod_spec(node)["containers"]]
+    assert spec["priorityClassName"] in {d["metadata"]["name"] for d in snapshot_metadata_docs()
+                                         if d["kind"] == "PriorityClass"}
 
 
 def test_snapshot_metadata_rbac_covers_sidecar() -> None:
-    """The sidecar runs under the node pods' ServiceAccount; its own
-    ClusterRole grants all it uses (upstream's lacks the VolumeSnapshotClass
-    rule), bound to that ServiceAccount, and nothing it does not: no secrets
-    (the VolumeSnapshotClass names none), no writes."""
+    """The sidecar runs under a ServiceAccount of its own (not the node
+    plugin's); its ClusterRole grants all it uses (upstream's lacks the
+    VolumeSnapshotClass rule), bound to that ServiceAccount, and nothing it
+    does not: no secrets (the VolumeSnapshotClass names none), no writes."""
     docs = snapshot_metadata_docs()
-    ds = _sm("DaemonSet", "csi-local-node")
+    ds = _sm("DaemonSet", SM_DAEMONSET)
     sa = pod_spec(ds)["serviceAccountName"]
+    assert sa != pod_spec(_sm("DaemonSet", "csi-local-node"))["serviceAccountName"]
+    assert _sm("ServiceAccount", sa)["metadata"]["namespace"] == ds["metadata"]["namespace"]
     ns = ds["metadata"]["namespace"]
     missing = SM_SIDECAR_NEEDS - _granted(sa, ns, docs)
     assert not missing, f"{sa} lacks {sorted(missing)}"
@@ -1174,3 +1164,24 @@ def test_a_settings_edit_rolls_the_pods(tmp_path: Path, name: str,
         assert new["metadata"]["name"] in text and old["metadata"]["name"] not in text, workload
         assert a["spec"]["template"] != b["spec"]["template"], workload
         assert f"name: {CONFIG_MAP}\n" not in text  # no reference kustomize left unhashed
+
+
+def test_snapshot_metadata_cert_manager_certificate() -> None:
+    """The cert-manager Certificate of docs/snapshot-metadata.md makes the
+    Secret the sidecar mounts, in its namespace, for the host of the
+    SnapshotMetadataService's address (clients check it), as a server
+    certificate renewed before it expires."""
+    docs = SM_DOCS.read_text()
+    cert = yaml.safe_load(_yaml_block(docs, "kind: Certificate"))
+    assert cert["apiVersion"] == "cert-manager.io/v1"
+    ds = _sm("DaemonSet", SM_DAEMONSET)
+    assert cert["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    spec = cert["spec"]
+    assert spec["secretName"] == SM_SECRET
+    host = _sm("SnapshotMetadataService", DRIVER)["spec"]["address"].rsplit(":", 1)[0]
+    assert host in spec["dnsNames"]
+    assert spec["usages"] == ["server auth"]
+    assert spec["issuerRef"]["name"] and spec["issuerRef"]["kind"] in ("Issuer",
+                                                                       "ClusterIssuer")
+    hours = {k: int(spec[k].removesuffix("h")) for k in ("duration", "renewBefore")}
+    assert 0 < hours["renewBefore"] < hours["duration"]
