@@ -19,23 +19,43 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
-# .dockerignore limits the context to pyproject.toml, README.md, src/,
-# sanity/ and deploy/container/.
+# .dockerignore limits the context to pyproject.toml, README.md, src/ and
+# deploy/container/ (the conformance suite, sanity/, is no part of the image).
 COPY . /src
 # Behind a TLS-intercepting proxy, pass its CA bundle as the build secret
 # "ca-bundle" (scripts/build-image --ca-bundle FILE); it is used by pip for
 # this step only and never stored in a layer.
+# Every package comes from deploy/container/requirements.lock, checked
+# against its hash (--require-hashes; wheels only); the project itself is
+# then built with the locked setuptools (no build isolation: nothing else is
+# fetched) and installed without dependencies.
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python3 -m venv /opt/csi-local \
- && /opt/csi-local/bin/pip install --no-cache-dir --disable-pip-version-check /src \
- && /opt/csi-local/bin/pip uninstall --yes --quiet pip setuptools \
+ && /opt/csi-local/bin/pip install --no-cache-dir --disable-pip-version-check \
+      --require-hashes --only-binary=:all: -r /src/deploy/container/requirements.lock \
+ && /opt/csi-local/bin/pip install --no-cache-dir --disable-pip-version-check \
+      --no-deps --no-build-isolation /src \
+ && /opt/csi-local/bin/pip uninstall --yes --quiet pip setuptools wheel \
  && /opt/csi-local/bin/csi-local --version
 
 # ---------------------------------------------------------------------------
 # Final image: runtime tools only.
 # ---------------------------------------------------------------------------
 FROM ${BASE}
+
+# Build arguments for the labels: the version must be pyproject.toml's
+# (tests/deploy/test_dockerfile.py), the source and revision come from
+# scripts/build-image (the git remote without credentials, and the commit).
+ARG VERSION=0.1.0
+ARG SOURCE=""
+ARG REVISION=""
+LABEL org.opencontainers.image.title="csi-local" \
+      org.opencontainers.image.description="CSI plugin for node-local block storage on LVM thin pools" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"
 
 # lvm2 + thin-provisioning-tools: thin pools and thin volumes/snapshots
 # e2fsprogs, xfsprogs, btrfs-progs: mkfs/fsck/resize for ext4, xfs, btrfs

@@ -137,3 +137,83 @@ def test_container_lvm_uses_a_hosts_devices_file(tmp_path) -> None:  # type: ign
     assert "IDNAME=/dev/csilocal-test0" in r.stdout
     r = run_lvm(tmp_path, "lvmdevices")
     assert r.returncode != 0 and "Devices file does not exist" in r.stderr, r.stderr
+
+
+# --- supply chain --------------------------------------------------------------
+
+LOCK = REPO / "deploy" / "container" / "requirements.lock"
+
+
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of requirements.lock."""
+    text = re.sub(r"\\\n", " ", LOCK.read_text())
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([^\s]+)((?:\s+--hash=sha256:[0-9a-f]{64})+)", line)
+        assert m, f"not name==version --hash=sha256:...: {line}"
+        out[m[1].lower().replace("_", "-")] = (m[2], re.findall(r"[0-9a-f]{64}", m[3]))
+    return out
+
+
+def test_requirements_lock_pins_every_dependency_with_its_hash() -> None:
+    """The lock holds exactly the project's runtime dependencies (and
+    grpcio's typing-extensions) and its build backend, each at one version
+    that pyproject.toml allows, with a hash."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = [Requirement(r) for r in project["project"]["dependencies"]]
+    wanted += [Requirement(r) for r in project["build-system"]["requires"]]
+    lock = _lock()
+    names = {r.name.lower().replace("_", "-") for r in wanted}
+    assert set(lock) == names | {"typing-extensions"}, set(lock) ^ (names | {"typing-extensions"})
+    for req in wanted:
+        version, hashes = lock[req.name.lower().replace("_", "-")]
+        assert req.specifier.contains(version), (req, version)
+        assert hashes
+    # the versions the tests run with: what the lock installs is what was tested
+    from importlib.metadata import version as installed
+
+    for name in ("grpcio", "protobuf", "prometheus-client", "psutil", "pyudev"):
+        assert installed(name) == lock[name][0], name
+
+
+def test_dockerfile_installs_only_from_the_lock() -> None:
+    runs = " ".join(rest for op, rest in _instructions() if op == "RUN")
+    assert ("--require-hashes --only-binary=:all: -r /src/deploy/container/requirements.lock"
+            in runs)
+    assert "--no-deps --no-build-isolation /src" in runs
+    assert re.findall(r"pip install [^&]*", runs) == [
+        m for m in re.findall(r"pip install [^&]*", runs)
+        if "--require-hashes" in m or "--no-deps --no-build-isolation /src" in m]
+
+
+def test_sanity_is_not_in_the_build_context() -> None:
+    """The conformance suite is no part of the plugin image: .dockerignore
+    keeps sanity/ out of the context (so out of the wheel)."""
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*" and not any("sanity" in ln for ln in lines if ln.startswith("!"))
+
+
+def test_oci_labels() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    ins = _instructions()
+    final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
+    args = dict(rest.split("=", 1) for op, rest in final if op == "ARG" and "=" in rest)
+    labels = " ".join(rest for op, rest in final if op == "LABEL")
+    pairs = dict(re.findall(r'(org\.opencontainers\.image\.\w+)="([^"]*)"', labels))
+    assert args["VERSION"] == project["version"]
+    assert pairs["org.opencontainers.image.version"] == "${VERSION}"
+    assert pairs["org.opencontainers.image.licenses"] == project["license"]
+    assert pairs["org.opencontainers.image.source"] == "${SOURCE}"
+    build = (REPO / "scripts" / "build-image").read_text()
+    for arg in ("VERSION", "SOURCE", "REVISION"):
+        assert f'--build-arg "{arg}=${arg}"' in build, arg
