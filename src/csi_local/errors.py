@@ -132,6 +132,11 @@ class MetadataUnavailable(StorageError):
     or another program holds the pool's one metadata snapshot."""
 
 
+class MetadataSnapshotHeld(MetadataUnavailable):
+    """Another program holds the pool's one metadata snapshot (not released by
+    csi-local: it is theirs); a read can be retried once they release it."""
+
+
 class MappingToolsMissing(StorageError):
     """dmsetup or thin-provisioning-tools are not installed, so no block
     mappings can be read (no changed-block tracking)."""

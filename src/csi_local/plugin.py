@@ -96,9 +96,10 @@ class CsiPlugin:
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
-        changed = ChangedBlocks(pools, locks)
+        changed = ChangedBlocks(pools, locks, config.state_dir)
         # A metadata snapshot held by a reader that died with the last process
-        # would stay held (and make every metadata change copy on write).
+        # would stay held (and make every metadata change copy on write); one
+        # that another program holds is reported and left alone.
         changed.release_leftovers()
         self.snapshot_metadata = SnapshotMetadataServicer(changed)
         groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir)
