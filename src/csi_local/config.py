@@ -17,6 +17,9 @@ from csi_local.sizes import parse_size as _parse_size
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
 DEFAULT_ENDPOINT = "unix:///run/csi-local/csi.sock"
 DEFAULT_STATE_DIR = "/var/lib/csi-local"
+# Seconds a group snapshot may keep its members' file systems frozen: lvcreate
+# takes well under a second per member on real hardware.
+DEFAULT_FREEZE_LIMIT = 10.0
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
 
 
@@ -69,6 +72,8 @@ class Config:
     default_fs_type: str = "ext4"
     node_expansion_only: bool = False
     command_timeout: float = 120.0
+    # Seconds a group snapshot may keep its members' file systems frozen.
+    group_freeze_timeout: float = DEFAULT_FREEZE_LIMIT
     # LVM's changing commands in one `lvm` shell kept running (lvm_shell.py).
     lvm_shell: bool = True
     lock_dir: str = DEFAULT_LOCK_DIR
@@ -110,6 +115,8 @@ class Config:
             raise ConfigError(f"unsupported default fs type {self.default_fs_type!r}")
         if self.command_timeout <= 0:
             raise ConfigError("command timeout must be positive")
+        if not 0 < self.group_freeze_timeout < math.inf:
+            raise ConfigError("group freeze timeout must be a positive number of seconds")
         for path in (self.state_dir, self.lock_dir):
             if not os.path.isabs(path):
                 raise ConfigError(f"{path!r} must be an absolute path")

@@ -148,6 +148,11 @@ class CannotQuiesce(StorageError):
     this kernel does not let LVM snapshot a frozen file system."""
 
 
+class FreezeTimeout(StorageError):
+    """A group snapshot's members stayed frozen for the limit before every
+    member's snapshot was cut: thawed, nothing kept; a retry can succeed."""
+
+
 class OriginFrozen(StorageError):
     """LVM could not suspend a thin snapshot's origin because its file system
     is frozen (a kernel that cannot nest LVM's freeze inside another)."""

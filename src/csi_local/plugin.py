@@ -102,7 +102,8 @@ class CsiPlugin:
         # that another program holds is reported and left alone.
         changed.release_leftovers()
         self.snapshot_metadata = SnapshotMetadataServicer(changed)
-        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir)
+        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir,
+                                freeze_limit=config.group_freeze_timeout)
         # A take killed mid-way leaves file systems frozen (the kernel keeps
         # them so when the freezer dies) and a group without all its members.
         groups.recover()
