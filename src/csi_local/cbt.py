@@ -25,7 +25,7 @@ from csi_local.errors import (
 from csi_local.locks import Locks, metadata_key
 from csi_local.lvm import LogicalVolume
 from csi_local.pool import Pool, Pools
-from csi_local.thinmeta import Mapping, ThinMetadata
+from csi_local.thinmeta import Holder, Mapping, ThinMetadata, holder_text
 from csi_local.volumes import Source, get_snapshot, is_csi_snapshot, is_snapshot_id, source_of
 
 log = logging.getLogger(__name__)
@@ -75,13 +75,13 @@ def to_extents(mapping: Mapping, capacity: int) -> tuple[Extent, ...]:
 
 
 class ChangedBlocks:
-    def __init__(self, pools: Pools, locks: Locks) -> None:
+    def __init__(self, pools: Pools, locks: Locks, state_dir: str) -> None:
         self.pools = pools
         self.locks = locks
+        self.state_dir = state_dir  # where the marks of held metadata snapshots are
 
-    @staticmethod
-    def _reader(pool: Pool) -> ThinMetadata:
-        return ThinMetadata(pool.lvm.runner, pool.lvm.vg, pool.lvm.pool)
+    def _reader(self, pool: Pool) -> ThinMetadata:
+        return ThinMetadata(pool.lvm.runner, pool.lvm.vg, pool.lvm.pool, self.state_dir)
 
     def _read(self, pool: Pool, read: Callable[[ThinMetadata], Mapping]) -> Mapping:
         """`read` inside the pool's metadata snapshot, taken and released here;
@@ -125,24 +125,32 @@ class ChangedBlocks:
         return BlockMap(target.size, to_extents(mapping, target.size))
 
     def release_leftovers(self) -> None:
-        """Release a metadata snapshot a crashed reader left held (the kernel keeps
-        it until told; while held, every metadata change is copied on write).
-        Best effort at start-up: a pool that is not active holds none."""
+        """At start-up: release the metadata snapshot a reader of this plugin
+        left held when it was killed (the kernel keeps it until told; while
+        held, every metadata change is copied on write), and only that one
+        (thinmeta's mark says which). One held by another program is theirs:
+        reported, never released. Best effort: a pool that is not active is
+        checked at the next start."""
         for pool in self.pools:
             meta = self._reader(pool)
+            where = f"{pool.lvm.vg}/{pool.lvm.pool}"
             try:
                 with self.locks.hold(metadata_key(pool.lvm.vg, pool.lvm.pool), timeout=5.0):
-                    if meta.release():
-                        log.warning("released a metadata snapshot held on thin pool %s/%s "
-                                    "(left by a reader that did not finish)",
-                                    pool.lvm.vg, pool.lvm.pool)
+                    holder = meta.release_leftover()
             except (MetadataUnavailable, CommandError) as err:
-                log.debug("thin pool %s/%s: no held metadata snapshot checked: %s",
-                          pool.lvm.vg, pool.lvm.pool, err)
+                log.debug("thin pool %s: no held metadata snapshot checked: %s", where, err)
+                continue
             except Exception:
-                log.exception("checking thin pool %s/%s for a held metadata snapshot failed",
-                              pool.lvm.vg, pool.lvm.pool)
-
+                log.exception("checking thin pool %s for a held metadata snapshot failed",
+                              where)
+                continue
+            if holder is Holder.PLUGIN:
+                log.warning("released the metadata snapshot of thin pool %s that this plugin "
+                            "reserved (left by a reader that did not finish)", where)
+            elif holder is not Holder.NONE:
+                log.warning("thin pool %s: %s; left held. Changed-block reads of this pool "
+                            "fail with UNAVAILABLE until it is released", where,
+                            holder_text(holder))
 
 def _snapshot(found: dict[str, tuple[Pool, LogicalVolume]],
               snapshot_id: str) -> tuple[Pool, LogicalVolume]:

@@ -15,6 +15,7 @@ from csi_local.classes import load_classes
 from csi_local.config import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_ENDPOINT,
+    DEFAULT_FREEZE_LIMIT,
     DEFAULT_STATE_DIR,
     Config,
     ConfigError,
@@ -127,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="do not advertise controller expansion; NodeExpandVolume grows LV and file system")
     e("--command-timeout", action=_EnvDefault, env="CSI_LOCAL_COMMAND_TIMEOUT", default="120",
       type=float, help="seconds before an external command is killed")
+    e("--group-freeze-timeout", action=_EnvDefault, env="CSI_LOCAL_GROUP_FREEZE_TIMEOUT",
+      default=f"{DEFAULT_FREEZE_LIMIT:g}", type=float,
+      help="seconds a group snapshot may keep its members' file systems frozen; past it they "
+      "are thawed and the group fails (UNAVAILABLE), leaving no member")
     e("--lvm-shell", action=_EnvDefault, env="CSI_LOCAL_LVM_SHELL", nargs="?", const=True,
       default="true", type=_bool,
       help="run lvcreate, lvremove, lvextend and lvchange in one lvm shell kept running, "
@@ -294,6 +299,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             default_fs_type=args.default_fs_type,
             node_expansion_only=_bool(args.node_expansion_only),
             command_timeout=float(args.command_timeout),
+            group_freeze_timeout=float(args.group_freeze_timeout),
             lvm_shell=_bool(args.lvm_shell),
             lock_dir=args.lock_dir,
             pool_data_limit_percent=float(args.pool_data_limit_percent),

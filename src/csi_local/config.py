@@ -17,6 +17,9 @@ from csi_local.sizes import parse_size as _parse_size
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
 DEFAULT_ENDPOINT = "unix:///run/csi-local/csi.sock"
 DEFAULT_STATE_DIR = "/var/lib/csi-local"
+# Seconds a group snapshot may keep its members' file systems frozen: lvcreate
+# takes well under a second per member on real hardware.
+DEFAULT_FREEZE_LIMIT = 10.0
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
 
 
@@ -86,6 +89,8 @@ class Config:
     default_fs_type: str = "ext4"
     node_expansion_only: bool = False
     command_timeout: float = 120.0
+    # Seconds a group snapshot may keep its members' file systems frozen.
+    group_freeze_timeout: float = DEFAULT_FREEZE_LIMIT
     # LVM's changing commands in one `lvm` shell kept running (lvm_shell.py).
     lvm_shell: bool = True
     lock_dir: str = DEFAULT_LOCK_DIR
@@ -126,6 +131,7 @@ class Config:
         if self.default_fs_type not in SUPPORTED_FS:
             raise ConfigError(f"unsupported default fs type {self.default_fs_type!r}")
         seconds(self.command_timeout, "the command timeout")
+        seconds(self.group_freeze_timeout, "the group freeze timeout")
         absolute_path(self.state_dir, "the state directory")
         absolute_path(self.lock_dir, "the lock directory")
         if (self.backing_file is None) != (self.backing_size is None):

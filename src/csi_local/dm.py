@@ -134,6 +134,9 @@ class PoolUsage:
     needs_check: bool
     # A metadata snapshot is held (a reader such as thin_dump reserved one).
     metadata_snapshot_held: bool = False
+    # Its root block in the metadata device (None: none held). It tells one
+    # reservation from another: csi-local releases only the one it recorded.
+    metadata_snapshot_root: int | None = None
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,8 @@ def parse_thin_pool_status(params: str) -> PoolUsage:
     return PoolUsage(transaction_id=tid, metadata_used=meta[0], metadata_total=meta[1],
                      data_used=data[0], data_total=data[1], read_only=mode[0],
                      out_of_data_space=mode[1], needs_check=needs_check,
-                     metadata_snapshot_held=fields[3] != "-")
+                     metadata_snapshot_held=fields[3] != "-",
+                     metadata_snapshot_root=_count(fields[3]))
 
 
 def single_target(name: str, targets: list[Target], target_type: str) -> Target:

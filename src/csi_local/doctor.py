@@ -31,6 +31,7 @@ from typing import TextIO
 
 from csi_local import config as config_mod
 from csi_local.classes import ClassConfigError, load_classes
+from csi_local.dm import dm_name
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, profile_dir, read_config
@@ -38,6 +39,7 @@ from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
+from csi_local.thinmeta import Holder, ThinMetadata, holder_text
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -273,6 +275,27 @@ def check_fill(lvm: Lvm, pool: LogicalVolume) -> Check:
                  f"{policy.metadata_limit:g}%)")
 
 
+def check_metadata_snapshot(lvm: Lvm, state_dir: str) -> Check:
+    """Whether the pool holds a metadata snapshot, and whose (thinmeta's mark
+    in the state directory says which one csi-local reserved)."""
+    label = "thin pool metadata snapshot"
+    meta = ThinMetadata(lvm.runner, lvm.vg, lvm.pool, state_dir)
+    try:
+        holder = meta.holder()
+    except StorageError as err:
+        return Check(label, WARN, f"not checked: {err.message}", "")
+    if holder is Holder.NONE:
+        return Check(label, OK, "none held")
+    release = (f"when no thin_dump, thin_delta or backup tool reads it: dmsetup message "
+               f"{dm_name(lvm.vg, lvm.pool)}-tpool 0 release_metadata_snap (the pool's "
+               "device without -tpool when no volume is active)")
+    fix = {Holder.PLUGIN: "restart csi-local, which releases it",
+           Holder.UNSURE: release, Holder.OTHER: release}[holder]
+    return Check(label, WARN, f"{holder_text(holder)}; while it is held, every metadata "
+                 "change is copied on write, and changed-block reads (GetMetadataAllocated, "
+                 "GetMetadataDelta) fail with UNAVAILABLE", fix)
+
+
 def _pct(p: float | None) -> str:
     return "-" if p is None else f"{p:.1f}%"
 
@@ -485,7 +508,8 @@ def run_checks(system: System, opts: Options) -> list[Check]:
 def _class_checks(system: System, opts: Options) -> list[Check]:
     """The VG and pool checks of every device class."""
     if not opts.config:
-        return _lvm_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool))
+        return _lvm_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
+                           state_dir=system.path(opts.state_dir))
     label = f"configuration file {opts.config}"
     try:
         classes = load_classes(system.path(os.path.abspath(opts.config)))
@@ -500,20 +524,23 @@ def _class_checks(system: System, opts: Options) -> list[Check]:
         lvm = Lvm(system.runner, c.volume_group, c.thin_pool)
         setting = f"thin_pool of class {c.name} in {opts.config}"
         checks += [dataclasses.replace(check, name=f"class {c.name}: {check.name}")
-                   for check in _lvm_checks(lvm, setting)]
+                   for check in _lvm_checks(lvm, setting,
+                                            state_dir=system.path(opts.state_dir))]
     return checks
 
 
-def _lvm_checks(lvm: Lvm, setting: str = "--thin-pool") -> list[Check]:
+def _lvm_checks(lvm: Lvm, setting: str = "--thin-pool", *,
+                state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     """One class's: its VG, then its pool, zeroing and fill."""
     vg_check = check_volume_group(lvm)
     if vg_check.status != OK:
         return [vg_check, Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
                                 "not checked: the volume group cannot be read", vg_check.fix)]
-    return [vg_check, *_pool_checks(lvm, setting)]
+    return [vg_check, *_pool_checks(lvm, setting, state_dir=state_dir)]
 
 
-def _pool_checks(lvm: Lvm, setting: str = "--thin-pool") -> list[Check]:
+def _pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,
+                 state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     try:
         report = lvm.report()
     except StorageError as err:
@@ -526,6 +553,7 @@ def _pool_checks(lvm: Lvm, setting: str = "--thin-pool") -> list[Check]:
         checks.append(check_zeroing(lvm, pool))
         if pool.active:
             checks.append(check_fill(lvm, pool))
+            checks.append(check_metadata_snapshot(lvm, state_dir))
     return checks
 
 

@@ -132,6 +132,11 @@ class MetadataUnavailable(StorageError):
     or another program holds the pool's one metadata snapshot."""
 
 
+class MetadataSnapshotHeld(MetadataUnavailable):
+    """Another program holds the pool's one metadata snapshot (not released by
+    csi-local: it is theirs); a read can be retried once they release it."""
+
+
 class MappingToolsMissing(StorageError):
     """dmsetup or thin-provisioning-tools are not installed, so no block
     mappings can be read (no changed-block tracking)."""
@@ -141,6 +146,11 @@ class CannotQuiesce(StorageError):
     """Volumes cannot be snapshotted at one instant: a member cannot be held
     still (a raw block device in use, a file system that will not freeze), or
     this kernel does not let LVM snapshot a frozen file system."""
+
+
+class FreezeTimeout(StorageError):
+    """A group snapshot's members stayed frozen for the limit before every
+    member's snapshot was cut: thawed, nothing kept; a retry can succeed."""
 
 
 class OriginFrozen(StorageError):

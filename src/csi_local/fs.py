@@ -155,13 +155,26 @@ class Filesystems:
         """Bind-mount; read-only and the other per-mount flags take a remount
         after the bind itself (the kernel ignores them on the bind)."""
         extra = fsrules.check(flags)
+        before = {m.mount_id for m in self.host.mounts_at(target)} if readonly or extra else set()
         self.host.bind_mount(source, target)
         if readonly or extra:
             try:
                 self.host.remount_bind(target, [*(["ro"] if readonly else []), *extra])
             except CommandError:
-                self.umount(target)
+                self._undo_mounts(target, before)
                 raise
+
+    def _undo_mounts(self, target: str, before: set[int]) -> None:
+        """Unmount what this call stacked at `target`, by mount ID: every mount
+        there that is not in `before` (the IDs there before it), down to the
+        first that is. A mount that was there before is never taken down (a
+        CO's, or another publish's); mount IDs are unique while mounted."""
+        for _ in range(16):
+            top = self.host.top_mount(target)
+            if top is None or top.mount_id in before:
+                return
+            self.host.unmount(target)
+        raise StillMounted(f"{target} is still mounted after repeated umount")
 
     def readonly_loop(self, device: str) -> str:
         """A read-only loop device over `device`.

@@ -22,6 +22,15 @@ How the instant is made (the spec's write-order consistency):
 3. Every member is thawed, also after a failure; a failure deletes the
    members it made.
 
+The frozen window has its own limit (--group-freeze-timeout, seconds): LVM
+can wait long for its VG lock or a slow device, under the command timeout of
+minutes, and every write of the members' workloads waits as long. When the
+limit passes, a timer thaws every member at once, even while an lvcreate is
+still running (it is left to finish: killing LVM while it holds an origin
+suspended would leave the origin suspended), and the take fails with
+FreezeTimeout once that lvcreate returns: a snapshot cut after the thaw is
+no instant, so every member made is deleted.
+
 No write that completed on one member after the first freeze can be in a
 snapshot, and a write waiting on a frozen member completes only after every
 snapshot is cut. A group of one volume is taken without a freeze: its one
@@ -41,6 +50,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -48,7 +58,8 @@ from dataclasses import dataclass
 from csi_local import mounts
 from csi_local import volumes as vols
 from csi_local.atomic import write_atomic
-from csi_local.errors import CannotQuiesce, OriginFrozen, StorageError
+from csi_local.config import DEFAULT_FREEZE_LIMIT
+from csi_local.errors import CannotQuiesce, FreezeTimeout, OriginFrozen, StorageError
 from csi_local.fs import Filesystems
 from csi_local.host import Host
 from csi_local.lvm import LogicalVolume, VgReport
@@ -92,14 +103,95 @@ def _size_of(lv: LogicalVolume) -> int:
     return int(raw) if raw and raw.isdigit() else 0
 
 
+class FreezeWindow:
+    """File systems frozen for at most `limit` seconds from the first freeze: a
+    timer thaws them all when the limit passes, whatever the take is doing
+    then; check() says whether it did. Thread-safe between the take and the
+    timer: each frozen path is thawed exactly once."""
+
+    def __init__(self, host: Host, limit: float) -> None:
+        self.host = host
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._frozen: list[str] = []
+        self._timer: threading.Timer | None = None
+        self._over = False  # thawed: by the timer (expired) or by close()
+        self.expired = False
+        self.stuck: list[str] = []  # frozen paths a thaw failed on
+        self.started = self.ended = 0.0
+
+    def freeze(self, path: str) -> None:
+        """FIFREEZE `path` (OSError as the kernel says); FreezeTimeout when the
+        limit passed meanwhile (the path is thawed again then)."""
+        if self._timer is None:
+            self.started = time.monotonic()
+            self._timer = threading.Timer(self.limit, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+        self.host.freeze(path)
+        with self._lock:
+            if self._over:  # the timer thawed the others while this one froze
+                self.stuck += _thaw(self.host, [path])
+            else:
+                self._frozen.append(path)
+        self.check()
+
+    def check(self) -> None:
+        """FreezeTimeout if the limit has passed: the timer thawed everything."""
+        if self.expired:
+            raise FreezeTimeout(
+                f"the group's file systems were frozen for its limit of {self.limit:g} s "
+                "(--group-freeze-timeout) before every member's snapshot was cut (LVM "
+                "waited for its VG lock or a slow device): they were thawed and the group "
+                "failed, no member is kept; retry")
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self.expired = True
+            log.error("group snapshot: writes held for the limit of %g s; thawing %s",
+                      self.limit, ", ".join(self._frozen) or "nothing")
+            self._thaw_all()
+
+    def _thaw_all(self) -> None:
+        self._over = True
+        self.stuck += _thaw(self.host, self._frozen)
+        self.ended = time.monotonic()
+
+    def close(self) -> list[str]:
+        """Thaw what is still frozen (the timer's thaw is not repeated); the
+        paths that could not be thawed."""
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if not self._over:
+                self._thaw_all()
+        return self.stuck
+
+
+def _thaw(host: Host, paths: list[str]) -> list[str]:
+    """Thaw each path, the last frozen first; the ones that could not be thawed."""
+    stuck = []
+    for path in reversed(paths):
+        try:
+            host.thaw(path)
+        except OSError as err:  # never hide the take's own error; say it loudly
+            log.error("could not thaw %s after a group snapshot: %s", path, err)
+            stuck.append(path)
+    return stuck
+
+
 class GroupSnapshots:
     """Find, take and delete group snapshots over every class's pool."""
 
-    def __init__(self, pools: Pools, fs: Filesystems, host: Host, journal_dir: str) -> None:
+    def __init__(self, pools: Pools, fs: Filesystems, host: Host, journal_dir: str,
+                 freeze_limit: float = DEFAULT_FREEZE_LIMIT) -> None:
         self.pools = pools
         self.fs = fs
         self.host = host
         self.journal_dir = journal_dir
+        self.freeze_limit = freeze_limit  # seconds the members may stay frozen
 
     # reading ---------------------------------------------------------------
 
@@ -138,29 +230,31 @@ class GroupSnapshots:
         ] for _, lv in sources}
         made: list[tuple[Pool, LogicalVolume]] = []
         journal = os.path.join(self.journal_dir, JOURNAL_PREFIX + group_id)
+        self._settle(journal)
         write_atomic(journal, json.dumps({"group_id": group_id, "frozen": [
             [path, major, minor] for path, (major, minor) in plan]}))
-        frozen: list[str] = []
+        window = FreezeWindow(self.host, self.freeze_limit)
         stuck: list[str] = []  # frozen paths a thaw failed on
-        started = ended = 0.0
         try:
             with self._pools_reserved(sources) as reports:
                 for pool in {id(p): p for p, _ in sources}.values():
                     pool.admit(reports[id(pool)],
                                sum(lv.size for p, lv in sources if p is pool))
-                started = time.monotonic()
+                if frozen_paths:
+                    log.debug("group snapshot %s: freezing %s for at most %g s", group_id,
+                              ", ".join(frozen_paths), self.freeze_limit)
                 try:
                     for path in frozen_paths:
-                        self._freeze(path)
-                        frozen.append(path)
+                        self._freeze(window, path)
                     for pool, lv in sources:
+                        window.check()  # expired: no more snapshots after the thaw
                         sid = vols.member_snapshot_id(group_id, lv.name)
                         made.append((pool, pool.lvm.snapshot(
                             lv.name, sid, tags_for[lv.name], writable_volume=False,
                             read_back=False, size=lv.size)))
+                    window.check()  # the last one may have been cut after the thaw
                 finally:
-                    stuck = self._thaw(frozen)
-                    ended = time.monotonic()
+                    stuck = window.close()
         except BaseException as err:
             self._remove(made)
             self._done(journal, stuck)
@@ -177,7 +271,7 @@ class GroupSnapshots:
         members = tuple(sorted((found[lv.name][1] if lv.name in found else lv
                                 for _, lv in made), key=lambda lv: lv.name))
         return Taken(Group(group_id, members, len(sources)),
-                     ended - started if frozen_paths else 0.0)
+                     window.ended - window.started if frozen_paths else 0.0)
 
     def _plan(self, sources: Sequence[tuple[Pool, LogicalVolume]]
               ) -> list[tuple[str, tuple[int, int]]]:
@@ -209,24 +303,27 @@ class GroupSnapshots:
         with contextlib.ExitStack() as stack:
             yield {id(p): stack.enter_context(p.reserved()) for p in pools}
 
-    def _freeze(self, path: str) -> None:
+    def _freeze(self, window: FreezeWindow, path: str) -> None:
         try:
-            self.host.freeze(path)
+            window.freeze(path)
         except OSError as err:
             raise CannotQuiesce(
                 f"cannot freeze the file system at {path}: {err.strerror or err} "
                 "(frozen by someone else, or a file system that cannot freeze)") from err
 
-    def _thaw(self, paths: list[str]) -> list[str]:
-        """Thaw each path; the ones that could not be thawed."""
-        stuck = []
-        for path in reversed(paths):
-            try:
-                self.host.thaw(path)
-            except OSError as err:  # never hide the take's own error; say it loudly
-                log.error("could not thaw %s after a group snapshot: %s", path, err)
-                stuck.append(path)
-        return stuck
+    def _settle(self, journal: str) -> None:
+        """Before a take: the journal an earlier take of this group kept (a
+        thaw failed) names file systems that may still be frozen, and a new
+        journal must not replace it. Thaw them now and drop it; CannotQuiesce,
+        with the journal kept, when one still cannot be thawed."""
+        if not os.path.exists(journal):
+            return
+        stuck = self._recover_journal(journal)
+        if stuck:
+            raise CannotQuiesce(
+                f"file system(s) {', '.join(stuck)} frozen by an earlier take of this group "
+                "still cannot be thawed (run fsfreeze --unfreeze on them); the group is "
+                "not taken again until they are")
 
     @staticmethod
     def _done(journal: str, stuck: list[str]) -> None:
@@ -268,31 +365,41 @@ class GroupSnapshots:
         except FileNotFoundError:
             return
         for name in names:
-            path = os.path.join(self.journal_dir, name)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    entry = json.load(f)
-                group_id = str(entry["group_id"])
-                frozen = [(str(p), int(ma), int(mi)) for p, ma, mi in entry["frozen"]]
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                log.error("unreadable group snapshot journal %s (%s); removing it", path, err)
-                os.unlink(path)
-                continue
-            for mount_point, major, minor in frozen:
-                # Only the file system that was frozen: the path may now show
-                # another one (unmounted since), which is not ours to thaw.
-                if not self.host.device_mounted_at(mount_point, major, minor):
-                    continue
-                try:
-                    if self.host.thaw(mount_point):
-                        log.warning("thawed %s, left frozen by a group snapshot of %s that "
-                                    "did not finish", mount_point, group_id)
-                except OSError as err:
-                    log.warning("could not thaw %s (group snapshot %s): %s",
-                                mount_point, group_id, err)
-            group = self.find(group_id) if vols.is_group_id(group_id) else None
-            if group is not None and not group.complete:
-                log.warning("deleting %d member(s) of group snapshot %s, whose take did "
-                            "not finish", len(group.members), group_id)
-                self.delete(group)
+            self._recover_journal(os.path.join(self.journal_dir, name))
+
+    def _recover_journal(self, path: str) -> list[str]:
+        """Thaw what the journal at `path` names as frozen (only where that
+        device is still mounted) and delete the members of its group if the
+        take did not finish. The journal goes unless a thaw failed; the mount
+        points that could not be thawed."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f)
+            group_id = str(entry["group_id"])
+            frozen = [(str(p), int(ma), int(mi)) for p, ma, mi in entry["frozen"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.error("unreadable group snapshot journal %s (%s); removing it", path, err)
             os.unlink(path)
+            return []
+        stuck = []
+        for mount_point, major, minor in frozen:
+            # Only the file system that was frozen: the path may now show
+            # another one (unmounted since), which is not ours to thaw.
+            if not self.host.device_mounted_at(mount_point, major, minor):
+                continue
+            try:
+                if self.host.thaw(mount_point):
+                    log.warning("thawed %s, left frozen by a group snapshot of %s that "
+                                "did not finish", mount_point, group_id)
+            except OSError as err:
+                log.warning("could not thaw %s (group snapshot %s): %s",
+                            mount_point, group_id, err)
+                stuck.append(mount_point)
+        group = self.find(group_id) if vols.is_group_id(group_id) else None
+        if group is not None and not group.complete:
+            log.warning("deleting %d member(s) of group snapshot %s, whose take did "
+                        "not finish", len(group.members), group_id)
+            self.delete(group)
+        if not stuck:  # else kept: the next take or start tries the thaw again
+            os.unlink(path)
+        return stuck

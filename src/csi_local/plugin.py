@@ -96,12 +96,14 @@ class CsiPlugin:
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
-        changed = ChangedBlocks(pools, locks)
+        changed = ChangedBlocks(pools, locks, config.state_dir)
         # A metadata snapshot held by a reader that died with the last process
-        # would stay held (and make every metadata change copy on write).
+        # would stay held (and make every metadata change copy on write); one
+        # that another program holds is reported and left alone.
         changed.release_leftovers()
         self.snapshot_metadata = SnapshotMetadataServicer(changed)
-        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir)
+        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir,
+                                freeze_limit=config.group_freeze_timeout)
         # A take killed mid-way leaves file systems frozen (the kernel keeps
         # them so when the freezer dies) and a group without all its members.
         groups.recover()

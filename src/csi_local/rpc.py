@@ -90,11 +90,20 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.OffsetPastEnd: "OUT_OF_RANGE",
     # Retry later: the pool comes up, the other holder releases its snapshot.
     errors.MetadataUnavailable: "UNAVAILABLE",
+    # Another program's metadata snapshot (never released by csi-local): the
+    # spec's tables have no row for it; it passes when they are done, so a
+    # retry, not a full backup (FAILED_PRECONDITION would say CBT is off).
+    errors.MetadataSnapshotHeld: "UNAVAILABLE",
     # GetMetadataDelta's "changed block tracking is not enabled": back up in full.
     errors.MappingToolsMissing: "FAILED_PRECONDITION",
     # CreateVolumeGroupSnapshot's "cannot snapshot multiple volumes together".
     errors.CannotQuiesce: "FAILED_PRECONDITION",
     errors.OriginFrozen: "FAILED_PRECONDITION",
+    # Not in CreateVolumeGroupSnapshot's table: nothing is wrong with the
+    # volumes (FAILED_PRECONDITION would tell the CO to fix them) nor with the
+    # room (RESOURCE_EXHAUSTED); LVM was slow for a while, nothing was kept,
+    # and the same call can succeed: gRPC's "retry the failing call" code.
+    errors.FreezeTimeout: "UNAVAILABLE",
     # The node cannot ask the kernel: fixed by loading dm-mod or mounting /dev.
     errors.DeviceMapperMissing: "FAILED_PRECONDITION",
     errors.DmStatusUnusable: "FAILED_PRECONDITION",

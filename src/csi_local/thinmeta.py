@@ -13,6 +13,10 @@ metadata snapshot: `reserve_metadata_snap` (the kernel commits its
 transaction and keeps a read-only copy of the btree roots), the read, and
 `release_metadata_snap`. The pool holds at most one; while it is held,
 every metadata change is copied on write, so it is held only for the read.
+Other programs (thin_dump or thin_delta run by an administrator, a backup
+tool) reserve it too, and the kernel does not say who did: a durable mark in
+the state directory records the one this plugin reserves, and only that one
+is ever released by it.
 
 Numbers are in the pool's chunks here (thin_delta and thin_dump speak in
 them); bytes are the caller's business.
@@ -21,15 +25,21 @@ them); bytes are the caller's business.
 from __future__ import annotations
 
 import contextlib
+import enum
+import json
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from csi_local import dm
+from csi_local.atomic import sync_directory, write_atomic
 from csi_local.dm import dm_name
 from csi_local.errors import (
     CommandError,
     MappingToolsMissing,
+    MetadataSnapshotHeld,
     MetadataUnavailable,
     StorageError,
 )
@@ -39,7 +49,13 @@ if TYPE_CHECKING:
 
     from csi_local.runner import Runner
 
+log = logging.getLogger(__name__)
+
 SECTOR = 512
+# The mark of a metadata snapshot this plugin reserves, in its state directory,
+# one per pool; its phases.
+MARK_PREFIX = "metadata-snap."
+RESERVING, HELD, RELEASING = "reserving", "held", "releasing"
 # thin_delta's kinds of run: "same" is shared by both devices; the others
 # differ (overwritten, only in the base: discarded, only in the target: new).
 _CHANGED = ("different", "left_only", "right_only")
@@ -59,6 +75,46 @@ class Mapping:
 
     chunk_size: int
     runs: tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What a mark records: the phase, and the root once the snapshot is held."""
+
+    phase: str
+    root: int | None
+
+
+class Holder(enum.Enum):
+    """Who holds a pool's metadata snapshot."""
+
+    NONE = "none"
+    PLUGIN = "plugin"  # the one this plugin's mark names: left by a killed reader
+    UNSURE = "unsure"  # a mark of a reserve or release under way: perhaps ours
+    OTHER = "other"  # no mark: another program's (thin_dump, a backup tool)
+
+
+def holder_text(holder: Holder) -> str:
+    """What a held snapshot is, said to an administrator."""
+    return {
+        Holder.NONE: "no metadata snapshot is held",
+        Holder.PLUGIN: "a metadata snapshot csi-local reserved is held (left by a reader "
+                       "that was killed; its next start releases it)",
+        Holder.UNSURE: "a metadata snapshot is held that csi-local may have reserved when it "
+                       "was killed (its mark records a reserve or release under way), or "
+                       "another program reserved since: csi-local does not release it. If no "
+                       "thin_dump, thin_delta or backup tool is reading, release it with "
+                       "dmsetup message <pool device> 0 release_metadata_snap",
+        Holder.OTHER: "a metadata snapshot is held by another program (thin_dump, "
+                      "thin_delta, a backup tool), which csi-local never releases",
+    }[holder]
+
+
+def _root(field: str) -> int | None:
+    """The held metadata root of `dmsetup status` ("-": none held)."""
+    if field == "-":
+        return None
+    return int(field) if field.isdigit() else -1  # held, at a root not read
 
 
 def merge(runs: list[Run]) -> tuple[Run, ...]:
@@ -133,10 +189,11 @@ def _not_installed(err: CommandError) -> bool:
 class ThinMetadata:
     """Reads the mappings of one thin pool's devices (`vg`/`pool`)."""
 
-    def __init__(self, runner: Runner, vg: str, pool: str) -> None:
+    def __init__(self, runner: Runner, vg: str, pool: str, mark_dir: str) -> None:
         self.runner = runner
         self.vg = vg
         self.pool = pool
+        self.mark_dir = mark_dir  # the plugin's state directory
 
     @property
     def metadata_device(self) -> str:
@@ -170,57 +227,136 @@ class ThinMetadata:
                 return name, fields
         raise MetadataUnavailable(f"thin pool {self.vg}/{self.pool} is not active")
 
-    def held(self) -> bool:
-        """Whether the pool holds a metadata snapshot now (`dmsetup status`'s
-        held metadata root, "-" when none)."""
+    def held_root(self) -> int | None:
+        """The root block of the metadata snapshot the pool holds now; None
+        when none is held. MetadataUnavailable when the pool is not active."""
+        try:
+            usage = dm.pool_usage(self.vg, self.pool)
+        except (StorageError, OSError):
+            usage = None  # the kernel could not be asked by ioctl: dmsetup is
+        if usage is not None and (usage.metadata_snapshot_root is not None
+                                  or not usage.metadata_snapshot_held):
+            return usage.metadata_snapshot_root
         _name, fields = self._pool_target()
-        return fields[6] != "-"
+        return _root(fields[6])
 
     def _message(self, name: str, message: str) -> None:
         self._run(["dmsetup", "message", name, "0", message])
 
-    def _none_held(self) -> bool:
-        """Whether the kernel, asked by ioctl (no process), says the pool holds
-        no metadata snapshot. False whenever it cannot tell; `dmsetup status`
-        is asked then."""
-        try:
-            usage = dm.pool_usage(self.vg, self.pool)
-        except (StorageError, OSError):
-            return False
-        return usage is not None and not usage.metadata_snapshot_held
+    # The mark: what this plugin has reserved ---------------------------------
 
-    def release(self) -> bool:
-        """Release a held metadata snapshot; whether there was one."""
-        if self._none_held():
-            return False  # the common case, at every start: no process
-        name, fields = self._pool_target()
-        if fields[6] == "-":
-            return False
-        self._message(name, "release_metadata_snap")
-        return True
+    @property
+    def mark_path(self) -> str:
+        return os.path.join(self.mark_dir, MARK_PREFIX + dm_name(self.vg, self.pool))
+
+    def _mark(self, phase: str, root: int | None = None) -> None:
+        write_atomic(self.mark_path, json.dumps(
+            {"vg": self.vg, "pool": self.pool, "phase": phase, "root": root}))
+
+    def _unmark(self) -> None:
+        try:
+            os.unlink(self.mark_path)
+        except FileNotFoundError:
+            return
+        sync_directory(self.mark_dir)
+
+    def mark(self) -> Mark | None:
+        """What the mark says (None: no mark); an unreadable mark reads as a
+        reservation under way (the one state in which nothing is released)."""
+        try:
+            with open(self.mark_path, encoding="utf-8") as f:
+                entry = json.load(f)
+            phase, root = str(entry["phase"]), entry["root"]
+            return Mark(phase, root if isinstance(root, int) else None)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return Mark(RESERVING, None)
+
+    def holder(self) -> Holder:
+        """Who holds the pool's metadata snapshot, by the mark and the kernel."""
+        root = self.held_root()
+        if root is None:
+            return Holder.NONE
+        mark = self.mark()
+        if mark is None:
+            return Holder.OTHER
+        if mark.phase == HELD:
+            # A held snapshot keeps its root: another root is not the one marked.
+            return Holder.PLUGIN if mark.root == root and root >= 0 else Holder.OTHER
+        return Holder.UNSURE
+
+    def release_leftover(self) -> Holder:
+        """At start-up: release the metadata snapshot this plugin recorded
+        taking (and did not release: it was killed), and nothing else.
+
+        The mark is written before the reserve and says which root was
+        reserved once it is held (see snapshot()). Only a mark that names the
+        root the pool holds now is proof: a mark of a reserve or a release
+        under way when the plugin died cannot tell its own snapshot from one
+        another program reserved since, so that one is left, and reported.
+        Returns who held it (Holder.PLUGIN: released now); the mark goes when
+        nothing is held any more, when it names another root than the one
+        held, or once the plugin's own is released.
+        """
+        holder = self.holder()
+        if holder in (Holder.NONE, Holder.OTHER):
+            self._unmark()  # it names no snapshot held now (if there is one)
+        elif holder is Holder.PLUGIN:
+            name, _fields = self._pool_target()
+            self._message(name, "release_metadata_snap")
+            self._unmark()
+        return holder
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
         """The pool's metadata snapshot, held for the block and always released.
 
-        The caller serialises (one per pool): the kernel refuses a second one
-        with EBUSY, which here means someone else (an administrator's tool)
-        holds it.
+        The caller serialises (one per pool). A snapshot held by anyone else
+        (an administrator's thin_dump, a backup tool) is theirs: never
+        released here, MetadataSnapshotHeld (UNAVAILABLE: retry later).
+
+        A mark in the state directory, written (fsync'd) before the reserve
+        and removed after the release, records the reservation, so that a
+        plugin killed in between releases its own at the next start and only
+        its own: "reserving" before the reserve, "held" with the root the
+        kernel reports once it is held, "releasing" before the release.
         """
-        name, _fields = self._pool_target()
+        name, fields = self._pool_target()
+        if (root := _root(fields[6])) is not None:
+            raise self._held_elsewhere(root)
+        self._mark(RESERVING)
         try:
             self._message(name, "reserve_metadata_snap")
         except CommandError as err:
             if "busy" in err.stderr.lower():
-                raise MetadataUnavailable(
-                    f"thin pool {self.vg}/{self.pool}'s metadata snapshot is held by another "
-                    "program (dmsetup status shows its held root); retry when it is released"
-                ) from None
-            raise
+                # Reserved by another program since the status: none of ours.
+                self._unmark()
+                raise self._held_elsewhere(None) from None
+            raise  # the mark stays: the reserve may have been made (a timeout)
+        root = None
         try:
+            root = self.held_root()
+            if root is not None and root >= 0:
+                self._mark(HELD, root)  # else the mark proves nothing: left as it is
             yield
         finally:
+            try:
+                self._mark(RELEASING, root)
+            except OSError as err:
+                log.error("cannot update the metadata snapshot mark %s: %s",
+                          self.mark_path, err)
             self._message(name, "release_metadata_snap")
+            self._unmark()
+
+    def _held_elsewhere(self, root: int | None) -> MetadataSnapshotHeld:
+        at = f" (root block {root})" if root is not None and root >= 0 else ""
+        return MetadataSnapshotHeld(
+            f"thin pool {self.vg}/{self.pool}'s metadata snapshot is held by another "
+            f"program{at}, and a pool has only one: csi-local never releases one it did "
+            "not take. Retry when that program is done (dmsetup status shows the held "
+            "root; `dmsetup message <pool device> 0 release_metadata_snap` frees one that "
+            "nothing reads)")
 
     def allocated(self, dev_id: int) -> Mapping:
         """The chunks thin device `dev_id` maps; inside `snapshot()`."""

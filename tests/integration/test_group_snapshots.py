@@ -11,14 +11,17 @@ window of groups of 2 and 5 volumes is measured from the plugin's log.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
 
+from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from tests.integration.conftest import PluginProcess, expect_code, run
@@ -96,8 +99,17 @@ class Writer(threading.Thread):
                 os.close(fd)
 
 
+@pytest.fixture
+def roomy(plugin_factory: Any) -> PluginProcess:
+    """A plugin whose freeze limit is far beyond these measurements (the emulated
+    CPU makes each lvcreate take seconds; the default limit is for real ones)."""
+    p: PluginProcess = plugin_factory("--group-freeze-timeout", "600")
+    return p
+
+
 @pytest.mark.report
-def test_group_snapshot_is_one_instant_under_load(plugin: PluginProcess) -> None:
+def test_group_snapshot_is_one_instant_under_load(roomy: PluginProcess) -> None:
+    plugin = roomy
     kernel = os.uname().release
     a = mounted(plugin, "grp-a")
     b = mounted(plugin, "grp-b")
@@ -144,10 +156,11 @@ def test_group_snapshot_is_one_instant_under_load(plugin: PluginProcess) -> None
 
 @pytest.mark.report
 @pytest.mark.parametrize("count", [2, 5])
-def test_freeze_window(plugin: PluginProcess, count: int) -> None:
+def test_freeze_window(roomy: PluginProcess, count: int) -> None:
     """The time the members' writes are held, for groups of 2 and 5 mounted
     volumes (printed; the figure is for the docs, not a timed assert), and
     that the file systems take writes again afterwards."""
+    plugin = roomy
     vols = [mounted(plugin, f"win{count}-{i}") for i in range(count)]
     for _, _, target in vols:
         with open(os.path.join(target, "data"), "wb") as f:
@@ -200,5 +213,101 @@ def test_group_lifecycle_and_errors(plugin: PluginProcess) -> None:
     assert not set(ids) & set(left), f"members left after the group's delete: {left}"
     expect_code(Code.NOT_FOUND, groups(plugin).GetVolumeGroupSnapshot,
                 pb.GetVolumeGroupSnapshotRequest(group_snapshot_id=group.group_snapshot_id))
+    for vid, staging, target in (a, b):
+        release(plugin, vid, staging, target)
+
+
+class Probe(threading.Thread):
+    """Appends and fsyncs 4 KiB to a file in a loop, recording when each write
+    completed: a frozen file system shows as a gap."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.done: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            while not self.stop.is_set():
+                os.write(fd, b"x" * 4096)
+                os.fsync(fd)
+                self.done.append(time.monotonic())
+                time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+    def stalled(self, seconds: float) -> bool:
+        return bool(self.done) and time.monotonic() - self.done[-1] > seconds
+
+
+def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
+        plugin_factory: Any) -> None:
+    """LVM's VG lock, held by another process, makes the members' lvcreate wait
+    far beyond the limit: the members are thawed at the limit all the same
+    (writes complete while lvcreate still waits), the group fails UNAVAILABLE
+    when lvcreate returns, and no member is left. The lock is held shared, as
+    an LVM reader holds it: the plugin's `lvs` reads before the freeze pass,
+    lvcreate (which needs it exclusive) waits."""
+    limit = 3.0
+    plugin: PluginProcess = plugin_factory("--group-freeze-timeout", f"{limit:g}")
+    a, b = mounted(plugin, "lim-a"), mounted(plugin, "lim-b")
+    probe = Probe(os.path.join(a[2], "probe"))
+    probe.start()
+    outcome: list[BaseException | pb.VolumeGroupSnapshot] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(take(plugin, "lim", [a[0], b[0]]))
+        except grpc.RpcError as err:
+            outcome.append(err)
+
+    lock = os.open(f"/run/lock/lvm/V_{plugin.vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
+    taker = threading.Thread(target=attempt, daemon=True)
+    try:
+        while len(probe.done) < 5:
+            time.sleep(0.05)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        locked_at = time.monotonic()
+        taker.start()
+        deadline = time.monotonic() + 300
+        freezing = f"group snapshot {vols.group_id_for('lim')}: freezing"
+        while freezing not in plugin.log():
+            assert time.monotonic() < deadline and taker.is_alive(), outcome
+            time.sleep(0.05)
+        while not probe.stalled(0.3):  # A is frozen (its writes wait)
+            assert time.monotonic() < deadline and taker.is_alive(), outcome
+            time.sleep(0.02)
+        frozen_at = probe.done[-1]
+        time.sleep(limit + 8)
+        assert taker.is_alive(), "the take did not wait for LVM's VG lock"
+        released_at = time.monotonic()
+    finally:
+        os.close(lock)
+    taker.join(timeout=300)
+    probe.stop.set()
+    probe.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), outcome
+    err = outcome[0]
+    assert err.code() == Code.UNAVAILABLE, err.details()
+    assert f"frozen for its limit of {limit:g} s (--group-freeze-timeout)" in err.details()
+    # Thawed at the limit while lvcreate still waited for the lock: A took
+    # writes again long before the lock was released.
+    resumed = next(t for t in probe.done if t > frozen_at)
+    print(f"\n[group] limit {limit:g} s: writes held {resumed - frozen_at:.2f} s; the VG lock "
+          f"held {released_at - locked_at:.1f} s")
+    assert resumed < released_at - 3, "writes waited for the lock: not thawed at the limit"
+    assert limit - 1 < resumed - frozen_at < limit + 3
+    left = run("lvs", "--noheadings", "-o", "lv_name,lv_tags", plugin.vg.name).stdout
+    assert "csi-local.group=" not in left, f"members left after the failed take:\n{left}"
+    assert not list(plugin.state_dir.glob("group-take.*")), "journal left"
+    assert "writes held for the limit" in plugin.log()
+    for _, _, target in (a, b):  # thawed: a write completes at once
+        with open(os.path.join(target, "after"), "wb") as f:
+            f.write(b"x")
+            os.fsync(f.fileno())
+    group = take(plugin, "lim-retry", [a[0]])  # one member: no freeze, no limit to meet
+    assert len(group.snapshots) == 1
     for vid, staging, target in (a, b):
         release(plugin, vid, staging, target)

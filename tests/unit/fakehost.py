@@ -125,6 +125,7 @@ class FakeLv:
     chunks: dict[int, int] = field(default_factory=dict)
     chunk_size: int = 64 * 1024  # a pool's chunk size
     held: bool = False  # a pool's metadata snapshot is reserved (dmsetup status)
+    held_root: int = 42  # its root block: each reserve takes another one
     uuid: str = ""  # lv_uuid, set when the LV is made
 
 
@@ -1120,7 +1121,7 @@ class FakeHost(Host):
             raise _Fail(1, "Device does not exist.\nCommand failed.\n")
         if argv[1] == "status":
             sectors = pool.size // 512
-            held = "42" if pool.held else "-"
+            held = str(pool.held_root) if pool.held else "-"
             return (f"0 {sectors} thin-pool 7 113/1024 0/{pool.size // pool.chunk_size} {held} "
                     "rw discard_passdown queue_if_no_space - 256 \n")
         if tuple(argv[3:]) == ("0", "reserve_metadata_snap"):
@@ -1128,6 +1129,7 @@ class FakeHost(Host):
                 raise _Fail(1, f"device-mapper: message ioctl on {argv[2]}  failed: Device or "
                                "resource busy\nCommand failed.\n")
             pool.held = True
+            pool.held_root += 1
             return ""
         if tuple(argv[3:]) == ("0", "release_metadata_snap"):
             if not pool.held:

@@ -99,6 +99,7 @@ BAD_ENV = [
     ("--overprovision-ratio", "CSI_LOCAL_OVERPROVISION_RATIO", "lots"),
     ("--max-volumes-per-node", "CSI_LOCAL_MAX_VOLUMES_PER_NODE", "1.5"),
     ("--command-timeout", "CSI_LOCAL_COMMAND_TIMEOUT", "2m"),
+    ("--group-freeze-timeout", "CSI_LOCAL_GROUP_FREEZE_TIMEOUT", "10s"),
     ("--node-expansion-only", "CSI_LOCAL_NODE_EXPANSION_ONLY", "maybe"),
     ("--backing-size", "CSI_LOCAL_BACKING_SIZE", "4 gigs"),
 ]
@@ -136,6 +137,18 @@ def test_good_environment_values_are_converted(monkeypatch: pytest.MonkeyPatch) 
     assert (cfg.default_fs_type, cfg.overprovision_ratio, cfg.max_volumes_per_node,
             cfg.command_timeout, cfg.node_expansion_only, cfg.backing_size) == (
         "xfs", 2.5, 7, 30.0, True, 1 << 30)
+
+
+def test_group_freeze_timeout_flag_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config_from_args(build_parser().parse_args(BASE)).group_freeze_timeout == 10.0
+    monkeypatch.setenv("CSI_LOCAL_GROUP_FREEZE_TIMEOUT", "2.5")
+    assert config_from_args(build_parser().parse_args(BASE)).group_freeze_timeout == 2.5
+    args = build_parser().parse_args([*BASE, "--group-freeze-timeout", "4"])
+    assert config_from_args(args).group_freeze_timeout == 4.0  # the flag wins
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match="group freeze timeout must be a finite number of seconds above 0"):
+            config_from_args(build_parser().parse_args([*BASE, "--group-freeze-timeout",
+                                                        bad]))
 
 
 def test_flag_overrides_a_bad_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:

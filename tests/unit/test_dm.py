@@ -306,7 +306,8 @@ def usage(tid: int = 1, meta: tuple[int, int] = (112, 1024), data: tuple[int, in
           held: bool = False) -> PoolUsage:
     return PoolUsage(transaction_id=tid, metadata_used=meta[0], metadata_total=meta[1],
                      data_used=data[0], data_total=data[1], read_only=ro,
-                     out_of_data_space=full, needs_check=check, metadata_snapshot_held=held)
+                     out_of_data_space=full, needs_check=check, metadata_snapshot_held=held,
+                     metadata_snapshot_root=77 if held else None)
 
 
 @pytest.mark.parametrize(("params", "expected"), [

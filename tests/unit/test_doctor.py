@@ -20,6 +20,7 @@ from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
 from csi_local.lvm import Lvm, VgReport
 from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.runner import Result
+from csi_local.thinmeta import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
 
@@ -37,14 +38,15 @@ MOUNTINFO = """\
 
 
 class Runner:
-    """LVM's reports from a FakeHost, everything else (lvmconfig) from a FakeRunner."""
+    """LVM's reports and dmsetup from a FakeHost, everything else (lvmconfig) from a
+    FakeRunner."""
 
     def __init__(self, host: FakeHost, canned: FakeRunner) -> None:
         self.host, self.canned = host, canned
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
             input: str | None = None, timeout: float | None = None) -> Result:
-        if argv[0] in ("vgs", "lvs"):
+        if argv[0] in ("vgs", "lvs", "dmsetup"):
             return self.host.run(argv, ok_codes=ok_codes)
         return self.canned.run(argv, ok_codes=ok_codes)
 
@@ -113,7 +115,8 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
     assert list(checks) == [
         "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
         "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
-        "thin pool vg0/pool0", "thin pool zeroing", "thin pool fill", "lvm.conf udev",
+        "thin pool vg0/pool0", "thin pool zeroing", "thin pool fill",
+        "thin pool metadata snapshot", "lvm.conf udev",
         "lvm.conf monitoring", "lvm shell profile", "state directory /var/lib/csi-local",
         "lock directory /run/lock/csi-local", "CSI socket",
         "mount propagation of /var/lib/kubelet"]
@@ -132,7 +135,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("18 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("19 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -519,8 +522,10 @@ def test_every_class_is_checked(classes: Machine, listening: None) -> None:
         f"configuration file {CONFIG}",
         "class fast: volume group vg0", "class fast: thin pool vg0/pool0",
         "class fast: thin pool zeroing", "class fast: thin pool fill",
+        "class fast: thin pool metadata snapshot",
         "class big: volume group vg-hdd", "class big: thin pool vg-hdd/pool",
-        "class big: thin pool zeroing", "class big: thin pool fill"]
+        "class big: thin pool zeroing", "class big: thin pool fill",
+        "class big: thin pool metadata snapshot"]
     assert checks[f"configuration file {CONFIG}"].message == \
         "2 device class(es): fast, big; default fast"
     assert checks["class big: thin pool vg-hdd/pool"].message == "active, size 10.0 GiB"
@@ -535,7 +540,7 @@ def test_a_class_whose_volume_group_is_missing(classes: Machine, listening: None
     pool = checks["class big: thin pool vg-hdd/pool"]
     assert pool.status == FAIL and "volume group cannot be read" in pool.message
     assert "class big: thin pool fill" not in checks
-    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 4
+    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 5
     assert doctor.exit_code(checks.values()) == 1
     out = io.StringIO()
     ns = build_parser().parse_args(["doctor", "--config", CONFIG, "--endpoint", ENDPOINT])
@@ -585,3 +590,26 @@ def test_doctor_takes_the_configuration_file(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["doctor", "--volume-group", "vg0", "--thin-pool", "p"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize(("mark", "status", "says"), [
+    (None, WARN, "held by another program (thin_dump, thin_delta, a backup tool), which "
+                 "csi-local never releases"),
+    ({"phase": "held", "root": 43}, WARN, "a metadata snapshot csi-local reserved is held"),
+    ({"phase": "reserving", "root": None}, WARN, "csi-local may have reserved"),
+])
+def test_a_held_metadata_snapshot_is_reported_with_its_holder(
+        m: Machine, listening: None, mark: dict[str, object] | None, status: str,
+        says: str) -> None:
+    pool = m.host.lvs["pool0"]
+    pool.held, pool.held_root = True, 43
+    if mark is not None:
+        m.write(f"var/lib/csi-local/{MARK_PREFIX}vg0-pool0",
+                json.dumps({"vg": "vg0", "pool": "pool0", **mark}))
+    check = m.checks()["thin pool metadata snapshot"]
+    assert check.status == status and says in check.message, check
+    assert "changed-block reads" in check.message and "UNAVAILABLE" in check.message
+    if mark is None or mark["phase"] != "held":
+        assert "release_metadata_snap" in check.fix and "vg0-pool0-tpool" in check.fix
+    else:
+        assert "restart csi-local" in check.fix

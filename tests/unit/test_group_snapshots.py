@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -814,3 +815,127 @@ def test_group_device_class_other_than_a_sources(classes: Lab) -> None:
     assert code == "INVALID_ARGUMENT", msg
     assert "device class 'big'" in msg
     assert classes.lv_state() == before and classes.journals() == []
+
+
+# the freeze window's own limit ------------------------------------------------------------
+
+
+def slow(lab: Lab, monkeypatch: pytest.MonkeyPatch, vid: str, seconds: float,
+         seen: list[set[tuple[int, int]]]) -> None:
+    """lvcreate of `vid`'s member takes `seconds` (LVM waiting for its VG lock);
+    `seen` gets what is frozen when it returns."""
+    real = lab.host.run
+
+    def run(argv: Any, **kwargs: Any) -> Any:
+        if argv[0] == "lvcreate" and "--snapshot" in argv and member(vid) in argv:
+            time.sleep(seconds)
+            out = real(argv, **kwargs)
+            seen.append(set(lab.host.frozen))
+            return out
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(lab.host, "run", run)
+
+
+@pytest.mark.parametrize("hangs", [A, B], ids=["first", "second"])
+def test_a_take_past_the_freeze_limit_thaws_and_fails(
+        mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch, hangs: str) -> None:
+    lab, pa, pb_ = mounted
+    lab.groups.freeze_limit = 0.3
+    seen: list[set[tuple[int, int]]] = []
+    slow(lab, monkeypatch, hangs, 1.0, seen)
+    started = time.monotonic()
+    code, msg = lab.create("g", A, B)
+    assert code == "UNAVAILABLE", msg
+    assert "frozen for its limit of 0.3 s (--group-freeze-timeout)" in msg
+    assert seen == [set()], "thawed at the limit, while lvcreate still ran"
+    assert time.monotonic() - started < 5
+    assert lab.members() == {}, "a member cut after the thaw is no instant: deleted"
+    assert not lab.host.frozen and lab.journals() == []
+    thaws = [e for e in lab.events() if e[0] == "FITHAW"]
+    assert sorted(thaws) == sorted([("FITHAW", pa), ("FITHAW", pb_)]), "each thawed once"
+    if hangs == A:  # the limit passed during the first: the second is never cut
+        assert ("lvcreate", A) in lab.events() and ("lvcreate", B) not in lab.events()
+    lab.groups.freeze_limit = 60.0
+    monkeypatch.undo()
+    assert lab.made("g", A, B).group_snapshot_id == G  # a retry takes it
+
+
+def test_a_slow_freeze_past_the_limit_thaws_it_too(
+        mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # FIFREEZE of B writes back its dirty data and takes past the limit: A is
+    # thawed by the timer meanwhile, B as soon as its freeze returns.
+    lab, pa, pb_ = mounted
+    lab.groups.freeze_limit = 0.2
+    real = lab.host.freeze
+
+    def freeze(path: str) -> None:
+        if path == pb_:
+            time.sleep(0.6)
+        real(path)
+
+    monkeypatch.setattr(lab.host, "freeze", freeze)
+    code, msg = lab.create("g", A, B)
+    assert code == "UNAVAILABLE", msg
+    assert not lab.host.frozen and lab.members() == {} and lab.journals() == []
+    assert "lvcreate" not in lab.kinds()
+    assert lab.events() == [("FIFREEZE", pa), ("FITHAW", pa), ("FIFREEZE", pb_),
+                            ("FITHAW", pb_)]
+
+
+def test_within_the_limit_nothing_changes(mounted: tuple[Lab, str, str]) -> None:
+    lab, pa, pb_ = mounted
+    lab.groups.freeze_limit = 30.0
+    lab.made("g", A, B)
+    assert lab.events() == [("FIFREEZE", pa), ("FIFREEZE", pb_), ("lvcreate", A),
+                            ("lvcreate", B), ("FITHAW", pb_), ("FITHAW", pa)]
+
+
+def stuck_take(lab: Lab, monkeypatch: pytest.MonkeyPatch, path: str) -> list[str]:
+    """A take whose thaw of `path` fails, and keeps failing: its journal is
+    kept; the failed thaws are counted in the returned list."""
+    real_thaw = lab.host.thaw
+    refused: list[str] = []
+
+    def thaw(mount_point: str) -> bool:
+        if mount_point == path:
+            refused.append(mount_point)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_thaw(mount_point)
+
+    monkeypatch.setattr(lab.host, "thaw", thaw)
+    lab.host.fail_next(("lvcreate", "--yes", "--snapshot", "--name", member(B)), 5,
+                       "  unexpected failure\n")
+    assert lab.create("g", A, B)[0] == "INTERNAL"
+    return refused
+
+
+def test_a_retry_does_not_overwrite_a_journal_kept_after_a_failed_thaw(
+        mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lab, _pa, pb_ = mounted
+    refused = stuck_take(lab, monkeypatch, pb_)
+    path = os.path.join(lab.state_dir, JOURNAL_PREFIX + G)
+    kept = Path(path).read_text(encoding="utf-8")
+    assert [pb_, *lab.numbers(B)] in json.loads(kept)["frozen"]
+    # The retry tries B's thaw first, fails again: refused, the journal as it was.
+    code, msg = lab.create("g", A, B)
+    assert code == "FAILED_PRECONDITION", msg
+    assert f"{pb_} frozen by an earlier take of this group still cannot be thawed" in msg
+    assert len(refused) == 2 and Path(path).read_text(encoding="utf-8") == kept
+    assert lab.host.frozen == {lab.numbers(B)} and lab.members() == {}
+    # Once B thaws, the retry drops the old journal and takes the group.
+    monkeypatch.undo()
+    lab.made("g", A, B)
+    assert not lab.host.frozen and lab.journals() == []
+    assert set(lab.members()) == {member(A), member(B)}
+
+
+def test_a_start_whose_thaw_fails_keeps_the_journal(
+        mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lab, _pa, pb_ = mounted
+    stuck_take(lab, monkeypatch, pb_)
+    restart(lab)  # the thaw fails again: kept for the next start
+    assert lab.journals() == [JOURNAL_PREFIX + G] and lab.host.frozen == {lab.numbers(B)}
+    monkeypatch.undo()
+    restart(lab)
+    assert lab.journals() == [] and not lab.host.frozen

@@ -312,6 +312,11 @@ def foreign_mount(path: str) -> Setup:
     return run
 
 
+def foreign_file_mount(path: str) -> Setup:
+    """Something else's mount on the file at `path` (made by touch())."""
+    return lambda n: n.host.add_mount(at(n, path))
+
+
 def mkdir(path: str) -> Setup:
     return lambda n: os.makedirs(at(n, path), exist_ok=True)
 
@@ -371,6 +376,14 @@ def device(n: Node, vid: str = V) -> tuple[int, int]:
     found = n.host.device_numbers(n.host.lv_path(vid))
     assert found is not None, f"{vid} has no device"
     return found
+
+
+def only_foreign(path: str) -> Check:
+    """Exactly one mount at `path`: the tmpfs that foreign_mount() put there."""
+    def run(n: Node, _: Any) -> None:
+        found = n.host.mounts_at(at(n, path))
+        assert [(m.fs_type, m.source) for m in found] == [("tmpfs", "tmpfs")], found
+    return run
 
 
 def mounted(path: str, fs: str | None = None, *, ro: bool | None = None, vid: str = V,
@@ -1158,6 +1171,18 @@ PUBLISH_ROWS = [
     row("block-readonly-remount-fails-all-undone", publish(cap=BLK, readonly=True),
         "INTERNAL", "mount exited 32", setup=chain(BLOCK_STAGED, fail("mount", "-o", rc=32)),
         ran="losetup mount umount", check=ran_cmd("losetup", "--detach", LOOP)),
+    # The remount's clean-up takes down only what the call mounted: a mount that was at
+    # the target before it stays (it is not the plugin's, or not this call's).
+    row("readonly-remount-fails-what-was-there-stays", publish(readonly=True), "INTERNAL",
+        "mount exited 32", setup=chain(STAGED, foreign_mount(TARGET), fail("mount", "-o", rc=32)),
+        ran="mount umount", check=all_of(times("umount", 1), only_foreign(TARGET))),
+    row("block-readonly-remount-fails-what-was-there-stays", publish(cap=BLK, readonly=True),
+        "INTERNAL", "mount exited 32",
+        setup=chain(BLOCK_STAGED, touch(TARGET), foreign_file_mount(TARGET),
+                    fail("mount", "-o", rc=32)),
+        ran="losetup mount umount",
+        check=all_of(times("umount", 1), only_foreign(TARGET),
+                     ran_cmd("losetup", "--detach", LOOP))),
 ]
 
 

@@ -6,6 +6,9 @@ tools do. What the real pool reports is proven in the VM
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +17,15 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cbt import ChangedBlocks
+from csi_local.dm import dm_name
 from csi_local.errors import StorageError
 from csi_local.rpc import RpcError, status_of
 from csi_local.snapshot_metadata import DEFAULT_MAX_RESULTS, SnapshotMetadataServicer
+from csi_local.thinmeta import MARK_PREFIX, ThinMetadata
 from tests.unit.servicers import (
+    POOL,
     THREE_CLASSES,
+    VG,
     GiB,
     MiB,
     Node,
@@ -29,6 +36,7 @@ from tests.unit.servicers import (
 )
 
 KiB = 1 << 10
+MARK = MARK_PREFIX + dm_name(VG, POOL)
 CHUNK = 64 * KiB
 
 
@@ -49,7 +57,23 @@ class Lab:
 
     def __init__(self, node: Node) -> None:
         self.n = node
-        self.sm = SnapshotMetadataServicer(ChangedBlocks(node.backend.pools, node.backend.locks))
+        self.sm = SnapshotMetadataServicer(self.changed())
+
+    def changed(self) -> ChangedBlocks:
+        """The plugin's changed-block layer, as plugin.py makes it (at each start)."""
+        return ChangedBlocks(self.n.backend.pools, self.n.backend.locks, self.state_dir)
+
+    @property
+    def state_dir(self) -> str:
+        return self.n.backend.config.state_dir
+
+    def reader(self) -> ThinMetadata:
+        return ThinMetadata(self.n.host, VG, POOL, self.state_dir)
+
+    def marks(self) -> dict[str, Any]:
+        """The state directory's metadata snapshot marks, by file name."""
+        return {n: json.loads(Path(self.state_dir, n).read_text(encoding="utf-8"))
+                for n in os.listdir(self.state_dir) if n.startswith(MARK_PREFIX)}
 
     def volume(self, name: str, size: int = GiB, params: dict[str, str] | None = None) -> str:
         code, reply = call(self.n.controller.CreateVolume, pb.CreateVolumeRequest(
@@ -149,8 +173,11 @@ def test_thin_delta_and_thin_dump_read_the_metadata_snapshot(
     lab.n.host.calls.clear()
     lab.delta(s1, s2)
     tools = [c[:3] for c in lab.n.host.calls if c[0] in ("dmsetup", "thin_delta")]
+    # The second status reads the held root for the mark (an ioctl on a real
+    # node, where the fake has no device-mapper: dmsetup).
     assert tools == [("dmsetup", "status", "vg0-pool0-tpool"),
                      ("dmsetup", "message", "vg0-pool0-tpool"),
+                     ("dmsetup", "status", "vg0-pool0-tpool"),
                      ("thin_delta", "--metadata-snap", "--snap1"),
                      ("dmsetup", "message", "vg0-pool0-tpool")]
     assert [c[-1] for c in lab.n.host.calls if c[:2] == ("dmsetup", "message")] == [
@@ -258,19 +285,133 @@ def test_the_metadata_snapshot_is_released_when_the_read_fails(
 
 def test_held_by_another_program_is_unavailable_and_left_held(
         two: tuple[Lab, str, str, str]) -> None:
-    lab, _vol, s1, _s2 = two
+    lab, _vol, s1, s2 = two
     lab.n.host.lvs["pool0"].held = True
+    for code, message in (lab.allocated(s1), lab.delta(s1, s2)):
+        assert code == "UNAVAILABLE", message
+        assert "held by another program (root block 42)" in message
+        assert "never releases one it did not take" in message
+    assert lab.n.host.lvs["pool0"].held  # not ours to release while we serve
+    assert lab.marks() == {}  # nothing recorded: nothing of ours was reserved
+    assert not [c for c in lab.n.host.calls if "reserve_metadata_snap" in c]
+
+
+def test_reserved_by_another_program_after_the_status_is_unavailable(
+        two: tuple[Lab, str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The other program wins the race between our status and our reserve:
+    # the kernel's EBUSY is theirs, so no mark of ours may stay.
+    lab, _vol, s1, _s2 = two
+    real = ThinMetadata._pool_target
+
+    def pool_target(self: ThinMetadata) -> tuple[str, list[str]]:
+        found = real(self)
+        lab.n.host.lvs["pool0"].held = True
+        return found
+
+    monkeypatch.setattr(ThinMetadata, "_pool_target", pool_target)
     code, message = lab.allocated(s1)
     assert code == "UNAVAILABLE" and "held by another program" in message
-    assert lab.n.host.lvs["pool0"].held  # not ours to release while we serve
+    assert lab.marks() == {} and lab.n.host.lvs["pool0"].held
 
 
-def test_a_leftover_is_released_at_start_up(two: tuple[Lab, str, str, str]) -> None:
+def test_the_mark_records_the_read_and_goes_after_it(
+        two: tuple[Lab, str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lab, _vol, s1, _s2 = two
-    lab.n.host.lvs["pool0"].held = True  # a reader killed while it held one
-    ChangedBlocks(lab.n.backend.pools, lab.n.backend.locks).release_leftovers()
-    assert not lab.held()
-    ChangedBlocks(lab.n.backend.pools, lab.n.backend.locks).release_leftovers()  # none: no-op
+    seen: list[dict[str, Any]] = []
+    real = ThinMetadata.allocated
+
+    def allocated(self: ThinMetadata, dev_id: int) -> Any:
+        seen.append(lab.marks())
+        return real(self, dev_id)
+
+    monkeypatch.setattr(ThinMetadata, "allocated", allocated)
+    assert lab.allocated(s1)[0] == "OK"
+    root = lab.n.host.lvs["pool0"].held_root
+    assert seen == [{MARK: {"vg": VG, "pool": POOL, "phase": "held", "root": root}}]
+    assert lab.marks() == {} and not lab.held()
+
+
+def killed_while_reading(lab: Lab) -> contextlib.AbstractContextManager[None]:
+    """A reader killed while it held the pool's metadata snapshot: reserved,
+    never released (the context is entered and never left; the caller keeps
+    it, or its collection would run the release)."""
+    held = lab.reader().snapshot()
+    held.__enter__()
+    assert lab.held() and lab.marks()[MARK]["phase"] == "held"
+    return held
+
+
+def test_the_plugins_leftover_is_released_at_start_up(
+        two: tuple[Lab, str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    lab, _vol, s1, _s2 = two
+    killed = killed_while_reading(lab)
+    lab.changed().release_leftovers()
+    assert not lab.held() and lab.marks() == {}
+    lab.changed().release_leftovers()  # none: no-op
+    assert lab.allocated(s1)[0] == "OK"
+    # The dead reader's context, closed without a word to the kernel.
+    monkeypatch.setattr(ThinMetadata, "_message", lambda *_: None)
+    killed.__exit__(None, None, None)
+
+
+def test_another_programs_snapshot_is_left_at_start_up(
+        two: tuple[Lab, str, str, str], caplog: pytest.LogCaptureFixture) -> None:
+    # thin_dump run by an administrator, or a backup tool: releasing theirs
+    # would turn what they read into garbage.
+    lab, _vol, _s1, _s2 = two
+    lab.n.host.lvs["pool0"].held = True
+    lab.n.host.calls.clear()
+    lab.changed().release_leftovers()
+    assert lab.n.host.lvs["pool0"].held
+    assert not [c for c in lab.n.host.calls if "release_metadata_snap" in c]
+    assert f"thin pool {VG}/{POOL}: a metadata snapshot is held by another program" in (
+        caplog.text)
+    assert "left held" in caplog.text
+
+
+def write_mark(lab: Lab, phase: str, root: int | None) -> None:
+    Path(lab.state_dir, MARK).write_text(json.dumps(
+        {"vg": VG, "pool": POOL, "phase": phase, "root": root}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(("phase", "root"), [
+    ("reserving", None),  # killed between the mark and the reserve (or in the reserve)
+    ("releasing", 43),  # killed between the mark and the release (or after it)
+])
+def test_a_mark_of_a_step_under_way_releases_nothing(
+        two: tuple[Lab, str, str, str], caplog: pytest.LogCaptureFixture,
+        phase: str, root: int | None) -> None:
+    lab, _vol, _s1, _s2 = two
+    pool = lab.n.host.lvs["pool0"]
+    pool.held, pool.held_root = True, 43  # held now: ours, or another program's since
+    write_mark(lab, phase, root)
+    lab.changed().release_leftovers()
+    assert pool.held, "perhaps another program's: never released on a guess"
+    assert not [c for c in lab.n.host.calls if "release_metadata_snap" in c]
+    assert "csi-local may have reserved" in caplog.text and "left held" in caplog.text
+    assert lab.marks()[MARK]["phase"] == phase  # kept while it is held
+
+
+def test_a_mark_of_another_root_is_not_the_held_snapshot(
+        two: tuple[Lab, str, str, str], caplog: pytest.LogCaptureFixture) -> None:
+    # Ours (root 41) was released by hand; another program reserved since.
+    lab, _vol, _s1, _s2 = two
+    pool = lab.n.host.lvs["pool0"]
+    pool.held, pool.held_root = True, 43
+    write_mark(lab, "held", 41)
+    lab.changed().release_leftovers()
+    assert pool.held and "held by another program" in caplog.text
+    assert lab.marks() == {}  # it named a snapshot that is gone
+
+
+@pytest.mark.parametrize("phase", ["reserving", "held", "releasing"])
+def test_a_mark_with_nothing_held_is_dropped(two: tuple[Lab, str, str, str],
+                                             phase: str) -> None:
+    lab, _vol, s1, _s2 = two
+    write_mark(lab, phase, 43)
+    lab.changed().release_leftovers()
+    assert lab.marks() == {} and not lab.held()
+    assert not [c for c in lab.n.host.calls if "release_metadata_snap" in c]
     assert lab.allocated(s1)[0] == "OK"
 
 
@@ -278,7 +419,8 @@ def test_start_up_tolerates_a_pool_that_is_not_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: list[Node]) -> None:
     n = make_node(tmp_path, monkeypatch, with_vg=False)
     made.append(n)
-    ChangedBlocks(n.backend.pools, n.backend.locks).release_leftovers()  # logs, no raise
+    ChangedBlocks(n.backend.pools, n.backend.locks,
+                  n.backend.config.state_dir).release_leftovers()  # logs, no raise
 
 
 def test_tools_missing_is_failed_precondition(two: tuple[Lab, str, str, str]) -> None:
