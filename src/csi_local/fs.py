@@ -153,13 +153,15 @@ class Filesystems:
 
     def bind(self, source: str, target: str, *, readonly: bool, flags: Sequence[str] = ()) -> None:
         """Bind-mount; read-only and the other per-mount flags take a remount
-        after the bind itself (the kernel ignores them on the bind)."""
+        after the bind itself (the kernel ignores them on the bind). Read-only
+        wins over the flags: a `rw` among them (a StorageClass's mountOptions)
+        is overridden, never a way to make a read-only publish writable."""
         extra = fsrules.check(flags)
         before = {m.mount_id for m in self.host.mounts_at(target)} if readonly or extra else set()
         self.host.bind_mount(source, target)
         if readonly or extra:
             try:
-                self.host.remount_bind(target, [*(["ro"] if readonly else []), *extra])
+                self.host.remount_bind(target, extra, readonly=readonly)
             except CommandError:
                 self._undo_mounts(target, before)
                 raise
@@ -192,7 +194,7 @@ class Filesystems:
         self.runner.run(["losetup", "--detach", node], ok_codes=(0, 1))
 
     def remount_bind(self, target: str, *, readonly: bool) -> None:
-        self.host.remount_bind(target, ["ro" if readonly else "rw"])
+        self.host.remount_bind(target, [] if readonly else ["rw"], readonly=readonly)
 
     def umount(self, target: str, *, device: tuple[int, int] | None = None) -> list[Mount]:
         """Unmount every mount stacked at `target`; returns them, top first (none:

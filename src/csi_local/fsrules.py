@@ -30,6 +30,12 @@ def min_size(fs_type: str) -> int:
 
 
 _CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=_-.:/+@")
+# SELinux's mount options (kubelet passes `context="..."` when the CSIDriver has
+# seLinuxMount). Their value is a security context, whose MLS/MCS range holds
+# commas (s0:c10,c20): quoted, as mount(8) (libmount) and the kernel take it,
+# so that the commas do not split the option list.
+SELINUX_OPTIONS = frozenset({"context", "fscontext", "defcontext", "rootcontext"})
+_CONTEXT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.:,")
 FORBIDDEN = frozenset({
     "remount", "bind", "rbind", "move", "loop", "offset", "sizelimit",
     "shared", "rshared", "private", "rprivate", "slave", "rslave", "unbindable",
@@ -39,14 +45,41 @@ FORBIDDEN = frozenset({
 _FORBIDDEN_PREFIXES = ("x-mount.",)
 
 
+def split(flag: str) -> list[str]:
+    """The options of one comma-separated list, as libmount splits it: a comma
+    inside double quotes belongs to the option (`context="u:r:t:s0:c1,c2"`).
+    The quotes stay: mount(8) passes them on, and the kernel strips them."""
+    parts: list[str] = []
+    start, quoted = 0, False
+    for i, ch in enumerate(flag):
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            parts.append(flag[start:i])
+            start = i + 1
+    parts.append(flag[start:])
+    return parts
+
+
+def _valid(opt: str) -> bool:
+    if not opt or opt.startswith("-"):
+        return False
+    if set(opt) <= _CHARS:
+        return True
+    # Quotes (and commas) only around a whole SELinux context: key="value".
+    key, eq, value = opt.partition("=")
+    return (eq == "=" and key.lower() in SELINUX_OPTIONS and len(value) > 2
+            and value[0] == value[-1] == '"' and set(value[1:-1]) <= _CONTEXT_CHARS
+            and not value[1:-1].startswith(","))
+
+
 def check(flags: Iterable[str]) -> list[str]:
     """Each option of `flags` (a flag may itself hold several, comma-separated),
     in order; MountOptionError for any that is malformed or not allowed."""
     out: list[str] = []
     for flag in flags:
-        parts = flag.split(",")
-        for opt in parts:
-            if not opt or not set(opt) <= _CHARS or opt.startswith("-"):
+        for opt in split(flag):
+            if not _valid(opt):
                 raise MountOptionError(f"invalid mount option {opt!r} in {flag!r}")
             key = opt.split("=", 1)[0].lower()
             if key in FORBIDDEN or key.startswith(_FORBIDDEN_PREFIXES):
@@ -56,3 +89,4 @@ def check(flags: Iterable[str]) -> list[str]:
                 )
             out.append(opt)
     return out
+

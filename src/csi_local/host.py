@@ -28,94 +28,119 @@ log = logging.getLogger(__name__)
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
 
-# linux/mount.h: the flags of mount(2) that a bind mount's remount may change.
+# linux/mount.h: the flags of mount(2) that mount(8) passes.
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
 MS_SYNCHRONOUS = 16
 MS_REMOUNT = 32
+MS_MANDLOCK = 64
 MS_DIRSYNC = 128
 MS_NOSYMFOLLOW = 256
 MS_NOATIME = 1024
 MS_NODIRATIME = 2048
 MS_BIND = 4096
+MS_SILENT = 1 << 15
 MS_RELATIME = 1 << 21
+MS_I_VERSION = 1 << 23
 MS_STRICTATIME = 1 << 24
 MS_LAZYTIME = 1 << 25
-_ATIME = MS_NOATIME | MS_RELATIME | MS_STRICTATIME
 # What statvfs(2) reports of a mount (ST_*) and the MS_* flag that sets it.
 # linux/statfs.h ST_NOSYMFOLLOW (8192) is not in Python's os module.
 _FROM_STATVFS = ((os.ST_RDONLY, MS_RDONLY), (os.ST_NOSUID, MS_NOSUID),
                  (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
                  (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
                  (os.ST_RELATIME, MS_RELATIME), (8192, MS_NOSYMFOLLOW))
-# mount(8)'s names of per-mount options: (flags it sets, flags it clears).
-MOUNT_FLAGS: dict[str, tuple[int, int]] = {
-    "ro": (MS_RDONLY, 0), "rw": (0, MS_RDONLY),
-    "nosuid": (MS_NOSUID, 0), "suid": (0, MS_NOSUID),
-    "nodev": (MS_NODEV, 0), "dev": (0, MS_NODEV),
-    "noexec": (MS_NOEXEC, 0), "exec": (0, MS_NOEXEC),
-    "nosymfollow": (MS_NOSYMFOLLOW, 0), "symfollow": (0, MS_NOSYMFOLLOW),
-    "nodiratime": (MS_NODIRATIME, 0), "diratime": (0, MS_NODIRATIME),
-    "noatime": (MS_NOATIME, _ATIME), "atime": (0, MS_NOATIME),
-    "relatime": (MS_RELATIME, _ATIME), "norelatime": (0, MS_RELATIME),
-    "strictatime": (MS_STRICTATIME, _ATIME),
+# mount(8)'s names of per-mount options: the flag each sets, or clears (True).
+# This is libmount's own map (optmap.c), and it is applied as libmount applies
+# it: each option sets or clears its one flag, in order, and nothing else. In
+# particular the atime options do not clear each other: `noatime,relatime`
+# passes both flags, and the kernel decides (noatime wins over relatime,
+# strictatime over both), whatever their order.
+MOUNT_FLAGS: dict[str, tuple[int, bool]] = {
+    "ro": (MS_RDONLY, False), "rw": (MS_RDONLY, True),
+    "nosuid": (MS_NOSUID, False), "suid": (MS_NOSUID, True),
+    "nodev": (MS_NODEV, False), "dev": (MS_NODEV, True),
+    "noexec": (MS_NOEXEC, False), "exec": (MS_NOEXEC, True),
+    "nosymfollow": (MS_NOSYMFOLLOW, False), "symfollow": (MS_NOSYMFOLLOW, True),
+    "nodiratime": (MS_NODIRATIME, False), "diratime": (MS_NODIRATIME, True),
+    "noatime": (MS_NOATIME, False), "atime": (MS_NOATIME, True),
+    "relatime": (MS_RELATIME, False), "norelatime": (MS_RELATIME, True),
+    "strictatime": (MS_STRICTATIME, False), "nostrictatime": (MS_STRICTATIME, True),
 }
 
 
 # A new mount's options that mount(8) (libmount) passes as flags of mount(2):
 # the per-mount flags and these, which belong to the file system's superblock.
-_NEW_MOUNT_FLAGS: dict[str, tuple[int, int]] = {
+# `defaults` is no flag at all (rw, suid, dev, exec, async: the cleared ones).
+_NEW_MOUNT_FLAGS: dict[str, tuple[int, bool]] = {
     **MOUNT_FLAGS,
-    "sync": (MS_SYNCHRONOUS, 0), "async": (0, MS_SYNCHRONOUS),
-    "dirsync": (MS_DIRSYNC, 0),
-    "lazytime": (MS_LAZYTIME, 0), "nolazytime": (0, MS_LAZYTIME),
+    "defaults": (0, False),
+    "sync": (MS_SYNCHRONOUS, False), "async": (MS_SYNCHRONOUS, True),
+    "dirsync": (MS_DIRSYNC, False),
+    "lazytime": (MS_LAZYTIME, False), "nolazytime": (MS_LAZYTIME, True),
+    "iversion": (MS_I_VERSION, False), "noiversion": (MS_I_VERSION, True),
+    "mand": (MS_MANDLOCK, False), "nomand": (MS_MANDLOCK, True),
+    "silent": (MS_SILENT, False), "loud": (MS_SILENT, True),
 }
 # File-system options that csi-local adds itself (fs.py: xfs's nouuid), which
 # mount(8) hands to the file system unchanged, as mount(2)'s data.
 _FS_DATA = frozenset({"nouuid"})
 
 
+def _apply(flags: int, options: Sequence[str], table: dict[str, tuple[int, bool]]) -> int:
+    """`flags` with each option of `table` set or cleared in order, as libmount
+    does; options not in `table` change nothing."""
+    for opt in options:
+        flag, clear = table.get(opt, (0, False))
+        flags = flags & ~flag if clear else flags | flag
+    return flags
+
+
 def mount_call(options: Sequence[str]) -> tuple[int, str] | None:
     """(flags, data) of the mount(2) call that `mount -t T -o OPTIONS DEV DIR`
     makes, or None when an option is not one of those above: mount(8) knows
     many more (its own, such as nofail, and every file system's), and runs
-    then. Nothing is passed that mount(8) would not pass: no option at all is
-    flags 0, as `mount -t T DEV DIR` calls it."""
-    flags = 0
+    then. SELinux's context options are among those: mount(8) drops them when
+    SELinux is disabled (the kernel would refuse them: EINVAL) and gives the
+    kernel their raw form (libselinux's translation) when it is enabled.
+    Nothing is passed that mount(8) would not pass: no option at all is flags
+    0, as `mount -t T DEV DIR` calls it."""
     data: list[str] = []
     for opt in options:
-        if opt in _NEW_MOUNT_FLAGS:
-            add, drop = _NEW_MOUNT_FLAGS[opt]
-            flags = (flags & ~drop) | add
-        elif opt in _FS_DATA:
+        if opt in _FS_DATA:
             data.append(opt)
-        else:
+        elif opt not in _NEW_MOUNT_FLAGS:
             return None
-    return flags, ",".join(data)
+    return _apply(0, options, _NEW_MOUNT_FLAGS), ",".join(data)
 
 
-def remount_flags(current: int, options: Sequence[str]) -> int:
+def remount_flags(current: int, options: Sequence[str], *, readonly: bool = False) -> int:
     """The mount(2) flags of a bind remount that applies `options` to a mount
-    whose statvfs f_flag is `current`.
+    whose statvfs f_flag is `current`; with `readonly`, the mount is read-only
+    whatever `options` say (a `rw` among them included).
 
     The kernel sets a bind mount's flags to exactly those of the remount, so
     whatever is not passed again is dropped: a read-only remount of a nosuid,
     nodev mount would quietly make it suid and dev. The mount's own flags are
-    therefore carried over, then the options applied in order. Options that
-    are not per-mount flags (a file system's own, such as discard) cannot
-    change on a bind mount, and the kernel ignores them; so are they here.
+    therefore carried over, then the options applied in order, as mount(8)
+    applies them to the options the mount shows. Options that are not
+    per-mount flags (a file system's own, such as discard) cannot change on a
+    bind mount, and the kernel ignores them; so are they here.
     """
     flags = 0
     for st, ms in _FROM_STATVFS:
         if current & st:
             flags |= ms
-    if not flags & (MS_NOATIME | MS_RELATIME):
-        flags |= MS_STRICTATIME  # said, or the kernel would make it relatime
-    for opt in options:
-        add, drop = MOUNT_FLAGS.get(opt, (0, 0))
-        flags = (flags & ~drop) | add
+    flags = _apply(flags, options, MOUNT_FLAGS)
+    if not current & (os.ST_NOATIME | os.ST_RELATIME) and not flags & (
+            MS_NOATIME | MS_RELATIME | MS_STRICTATIME):
+        # A strictatime mount (statvfs has no flag for it) stays one unless an
+        # option says otherwise: said, or the kernel would make it relatime.
+        flags |= MS_STRICTATIME
+    if readonly:
+        flags |= MS_RDONLY
     return flags | MS_REMOUNT | MS_BIND
 
 
@@ -249,11 +274,14 @@ class Host:
         _syscall("mount(2) MS_BIND", (source, target), "mount",
                  os.fsencode(source), os.fsencode(target), None, MS_BIND, None)
 
-    def remount_bind(self, target: str, options: Sequence[str]) -> None:
-        """mount -o remount,bind,OPTIONS: change the per-mount flags of the
-        mount at `target`, keeping those `options` do not name (see remount_flags)."""
-        flags = remount_flags(os.statvfs(target).f_flag, options)
-        _syscall("mount(2) MS_REMOUNT|MS_BIND", (target, ",".join(options)), "mount",
+    def remount_bind(self, target: str, options: Sequence[str], *,
+                     readonly: bool = False) -> None:
+        """mount -o remount,bind,OPTIONS[,ro]: change the per-mount flags of the
+        mount at `target`, keeping those `options` do not name; `readonly`
+        wins over every option (see remount_flags)."""
+        flags = remount_flags(os.statvfs(target).f_flag, options, readonly=readonly)
+        shown = [*options, *(["ro"] if readonly else [])]
+        _syscall("mount(2) MS_REMOUNT|MS_BIND", (target, ",".join(shown)), "mount",
                  None, os.fsencode(target), None, flags, None)
 
     def unmount(self, target: str) -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import grpc
 
-from csi_local import validation
+from csi_local import fsrules, validation
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
@@ -404,7 +404,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                                                  total=self.host.device_size(lv.path)))
         elif mounted and top is not None:
             # A flag may hold several options ("noatime,ro"): ro asked for is no fault.
-            asked = {o for flag in rec.staging.mount_flags for o in flag.split(",")}
+            asked = {o for flag in rec.staging.mount_flags for o in fsrules.split(flag)}
             if top.fs_read_only and "ro" not in asked:
                 problems.append("file system is read-only (I/O errors?)")
             u = self.fs.usage(path)

@@ -145,6 +145,9 @@ def test_csidriver() -> None:
     assert spec["storageCapacity"] is True
     assert spec["fsGroupPolicy"] == "File"
     assert spec["volumeLifecycleModes"] == ["Persistent"]
+    # Kubelet passes the pod's SELinux label as a context= mount flag, which
+    # the plugin takes (fsrules) and hands to mount(8).
+    assert spec["seLinuxMount"] is True
 
 
 def test_storage_classes() -> None:

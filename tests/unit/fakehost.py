@@ -46,8 +46,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from csi_local import fsrules, mounts
 from csi_local import host as host_mod
-from csi_local import mounts
 from csi_local.errors import CommandError
 from csi_local.host import Host
 from csi_local.mounts import Mount
@@ -500,8 +500,11 @@ class FakeHost(Host):
     def bind_mount(self, source: str, target: str) -> None:
         self.run(["mount", "--bind", source, target])
 
-    def remount_bind(self, target: str, options: Sequence[str]) -> None:
-        self.run(["mount", "-o", ",".join(["remount", "bind", *options]), target])
+    def remount_bind(self, target: str, options: Sequence[str], *,
+                     readonly: bool = False) -> None:
+        # mount(8)'s last option wins: "ro" last is the real host's `readonly`.
+        ro = ["ro"] if readonly else []
+        self.run(["mount", "-o", ",".join(["remount", "bind", *options, *ro]), target])
 
     def unmount(self, target: str) -> None:
         self.run(["umount", target])
@@ -981,7 +984,10 @@ class FakeHost(Host):
 
     def _mount(self, argv: Sequence[str]) -> str:
         opts, pos = _options(argv, {"-t", "-o"}, {"--bind"})
-        flags = [o for v in opts.get("-o", []) for o in v.split(",")]
+        # mount(8) splits outside quotes, and drops SELinux's context options
+        # where SELinux is disabled (as here): libmount's "SELinux garbage".
+        flags = [o for v in opts.get("-o", []) for o in fsrules.split(v)
+                 if o.split("=", 1)[0] not in fsrules.SELINUX_OPTIONS]
         if "--bind" in opts and not flags and "-t" not in opts:
             return self._bind(*_one(pos, argv, 2))
         if flags[:2] == ["remount", "bind"] and "-t" not in opts:

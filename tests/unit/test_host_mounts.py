@@ -17,7 +17,9 @@ from csi_local.errors import CommandError, SyscallError
 from csi_local.host import (
     MS_BIND,
     MS_DIRSYNC,
+    MS_I_VERSION,
     MS_LAZYTIME,
+    MS_MANDLOCK,
     MS_NOATIME,
     MS_NODEV,
     MS_NODIRATIME,
@@ -26,6 +28,7 @@ from csi_local.host import (
     MS_RDONLY,
     MS_RELATIME,
     MS_REMOUNT,
+    MS_SILENT,
     MS_STRICTATIME,
     MS_SYNCHRONOUS,
     Host,
@@ -49,8 +52,13 @@ BASE = MS_REMOUNT | MS_BIND
                  MS_RDONLY | MS_NOEXEC | MS_NOSUID | MS_RELATIME, id="adds-flags"),
     pytest.param(ST_NOSUID | ST_NODEV | ST_NOEXEC | ST_RELATIME, ["suid", "dev", "exec"],
                  MS_RELATIME, id="clears-flags"),
-    pytest.param(ST_RELATIME, ["noatime"], MS_NOATIME, id="noatime-replaces-relatime"),
-    pytest.param(ST_NOATIME, ["strictatime"], MS_STRICTATIME, id="strictatime-replaces"),
+    # Each option sets or clears its one flag, as mount(8) applies it to the
+    # options the mount shows; the kernel ranks the atime flags (noatime over
+    # relatime, strictatime over both), not their order.
+    pytest.param(ST_RELATIME, ["noatime"], MS_NOATIME | MS_RELATIME, id="noatime-added"),
+    pytest.param(ST_NOATIME, ["strictatime"], MS_NOATIME | MS_STRICTATIME,
+                 id="strictatime-added"),
+    pytest.param(ST_NOATIME, ["atime"], 0, id="atime-clears-noatime"),
     # No atime flag on the mount is strictatime: said, or the kernel makes it relatime.
     pytest.param(ST_NODIRATIME, ["ro"], MS_RDONLY | MS_NODIRATIME | MS_STRICTATIME,
                  id="strictatime-kept"),
@@ -58,9 +66,22 @@ BASE = MS_REMOUNT | MS_BIND
     # A file system's own options cannot change on a bind mount; the kernel ignores them.
     pytest.param(ST_RELATIME, ["discard", "ro"], MS_RDONLY | MS_RELATIME, id="fs-option-ignored"),
     pytest.param(ST_RELATIME, ["ro", "rw"], MS_RELATIME, id="last-one-wins"),
+    pytest.param(ST_NODIRATIME, ["noatime"], MS_NODIRATIME | MS_NOATIME,
+                 id="strictatime-mount-made-noatime"),
 ])
 def test_remount_flags(current: int, options: list[str], expected: int) -> None:
     assert remount_flags(current, options) == expected | BASE
+
+
+@pytest.mark.parametrize("options", [
+    ["rw"], ["noatime", "rw"], ["rw", "ro", "rw"], ["rw,nosuid"], [],
+])
+def test_a_read_only_remount_is_read_only_whatever_the_options_say(options: list[str]) -> None:
+    # Issue 30, defect 1: a StorageClass's mountOptions [rw] (or [noatime, rw])
+    # made a read-only publish writable: "ro" came first, and a later "rw"
+    # cleared it.
+    flags = remount_flags(ST_RELATIME | ST_NOSUID, options, readonly=True)
+    assert flags & MS_RDONLY
 
 
 def test_a_failed_call_is_a_command_error_naming_the_call_and_errno(tmp_path: Path) -> None:
@@ -90,13 +111,23 @@ def test_a_bind_of_a_missing_source_fails_before_anything_is_mounted(tmp_path: P
     ([], (0, "")),
     (["rw"], (0, "")),
     (["ro", "nodev", "noatime"], (MS_RDONLY | MS_NODEV | MS_NOATIME, "")),
-    (["noatime", "relatime"], (MS_RELATIME, "")),  # the last atime option wins
+    # mount(8) passes both atime flags, whatever their order (strace in the VM:
+    # "noatime,relatime" is MS_NOATIME|MS_RELATIME, and the kernel makes it noatime).
+    (["noatime", "relatime"], (MS_NOATIME | MS_RELATIME, "")),
+    (["strictatime", "noatime"], (MS_STRICTATIME | MS_NOATIME, "")),
+    (["noatime", "atime"], (0, "")),
     (["ro", "rw"], (0, "")),
     (["sync", "dirsync", "lazytime"], (MS_SYNCHRONOUS | MS_DIRSYNC | MS_LAZYTIME, "")),
     (["nouuid", "nosuid"], (MS_NOSUID, "nouuid")),
+    (["defaults"], (0, "")),
+    (["defaults", "nostrictatime", "iversion", "mand", "silent"],
+     (MS_MANDLOCK | MS_SILENT | MS_I_VERSION, "")),
     # Anything else is mount(8)'s to handle: its own options, a file system's.
     (["discard"], None),
-    (["defaults"], None),
+    # SELinux contexts: mount(8) drops them where SELinux is disabled and
+    # translates them where it is enabled; the kernel alone refuses them (EINVAL).
+    (['context="system_u:object_r:container_file_t:s0:c10,c20"'], None),
+    (["ro", "rootcontext=system_u:object_r:container_file_t:s0"], None),
     (["nofail"], None),
     (["errors=remount-ro"], None),
     (["ro", "user_xattr"], None),

@@ -55,6 +55,7 @@ SNMW_CAP = mount_cap(mode=SNMW)
 MOUNT = AccessType.MOUNT
 BLOCK = AccessType.BLOCK
 
+SE_CONTEXT = 'context="system_u:object_r:container_file_t:s0:c10,c20"'
 V = vol_id("vol")  # the volume of most rows
 V2 = vol_id("vol2")
 S = vols.snapshot_id_for("snap")
@@ -692,6 +693,11 @@ def invalid_caps(request: Callable[[pb.VolumeCapability | None], Request],
             "is not allowed", setup=setup),
         row("malformed-mount-flag", request(mount_cap(flags=("rw,,noatime",))), bad,
             "invalid mount option", setup=setup),
+        # Quotes only around a whole SELinux context, and closed.
+        row("quoted-value-of-another-option", request(mount_cap(flags=('data="a,b"',))), bad,
+            "invalid mount option", setup=setup),
+        row("unclosed-context-quote", request(mount_cap(flags=('context="u:r:t:s0,c1',))),
+            bad, "invalid mount option", setup=setup),
     ]
 
 
@@ -813,6 +819,18 @@ STAGE_ROWS = [
         setup=used(), ran="lvs blkid mount",
         check=all_of(ran_cmd("mount", "-t", "ext4", "-o", "noatime,ro", "@dev", "@stage"),
                      mounted(STAGE, "ext4", ro=True), staging(flags=("noatime", "ro")))),
+    # Issue 30, defect 5: kubelet's SELinux context (seLinuxMount), quoted because its
+    # MCS categories hold a comma, reaches mount(8) exactly as it came: mount(8)
+    # drops it where SELinux is disabled and translates it where it is enabled.
+    row("selinux-context-passed-to-mount8", stage(cap=mount_cap(flags=(SE_CONTEXT,))), "OK",
+        setup=used(), ran="lvs blkid mount",
+        check=all_of(ran_cmd("mount", "-t", "ext4", "-o", SE_CONTEXT, "@dev", "@stage"),
+                     mounted(STAGE, "ext4", ro=False), staging(flags=(SE_CONTEXT,)))),
+    row("selinux-context-in-a-list", stage(cap=mount_cap(flags=(f"noatime,{SE_CONTEXT},ro",))),
+        "OK", setup=used(), ran="lvs blkid mount",
+        check=all_of(ran_cmd("mount", "-t", "ext4", "-o", f"noatime,{SE_CONTEXT},ro", "@dev",
+                             "@stage"),
+                     mounted(STAGE, "ext4", ro=True))),
     row("reader-only-mode-recorded", stage(cap=mount_cap(mode=RO)), "OK",
         setup=used(), ran="lvs blkid mount", check=staging(mode=RO)),
     row("used-ext4-mounted-not-formatted", stage(), "OK", setup=used(), ran="lvs blkid mount",
@@ -1111,6 +1129,20 @@ PUBLISH_ROWS = [
         setup=chain(used(), staged(cap=mount_cap(mode=RO))), ran="mount",
         check=all_of(ran_cmd("mount", "-o", "remount,bind,ro", "@target"),
                      mounted(TARGET, ro=True), publishes((TARGET, True, RO)))),
+    # Issue 30, defect 1: read-only wins over a `rw` among the flags (a StorageClass's
+    # mountOptions), whichever asks for read-only: the request or a reader-only mode.
+    row("readonly-wins-over-rw-flag", publish(cap=mount_cap(flags=("noatime", "rw")),
+                                              readonly=True), "OK", setup=STAGED, ran="mount",
+        check=all_of(ran_cmd("mount", "-o", "remount,bind,noatime,rw,ro", "@target"),
+                     mounted(TARGET, "ext4", ro=True), mounted(STAGE, ro=False))),
+    row("reader-only-mode-wins-over-rw-flag", publish(cap=mount_cap(mode=RO, flags=("rw",))),
+        "OK", setup=chain(used(), staged(cap=mount_cap(mode=RO, flags=("rw",)))), ran="mount",
+        check=mounted(TARGET, ro=True)),
+    row("selinux-context-on-the-bind", publish(cap=mount_cap(flags=(SE_CONTEXT,)),
+                                               readonly=True), "OK",
+        setup=chain(used(), staged(cap=mount_cap(flags=(SE_CONTEXT,)))), ran="mount",
+        check=all_of(ran_cmd("mount", "-o", f"remount,bind,{SE_CONTEXT},ro", "@target"),
+                     mounted(TARGET, ro=True))),
     row("mount-flags-on-the-bind", publish(cap=mount_cap(flags=("noatime",))), "OK",
         setup=STAGED, ran="mount",
         check=ran_cmd("mount", "-o", "remount,bind,noatime", "@target")),

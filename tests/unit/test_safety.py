@@ -356,3 +356,24 @@ def test_mount_flags_that_change_the_operation_are_refused_by_both(flag: str) ->
 
 def test_ordinary_mount_flags_pass() -> None:
     assert fsrules.check(["noatime", "discard,nodev"]) == ["noatime", "discard", "nodev"]
+
+
+SE_CONTEXT = 'context="system_u:object_r:container_file_t:s0:c10,c20"'
+
+
+def test_a_quoted_selinux_context_is_one_option_for_both() -> None:
+    # kubelet's seLinuxMount option: the comma between the MCS categories is
+    # inside the quotes, so it does not split the list (as in libmount).
+    listed = f"noatime,{SE_CONTEXT},ro"
+    assert fsrules.check([listed]) == ["noatime", SE_CONTEXT, "ro"]
+    assert parse_mount_options(listed) == ("noatime", SE_CONTEXT, "ro")
+    for key in ("fscontext", "defcontext", "rootcontext"):
+        opt = f'{key}="system_u:object_r:container_file_t:s0:c0,c1023"'
+        assert fsrules.check([opt]) == [opt]
+
+
+@pytest.mark.parametrize("flag", ['context="a:b:c:s0:c1,c2', 'nodev="x"', 'context=""',
+                                  'context="a b"', 'context="a"x"', '"context=a"'])
+def test_quotes_outside_a_whole_selinux_context_are_refused(flag: str) -> None:
+    with pytest.raises(MountOptionError):
+        fsrules.check([flag])

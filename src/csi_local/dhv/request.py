@@ -147,7 +147,7 @@ def _bytes(env: Mapping[str, str], key: str) -> int:
 
 
 def parse_mount_options(text: str) -> tuple[str, ...]:
-    opts = [o.strip() for o in text.split(",") if o.strip()]
+    opts = [o.strip() for o in fsrules.split(text) if o.strip()]
     try:
         return tuple(fsrules.check(opts))
     except MountOptionError as err:
