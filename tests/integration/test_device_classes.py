@@ -14,8 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from csi_local import classes as classes_mod
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
+from csi_local.lvm import Lvm
+from csi_local.runner import ProcessRunner
 from tests.integration.conftest import (
     SCRATCH,
     LoopVG,
@@ -354,3 +357,62 @@ def test_bad_configuration_is_refused_at_start(tmp_path: Path) -> None:
          "--volume-group", "vg", "--thin-pool", "pool"],
         capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0 and "not both" in proc.stderr, proc.stderr
+
+
+# Every lvcreate option docs/device-classes.md documents, with each kind of value, and
+# the read-ahead in sectors that `lvs -o lv_read_ahead` shows for it.
+CLASS_OPTIONS = [
+    ('readahead = "auto"', "auto"),
+    ('readahead = "none"', "0"),
+    ("readahead = 1024", "1024"),
+    ("readahead = 8", "8"),
+]
+
+
+def _read_ahead(vg: str, lv: str) -> str:
+    shown = run("lvs", "--noheadings", "--units", "s", "--nosuffix", "-o", "lv_read_ahead",
+                f"{vg}/{lv}").stdout.strip()
+    return shown if shown == "auto" else str(int(float(shown)))
+
+
+@pytest.mark.parametrize(("option", "shown"), CLASS_OPTIONS, ids=[o for o, _ in CLASS_OPTIONS])
+def test_every_documented_lvcreate_option_with_real_lvm(vg: LoopVG, option: str,
+                                                        shown: str) -> None:
+    """The class's options as the plugin reads them from the file, given to a real
+    lvcreate of a volume and of a clone (both take them), and read back through lvs."""
+    text = (f'[classes.c]\nvolume_group = "{vg.name}"\nthin_pool = "{vg.pool}"\n\n'
+            f"[classes.c.lvcreate]\n{option}\n")
+    (cls,) = classes_mod.parse_classes(text, source="t.toml").classes
+    lvm = Lvm(ProcessRunner(), vg.name, vg.pool, cls.lvcreate_args)
+    lvm.create_thin("opt-vol", 32 * MiB, [])
+    lvm.snapshot("opt-vol", "opt-clone", [], writable_volume=True)
+    assert _read_ahead(vg.name, "opt-vol") == shown
+    assert _read_ahead(vg.name, "opt-clone") == shown
+
+
+def test_autoactivation_is_refused_as_lvm_refuses_it(vg: LoopVG) -> None:
+    """`autoactivation` is no class option: real lvcreate refuses --setautoactivation for
+    thin volumes and thin snapshots, so the file is refused at start instead of every
+    CreateVolume of the class failing; and the way the message points to works."""
+    for value in ("y", "n"):
+        thin = run("lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}", "--virtualsize",
+                   "32m", "--name", "aa-vol", "--setautoactivation", value, check=False)
+        assert thin.returncode == 3 and "unsupported with thins" in thin.stderr, thin
+    run("lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}", "--virtualsize", "32m",
+        "--name", "aa-vol")
+    snap = run("lvcreate", "--yes", "--snapshot", "--name", "aa-snap",
+               "--setautoactivation", "n", f"{vg.name}/aa-vol", check=False)
+    assert snap.returncode == 3 and "unsupported with snapshots" in snap.stderr, snap
+    assert vg.lv_names() == ["aa-vol"]
+    text = (f'[classes.c]\nvolume_group = "{vg.name}"\nthin_pool = "{vg.pool}"\n\n'
+            "[classes.c.lvcreate]\nautoactivation = false\n")
+    with pytest.raises(classes_mod.ClassConfigError, match="vgchange --setautoactivation"):
+        classes_mod.parse_classes(text, source="t.toml")
+    run("vgchange", "--setautoactivation", "n", vg.name)
+    try:
+        shown = run("vgs", "--noheadings", "-o", "autoactivation", vg.name).stdout.strip()
+        assert shown == "", shown  # LVM shows "enabled" only while it is on
+    finally:
+        run("vgchange", "--setautoactivation", "y", vg.name)
+    assert run("vgs", "--noheadings", "-o", "autoactivation",
+               vg.name).stdout.strip() == "enabled"

@@ -52,7 +52,7 @@ POOL_SIZES = {"big": 30 * GiB, "fast": 10 * GiB}
 ROOM = {"big": 30 * GiB, "fast": 20 * GiB}  # pool size times ratio
 # What each class adds to lvcreate of a volume, and the readahead that leaves.
 CREATE_ARGS = {"big": ("--readahead", "none"),
-               "fast": ("--readahead", "256", "--setautoactivation", "n")}
+               "fast": ("--readahead", "256")}
 READAHEAD = {"big": "none", "fast": "256"}
 
 
@@ -75,7 +75,6 @@ def classes_toml(big_vg: str, fast_vg: str) -> str:
         "",
         "[classes.fast.lvcreate]",
         "readahead = 256",
-        "autoactivation = false",
     ]) + "\n"
 
 
@@ -270,7 +269,7 @@ def made(cls: str, vid: str = NEW, *, size: int | None = None,
         assert not _has_run(argv, CREATE_ARGS[other][:2]), argv
         only_in(w, cls, vid)
         lv = w.n.host.lv(vid, w.vg(cls))
-        assert lv.readahead == READAHEAD[cls] and lv.autoactivation == (cls != "fast")
+        assert lv.readahead == READAHEAD[cls]
         assert reply.volume.volume_id == vid
         if size is not None:
             assert reply.volume.capacity_bytes == lv.size == w.size(cls, size)
