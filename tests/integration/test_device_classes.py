@@ -17,7 +17,7 @@ import pytest
 from csi_local import classes as classes_mod
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
-from csi_local.lvm import Lvm
+from csi_local.lvm import Lvm, backup_dir
 from csi_local.runner import ProcessRunner
 from tests.integration.conftest import (
     SCRATCH,
@@ -314,16 +314,78 @@ def test_a_class_whose_volume_group_is_missing(dc: Classes) -> None:
         assert capacity(p, "gone") == 0
         assert capacity(p, "fast") > 0
         expect_code(Code.UNAVAILABLE, create, p, "dc-gone", 32 * MiB, "gone")
-        # An ID found nowhere might be in the missing VG: never "already deleted".
-        expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
-                    pb.DeleteVolumeRequest(volume_id="csi-v-" + "0" * 32))
+        # A VG this node never had holds nothing: an ID found nowhere else is gone
+        # (a VG it had: test_a_volume_group_the_node_had_goes_missing).
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="csi-v-" + "0" * 32))
+        expect_code(Code.NOT_FOUND, p.controller.ControllerGetVolume,
+                    pb.ControllerGetVolumeRequest(volume_id="csi-v-" + "0" * 32))
         v = create(p, "dc-present", device_class="big")
         assert dc.where(v.volume_id) == (dc.big.name, "pool")
+        # A pool this node never had holds nothing: the lists of the other
+        # classes go on (LVM keeps no metadata backup of a VG never here).
+        snap = p.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+            source_volume_id=v.volume_id, name="dc-present-snap")).snapshot
+        listed = p.controller.ListVolumes(pb.ListVolumesRequest())
+        assert [e.volume.volume_id for e in listed.entries] == [v.volume_id]
+        snaps = p.controller.ListSnapshots(pb.ListSnapshotsRequest())
+        assert [e.snapshot.snapshot_id for e in snaps.entries] == [snap.snapshot_id]
+        assert (p.state_dir / "volume-groups.json").exists()
+        p.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
         p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
         assert v.volume_id not in {name for _, name, _ in dc.all_lvs()}
     finally:
         p.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_volume_group_the_node_had_goes_missing(dc: Classes) -> None:
+    """A VG with a volume, then detached: listing answers UNAVAILABLE (its volumes may
+    be there), after a restart too, and after the record is lost as well. Attached
+    again, everything is back."""
+    third = make_vg(512 * MiB)
+    workdir = SCRATCH / f"dc-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True)
+    text = CONFIG.format(fast=dc.fast.name, big=dc.big.name) + (
+        f'\n[classes.third]\nvolume_group = "{third.name}"\nthin_pool = "pool"\n')
+    p = PluginProcess(vg=dc.fast, workdir=workdir, config_file=_config(workdir, text))
+    p.start()
+    try:
+        v = create(p, "dc-third", device_class="third")
+        other = create(p, "dc-fast")
+        run("vgchange", "--activate", "n", third.name)
+        run("losetup", "--detach", third.loop)  # the disk is gone
+        assert run("vgs", third.name, check=False).returncode == 5
+        record = p.state_dir / "volume-groups.json"
+        # As it is; after a restart; after a restart with the record lost (then
+        # it is made again from LVM).
+        for when in ("running", "restarted", "record-lost"):
+            if when == "record-lost":
+                # Held either way: LVM's metadata backup of the VG says so, or,
+                # where LVM keeps none it can show, nothing says otherwise. Which
+                # of the two decides is tested in tests/unit (test_device_classes).
+                found = backup_dir(ProcessRunner())
+                print(f"LVM's metadata backups: {found}; of {third.name}: "
+                      f"{found is not None and (Path(found) / third.name).is_file()}")
+                record.unlink()
+            if when != "running":
+                p.restart(kill=False)
+            assert third.name in record.read_text(), when
+            expect_code(Code.UNAVAILABLE, p.controller.ListVolumes, pb.ListVolumesRequest())
+            expect_code(Code.UNAVAILABLE, p.controller.ListSnapshots,
+                        pb.ListSnapshotsRequest())
+            expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
+                        pb.DeleteVolumeRequest(volume_id=v.volume_id))
+        third.loop = run("losetup", "--find", "--show", str(third.image)).stdout.strip()
+        run("vgchange", "--activate", "y", third.name)  # LVM reads the devices again
+        listed = p.controller.ListVolumes(pb.ListVolumesRequest())
+        assert sorted(e.volume.volume_id for e in listed.entries) == sorted(
+            [v.volume_id, other.volume_id])
+        for vol in (v, other):
+            p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+    finally:
+        p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        third.destroy()
 
 
 BAD = [
