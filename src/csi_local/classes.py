@@ -31,7 +31,16 @@ _CLASS_KEYS = ("volume_group", "thin_pool", "overprovision_ratio", "default_fs_t
 # thin volume and what cannot break the plugin's own handling of the LV.
 # Striping is not here: lvcreate refuses --stripes for a thin volume ("is
 # supported only with thin pool creation"); a striped class is a striped pool.
-_LVCREATE_KEYS = ("readahead", "autoactivation")
+_LVCREATE_KEYS = ("readahead",)
+# Options that lvcreate refuses for a thin volume, with what to do instead:
+# refused here, when the file is read, not by every CreateVolume of the class.
+_THIN_REFUSES = {
+    # lvm2 2.03: "Option --setautoactivation is unsupported with thins." (and
+    # "... with snapshots." for the clones and restores)
+    "autoactivation": "lvcreate refuses --setautoactivation for thin volumes and "
+                      "snapshots; set it on the volume group instead "
+                      "(vgchange --setautoactivation y|n VG)",
+}
 
 
 class ClassConfigError(ValueError):
@@ -244,6 +253,9 @@ def _lvcreate_args(name: str, body: object, table: str, fail: Any) -> tuple[str,
                    "lvcreate")
     args: list[str] = []
     for key, value in body.items():
+        if key in _THIN_REFUSES:
+            raise fail(f"class {name!r}: lvcreate option {key!r} is not allowed: "
+                       f"{_THIN_REFUSES[key]}", table, key)
         if key not in _LVCREATE_KEYS:
             hint = (" (striping is the thin pool's: create the pool with "
                     "lvcreate --type thin-pool --stripes N)" if "stripe" in key else "")
@@ -257,10 +269,6 @@ def _lvcreate_args(name: str, body: object, table: str, fail: Any) -> tuple[str,
             else:
                 raise fail(f"class {name!r}: readahead must be \"auto\", \"none\" or a "
                            "number of 512-byte sectors", table, key)
-        elif key == "autoactivation":
-            if not isinstance(value, bool):
-                raise fail(f"class {name!r}: autoactivation must be true or false", table, key)
-            args += ["--setautoactivation", "y" if value else "n"]
     return tuple(args)
 
 

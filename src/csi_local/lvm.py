@@ -253,6 +253,19 @@ def profile_dir(runner: Runner) -> str:
     return read_config(runner, ["config/profile_dir"]).get("profile_dir") or "/etc/lvm/profile"
 
 
+def backup_dir(runner: Runner) -> str | None:
+    """Where LVM keeps a metadata backup of each VG this host changed
+    (backup/backup_dir); None when backups are off or LVM cannot say."""
+    try:
+        config = read_config(runner, ["backup/backup", "backup/backup_dir"])
+    except CommandError as err:
+        log.warning("cannot read LVM's backup settings: %s", err)
+        return None
+    if config.get("backup", "1") == "0":
+        return None
+    return config.get("backup_dir") or "/etc/lvm/backup"
+
+
 def _vg_missing(err: CommandError) -> bool:
     return err.returncode == 5 and bool(_VG_NOT_FOUND_RE.search(err.stderr))
 

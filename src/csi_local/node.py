@@ -239,15 +239,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                           context: grpc.ServicerContext) -> pb.NodePublishVolumeResponse:
         volume_id = validation.object_id(request.volume_id, "volume_id")
         target = validation.path(request.target_path, "target_path")
+        if not request.HasField("volume_capability"):
+            raise InvalidArgument("volume_capability is required")
+        cap = validation.capability(request.volume_capability,
+                                    self.pools.default.default_fs_type)
+        # After every REQUIRED field: staging_target_path is optional in the spec
+        # (only a plugin that stages needs it), so a request missing a required
+        # field as well is INVALID_ARGUMENT, not this.
         if not request.staging_target_path:
             # The spec's code for "STAGE_UNSTAGE_VOLUME is set but no staging path".
             raise FailedPrecondition("staging_target_path is required: this plugin stages "
                                      "volumes before publishing them")
         staging_path = validation.path(request.staging_target_path, "staging_target_path")
-        if not request.HasField("volume_capability"):
-            raise InvalidArgument("volume_capability is required")
-        cap = validation.capability(request.volume_capability,
-                                    self.pools.default.default_fs_type)
         readonly = request.readonly or cap.read_only_mode
         with self._lock(volume_id):
             rec = self.state.get(volume_id)

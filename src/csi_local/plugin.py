@@ -13,13 +13,15 @@ from csi_local.backend import Backend
 from csi_local.cbt import ChangedBlocks
 from csi_local.config import Config
 from csi_local.controller import ControllerServicer
+from csi_local.errors import StorageError
 from csi_local.fs import Filesystems
 from csi_local.group_controller import GroupControllerServicer
 from csi_local.groups import GroupSnapshots
+from csi_local.held_vgs import HeldVolumeGroups
 from csi_local.host import Host
 from csi_local.identity import IdentityServicer
 from csi_local.locks import Locks
-from csi_local.lvm import CommittedMetadata, profile_dir
+from csi_local.lvm import CommittedMetadata, backup_dir, profile_dir
 from csi_local.monitor import PoolMonitor
 from csi_local.node import NodeServicer
 from csi_local.pagination import Paginator
@@ -71,7 +73,8 @@ class CsiPlugin:
         host = Host()
         locks = Locks(config.lock_dir)
         pools = Pools(config.classes, runner, locks, config.pool_policy,
-                      committed=CommittedMetadata(runner))
+                      committed=CommittedMetadata(runner),
+                      held_vgs=HeldVolumeGroups(config.state_dir, lambda: backup_dir(runner)))
 
         def rebuild() -> dict[str, VolumeRecord]:
             if metrics is not None:
@@ -80,6 +83,10 @@ class CsiPlugin:
 
         state = StateStore(config.state_dir, rebuild=rebuild,
                            reconcile=lambda records: reconcile_state(pools, host, records))
+        try:
+            pools.note_volume_groups()
+        except StorageError as err:  # LVM not answering: every missing VG counts as held
+            log.warning("cannot tell which volume groups are here: %s", err)
         # One monitor per class's pool: each reads its own VG and extends its pool.
         self.monitors = [
             PoolMonitor(pool.lvm, pool, config.pool_monitor_interval,

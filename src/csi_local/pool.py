@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from csi_local import sizes
 from csi_local.classes import DeviceClass, DeviceClasses
 from csi_local.errors import NoRoom, PoolUnusable, UnknownDeviceClass, VolumeGroupMissing
+from csi_local.held_vgs import HeldVolumeGroups
 from csi_local.locks import Locks, pool_key
 from csi_local.lvm import (
     CommittedMetadata,
@@ -106,6 +107,8 @@ class Pool:
         self.device_class = device_class or DeviceClass("default", lvm.vg, lvm.pool, ratio)
         # Set by Pools: where report(committed=True) reads without a process.
         self.committed: CommittedMetadata | None = None
+        # Set by Pools: the record of the VGs this node has held.
+        self.held_vgs: HeldVolumeGroups | None = None
 
     @property
     def class_name(self) -> str:
@@ -224,7 +227,12 @@ class Pool:
         `committed`: see report(); read after the lock is taken, it is as
         fresh as an `lvs` then."""
         with self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout):
-            yield self.report(committed=committed)
+            report = self.report(committed=committed)
+            if self.held_vgs is not None:
+                # Every volume and snapshot is made in here: its VG is on record
+                # before it holds one, so its absence is never taken for "never had".
+                self.held_vgs.add(self.lvm.vg)
+            yield report
 
     def create_thin(self, report: VgReport, name: str, size: int,
                     tags: list[str]) -> LogicalVolume:
@@ -262,11 +270,14 @@ class Pools:
 
     def __init__(self, classes: DeviceClasses, runner: Runner, locks: Locks,
                  policy: PoolPolicy | None = None,
-                 committed: CommittedMetadata | None = None) -> None:
+                 committed: CommittedMetadata | None = None,
+                 held_vgs: HeldVolumeGroups | None = None) -> None:
         self.classes = classes
         self.runner = runner
         # Where find_committed reads; None: it never answers (every lookup is an `lvs`).
         self.committed = committed
+        # Which missing VGs may hold volumes; None: all of them.
+        self.held_vgs = held_vgs
         self._pools = {
             c.name: Pool(Lvm(runner, c.volume_group, c.thin_pool, c.lvcreate_args), locks,
                           c.overprovision_ratio, policy, device_class=c)
@@ -274,6 +285,7 @@ class Pools:
         }
         for pool in self._pools.values():
             pool.committed = committed
+            pool.held_vgs = held_vgs
 
     @classmethod
     def of(cls, pool: Pool) -> Pools:
@@ -326,9 +338,12 @@ class Pools:
         there, so it must never be called gone."""
         if self.single_vg and len(names) == 1:
             pool = next(iter(self._pools.values()))
-            lv = pool.lvm.find(names[0])  # one `lvs VG/LV`, as with one class
-            found = [lv] if lv is not None else []
             missing: list[str] = []
+            try:
+                lv = pool.lvm.find(names[0])  # one `lvs VG/LV`, as with one class
+            except VolumeGroupMissing:
+                lv, missing = None, [pool.lvm.vg]
+            found = [lv] if lv is not None else []
         else:
             found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
         out: dict[str, tuple[Pool, LogicalVolume]] = {}
@@ -337,6 +352,7 @@ class Pools:
             if owner is not None and lv.name in names and lv.name not in out:
                 out[lv.name] = (owner, lv)
         wanted = set(names if required is None else required)
+        missing = self._held(missing)
         if missing and not wanted <= set(out):
             raise VolumeGroupMissing(
                 f"volume group {', '.join(missing)} not found: the node cannot serve those "
@@ -380,7 +396,20 @@ class Pools:
                 lvs, missing = [], [pool.lvm.vg]
         else:
             lvs, missing = list_vgs(self.runner, self.classes.volume_groups)
-        return [(self.of_lv(lv), lv) for lv in lvs], missing
+        return [(self.of_lv(lv), lv) for lv in lvs], self._held(missing)
+
+    def _held(self, missing: list[str]) -> list[str]:
+        """The missing VGs that may hold volumes: those this node has held. A
+        pool the node never had holds none, so it fails no listing or lookup."""
+        return self.held_vgs.held(missing) if self.held_vgs is not None else missing
+
+    def note_volume_groups(self) -> None:
+        """Record which classes' VGs are here (at start; see HeldVolumeGroups)."""
+        if self.held_vgs is None:
+            return
+        _, missing = self.read_thin_pools()
+        self.held_vgs.seed([vg for vg in self.classes.volume_groups if vg not in missing],
+                           missing)
 
     def listing(self) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
         """scan(), for the calls that read many volumes but need neither

@@ -206,7 +206,7 @@ def snapshot_metadata_docs() -> list[dict[str, Any]]:
 CLASS_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 CLASS_KEYS = {"volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",
               "lvcreate"}
-LVCREATE_KEYS = {"readahead", "autoactivation"}
+LVCREATE_KEYS = {"readahead"}
 
 
 def check_classes_shape(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:

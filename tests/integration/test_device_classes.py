@@ -14,8 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from csi_local import classes as classes_mod
 from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
+from csi_local.lvm import Lvm, backup_dir
+from csi_local.runner import ProcessRunner
 from tests.integration.conftest import (
     SCRATCH,
     LoopVG,
@@ -311,16 +314,78 @@ def test_a_class_whose_volume_group_is_missing(dc: Classes) -> None:
         assert capacity(p, "gone") == 0
         assert capacity(p, "fast") > 0
         expect_code(Code.UNAVAILABLE, create, p, "dc-gone", 32 * MiB, "gone")
-        # An ID found nowhere might be in the missing VG: never "already deleted".
-        expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
-                    pb.DeleteVolumeRequest(volume_id="csi-v-" + "0" * 32))
+        # A VG this node never had holds nothing: an ID found nowhere else is gone
+        # (a VG it had: test_a_volume_group_the_node_had_goes_missing).
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="csi-v-" + "0" * 32))
+        expect_code(Code.NOT_FOUND, p.controller.ControllerGetVolume,
+                    pb.ControllerGetVolumeRequest(volume_id="csi-v-" + "0" * 32))
         v = create(p, "dc-present", device_class="big")
         assert dc.where(v.volume_id) == (dc.big.name, "pool")
+        # A pool this node never had holds nothing: the lists of the other
+        # classes go on (LVM keeps no metadata backup of a VG never here).
+        snap = p.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+            source_volume_id=v.volume_id, name="dc-present-snap")).snapshot
+        listed = p.controller.ListVolumes(pb.ListVolumesRequest())
+        assert [e.volume.volume_id for e in listed.entries] == [v.volume_id]
+        snaps = p.controller.ListSnapshots(pb.ListSnapshotsRequest())
+        assert [e.snapshot.snapshot_id for e in snaps.entries] == [snap.snapshot_id]
+        assert (p.state_dir / "volume-groups.json").exists()
+        p.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
         p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
         assert v.volume_id not in {name for _, name, _ in dc.all_lvs()}
     finally:
         p.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_volume_group_the_node_had_goes_missing(dc: Classes) -> None:
+    """A VG with a volume, then detached: listing answers UNAVAILABLE (its volumes may
+    be there), after a restart too, and after the record is lost as well. Attached
+    again, everything is back."""
+    third = make_vg(512 * MiB)
+    workdir = SCRATCH / f"dc-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True)
+    text = CONFIG.format(fast=dc.fast.name, big=dc.big.name) + (
+        f'\n[classes.third]\nvolume_group = "{third.name}"\nthin_pool = "pool"\n')
+    p = PluginProcess(vg=dc.fast, workdir=workdir, config_file=_config(workdir, text))
+    p.start()
+    try:
+        v = create(p, "dc-third", device_class="third")
+        other = create(p, "dc-fast")
+        run("vgchange", "--activate", "n", third.name)
+        run("losetup", "--detach", third.loop)  # the disk is gone
+        assert run("vgs", third.name, check=False).returncode == 5
+        record = p.state_dir / "volume-groups.json"
+        # As it is; after a restart; after a restart with the record lost (then
+        # it is made again from LVM).
+        for when in ("running", "restarted", "record-lost"):
+            if when == "record-lost":
+                # Held either way: LVM's metadata backup of the VG says so, or,
+                # where LVM keeps none it can show, nothing says otherwise. Which
+                # of the two decides is tested in tests/unit (test_device_classes).
+                found = backup_dir(ProcessRunner())
+                print(f"LVM's metadata backups: {found}; of {third.name}: "
+                      f"{found is not None and (Path(found) / third.name).is_file()}")
+                record.unlink()
+            if when != "running":
+                p.restart(kill=False)
+            assert third.name in record.read_text(), when
+            expect_code(Code.UNAVAILABLE, p.controller.ListVolumes, pb.ListVolumesRequest())
+            expect_code(Code.UNAVAILABLE, p.controller.ListSnapshots,
+                        pb.ListSnapshotsRequest())
+            expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
+                        pb.DeleteVolumeRequest(volume_id=v.volume_id))
+        third.loop = run("losetup", "--find", "--show", str(third.image)).stdout.strip()
+        run("vgchange", "--activate", "y", third.name)  # LVM reads the devices again
+        listed = p.controller.ListVolumes(pb.ListVolumesRequest())
+        assert sorted(e.volume.volume_id for e in listed.entries) == sorted(
+            [v.volume_id, other.volume_id])
+        for vol in (v, other):
+            p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+    finally:
+        p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        third.destroy()
 
 
 BAD = [
@@ -354,3 +419,62 @@ def test_bad_configuration_is_refused_at_start(tmp_path: Path) -> None:
          "--volume-group", "vg", "--thin-pool", "pool"],
         capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0 and "not both" in proc.stderr, proc.stderr
+
+
+# Every lvcreate option docs/device-classes.md documents, with each kind of value, and
+# the read-ahead in sectors that `lvs -o lv_read_ahead` shows for it.
+CLASS_OPTIONS = [
+    ('readahead = "auto"', "auto"),
+    ('readahead = "none"', "0"),
+    ("readahead = 1024", "1024"),
+    ("readahead = 8", "8"),
+]
+
+
+def _read_ahead(vg: str, lv: str) -> str:
+    shown = run("lvs", "--noheadings", "--units", "s", "--nosuffix", "-o", "lv_read_ahead",
+                f"{vg}/{lv}").stdout.strip()
+    return shown if shown == "auto" else str(int(float(shown)))
+
+
+@pytest.mark.parametrize(("option", "shown"), CLASS_OPTIONS, ids=[o for o, _ in CLASS_OPTIONS])
+def test_every_documented_lvcreate_option_with_real_lvm(vg: LoopVG, option: str,
+                                                        shown: str) -> None:
+    """The class's options as the plugin reads them from the file, given to a real
+    lvcreate of a volume and of a clone (both take them), and read back through lvs."""
+    text = (f'[classes.c]\nvolume_group = "{vg.name}"\nthin_pool = "{vg.pool}"\n\n'
+            f"[classes.c.lvcreate]\n{option}\n")
+    (cls,) = classes_mod.parse_classes(text, source="t.toml").classes
+    lvm = Lvm(ProcessRunner(), vg.name, vg.pool, cls.lvcreate_args)
+    lvm.create_thin("opt-vol", 32 * MiB, [])
+    lvm.snapshot("opt-vol", "opt-clone", [], writable_volume=True)
+    assert _read_ahead(vg.name, "opt-vol") == shown
+    assert _read_ahead(vg.name, "opt-clone") == shown
+
+
+def test_autoactivation_is_refused_as_lvm_refuses_it(vg: LoopVG) -> None:
+    """`autoactivation` is no class option: real lvcreate refuses --setautoactivation for
+    thin volumes and thin snapshots, so the file is refused at start instead of every
+    CreateVolume of the class failing; and the way the message points to works."""
+    for value in ("y", "n"):
+        thin = run("lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}", "--virtualsize",
+                   "32m", "--name", "aa-vol", "--setautoactivation", value, check=False)
+        assert thin.returncode == 3 and "unsupported with thins" in thin.stderr, thin
+    run("lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}", "--virtualsize", "32m",
+        "--name", "aa-vol")
+    snap = run("lvcreate", "--yes", "--snapshot", "--name", "aa-snap",
+               "--setautoactivation", "n", f"{vg.name}/aa-vol", check=False)
+    assert snap.returncode == 3 and "unsupported with snapshots" in snap.stderr, snap
+    assert vg.lv_names() == ["aa-vol"]
+    text = (f'[classes.c]\nvolume_group = "{vg.name}"\nthin_pool = "{vg.pool}"\n\n'
+            "[classes.c.lvcreate]\nautoactivation = false\n")
+    with pytest.raises(classes_mod.ClassConfigError, match="vgchange --setautoactivation"):
+        classes_mod.parse_classes(text, source="t.toml")
+    run("vgchange", "--setautoactivation", "n", vg.name)
+    try:
+        shown = run("vgs", "--noheadings", "-o", "autoactivation", vg.name).stdout.strip()
+        assert shown == "", shown  # LVM shows "enabled" only while it is on
+    finally:
+        run("vgchange", "--setautoactivation", "y", vg.name)
+    assert run("vgs", "--noheadings", "-o", "autoactivation",
+               vg.name).stdout.strip() == "enabled"

@@ -4,6 +4,7 @@ the same timeout, and a new shell after one hangs, dies or loses its framing."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import signal
@@ -17,12 +18,12 @@ from typing import Any
 import psutil
 import pytest
 
-from csi_local.errors import CommandError
-from csi_local.lvm import Lvm, profile_dir
+from csi_local.errors import CommandError, StorageError
+from csi_local.lvm import LogicalVolume, Lvm, profile_dir
 from csi_local.lvm_shell import LvmShell
 from csi_local.runner import ProcessRunner
 
-from .conftest import LoopVG, run
+from .conftest import LoopVG, make_vg, run
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -262,3 +263,135 @@ def test_the_plugin_keeps_one_shell_and_can_do_without(plugin_factory: Any) -> N
 
     assert len(shells(with_shell.proc.pid)) == 1
     assert [c for c in psutil.Process(without.proc.pid).children() if c.name() == "lvm"] == []
+
+
+# Differential: the same changes through the plugin's runner with the lvm shell and
+# with one process per command, on two fresh VGs of the same shape. -----------------
+
+DIFF_VG = 512 * MiB  # a 128 MiB pool (25%), the rest free for the pool to grow into
+THRESHOLD_PROFILE = "csi-local-test-threshold"
+
+
+def _outcome(fn: Any) -> tuple[str, object]:
+    """("ok", what it returned) or (the StorageError class the plugin raised, the exit
+    code of a failed command, None for an error of the plugin's own)."""
+    try:
+        got = fn()
+    except StorageError as err:
+        return type(err).__name__, err.returncode if isinstance(err, CommandError) else None
+    if isinstance(got, LogicalVolume):
+        return "ok", (got.name, got.size)
+    return "ok", got
+
+
+def _changes(runner: ProcessRunner, vg: LoopVG) -> list[tuple[str, tuple[str, object]]]:
+    """A sequence of changes and failures through the plugin's LVM layer, each
+    step's outcome by name. Runs the same whatever the VG is called."""
+    lvm = Lvm(runner, vg.name, vg.pool)
+    steps: list[tuple[str, Any]] = []
+
+    def step(name: str, fn: Any) -> None:
+        steps.append((name, _outcome(fn)))
+
+    step("create", lambda: lvm.create_thin("d-a", 64 * MiB, ["csi-local.t=1"],
+                                           read_back=False))
+    step("create-name-taken", lambda: lvm.create_thin("d-a", 32 * MiB, [], read_back=False))
+    step("snapshot", lambda: lvm.snapshot("d-a", "d-s", ["k=s"], writable_volume=False,
+                                          read_back=False, size=64 * MiB))
+    step("clone", lambda: lvm.snapshot("d-a", "d-c", ["k=c"], writable_volume=True,
+                                       read_back=False, size=64 * MiB))
+    step("snapshot-name-taken", lambda: lvm.snapshot("d-a", "d-s", [], writable_volume=False,
+                                                     read_back=False, size=64 * MiB))
+    step("snapshot-of-missing-lv", lambda: lvm.snapshot("d-none", "d-x", [],
+                                                        writable_volume=False))
+    step("extend", lambda: lvm.extend_to(lvm.get("d-a"), 96 * MiB))
+    step("add-tags", lambda: lvm.add_tags("d-a", ["b=2"]))
+    step("delete-tags", lambda: lvm.delete_tags("d-a", ["csi-local.t=1"]))
+    step("tags-of-missing-lv", lambda: lvm.add_tags("d-none", ["x=1"]))
+    step("extend-missing-lv", lambda: lvm.extend_to(
+        dataclasses.replace(lvm.get("d-a"), name="d-none"), 128 * MiB))
+    step("remove-clone", lambda: lvm.remove("d-c"))
+    step("remove-again", lambda: lvm.remove("d-c"))
+    # No space: the pool cannot grow beyond the VG's free extents.
+    step("pool-grow-no-space", lambda: lvm.extend_pool(data_bytes=2 * DIFF_VG))
+    step("pool-metadata-grow-no-space",
+         lambda: lvm.extend_pool(metadata_bytes=2 * DIFF_VG))
+    step("pool-grow", lambda: lvm.extend_pool(data_bytes=8 * MiB))
+    # A missing VG, and a missing pool in a VG that is there.
+    gone = Lvm(runner, f"{vg.name}gone", vg.pool)
+    step("create-vg-missing", lambda: gone.create_thin("d-b", 32 * MiB, [], read_back=False))
+    step("snapshot-vg-missing", lambda: gone.snapshot("d-a", "d-x", [], writable_volume=False,
+                                                      read_back=False, size=64 * MiB))
+    step("extend-vg-missing", lambda: gone.extend_to(lvm.get("d-a"), 128 * MiB))
+    step("tags-vg-missing", lambda: gone.add_tags("d-a", ["x=1"]))
+    step("remove-vg-missing", lambda: gone.remove("d-a"))
+    step("pool-grow-vg-missing", lambda: gone.extend_pool(data_bytes=8 * MiB))
+    nopool = Lvm(runner, vg.name, "nopool")
+    step("create-pool-missing", lambda: nopool.create_thin("d-b", 32 * MiB, [],
+                                                           read_back=False))
+    step("pool-grow-pool-missing", lambda: nopool.extend_pool(data_bytes=8 * MiB))
+    # A pool over its limit: LVM makes no new thin volume in a pool filled past its
+    # thin_pool_autoextend_threshold (here 50%, from a metadata profile on the pool).
+    run("lvchange", "--metadataprofile", THRESHOLD_PROFILE, f"{vg.name}/{vg.pool}")
+    run("dd", "if=/dev/urandom", f"of=/dev/{vg.name}/d-a", "bs=1M", "count=80",
+        "oflag=direct", "status=none")
+    step("create-pool-over-limit", lambda: lvm.create_thin("d-b", 32 * MiB, [],
+                                                           read_back=False))
+    step("clone-pool-over-limit", lambda: lvm.snapshot("d-a", "d-b", [], writable_volume=True,
+                                                       read_back=False, size=96 * MiB))
+    step("remove-in-full-pool", lambda: lvm.remove("d-s"))
+    return steps
+
+
+def _lvs(vg: LoopVG) -> set[tuple[str, ...]]:
+    out = run("lvs", "-a", "--noheadings", "--units", "b", "--nosuffix", "--separator", "|",
+              "-o", "lv_name,lv_size,lv_tags,pool_lv,origin,lv_attr,lv_metadata_size",
+              vg.name).stdout
+    return {tuple(x.strip() for x in ln.split("|")) for ln in out.splitlines() if ln.strip()}
+
+
+def test_the_shell_and_processes_make_the_same_changes_and_failures() -> None:
+    profiles = Path(profile_dir(ProcessRunner()))
+    profiles.mkdir(parents=True, exist_ok=True)
+    profile = profiles / f"{THRESHOLD_PROFILE}.profile"
+    # Percent 0: dmeventd, where it runs, does not grow the pool behind the test's
+    # back (it did, at its own pace, between the steps of the slower run).
+    profile.write_text("activation {\n\tthin_pool_autoextend_threshold=50\n"
+                       "\tthin_pool_autoextend_percent=0\n}\n")
+    vgs = [make_vg(DIFF_VG, pool_percent=25), make_vg(DIFF_VG, pool_percent=25)]
+    shell_runner, plain = ProcessRunner(), ProcessRunner()
+    shell_runner.use_lvm_shell(lambda: profile_dir(shell_runner))
+    try:
+        assert _shell(shell_runner).start(), _shell(shell_runner).disabled
+        started = time.monotonic()
+        with_shell = _changes(shell_runner, vgs[0])
+        shell_seconds = time.monotonic() - started
+        started = time.monotonic()
+        with_processes = _changes(plain, vgs[1])
+        process_seconds = time.monotonic() - started
+        print(f"\nthe same {len(with_shell)} steps: {shell_seconds:.1f}s with the shell "
+              f"({_shell(shell_runner).ran} commands in it), {process_seconds:.1f}s as "
+              "processes")
+        for (name, a), (_, b) in zip(with_shell, with_processes, strict=True):
+            print(f"  {name}: shell {a}, processes {b}")
+        assert with_shell == with_processes
+        # Each failure the test means to cause is a failure, the rest succeeded.
+        outcomes = dict(with_processes)
+        for name, (kind, _) in outcomes.items():
+            failing = ("taken" in name or "missing" in name or "no-space" in name
+                       or "over-limit" in name)
+            assert (kind != "ok") == failing, (name, kind)
+        assert outcomes["remove-again"] == ("ok", False)
+        assert outcomes["remove-vg-missing"] == ("VolumeGroupMissing", None)
+        shapes = [{(n.replace(vg.name, "VG"), *rest) for n, *rest in _lvs(vg)} for vg in vgs]
+        assert shapes[0] == shapes[1]
+        names = {row[0] for row in shapes[0]}
+        assert "d-a" in names and not names & {"d-s", "d-c", "d-b"}, names
+        # The shell ran the changes (not fallen back to processes); the other none.
+        assert _shell(shell_runner).started == 1 and _shell(shell_runner).ran >= 20
+        assert plain.lvm_shell is None
+    finally:
+        shell_runner.close()
+        for vg in vgs:
+            vg.destroy()
+        profile.unlink(missing_ok=True)

@@ -24,6 +24,8 @@ that the suite sees both styles.
   cbt-max-results       GetMetadataAllocated/Delta ignore max_results
   cbt-delta-allocated   GetMetadataDelta returns the target's allocated blocks, not changes
   group-not-idempotent  a repeated CreateVolumeGroupSnapshot makes a new group
+  field-order           NodePublishVolume answers FAILED_PRECONDITION for a missing
+                        staging_target_path before it checks volume_capability
 
 Run: fakeplugin.py --endpoint unix:///tmp/x.sock --workdir DIR [--break NAME]
 """
@@ -52,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from csi_local._gen import csi_pb2, csi_pb2_grpc
 
 BREAKS = ("required-field", "retry-id", "leak-mount", "wrong-restore", "cbt-ignores-offset",
-          "cbt-misses-range", "cbt-max-results", "cbt-delta-allocated", "group-not-idempotent")
+          "cbt-misses-range", "cbt-max-results", "cbt-delta-allocated", "group-not-idempotent",
+          "field-order")
 DEFAULT_SIZE = 64 << 20
 CBT_BLOCK = 64 << 10
 CBT_RESULTS = 16  # tuples per message when max_results is 0: streams of several messages
@@ -493,6 +496,8 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodePublishVolume(self, request: Any, context: Any) -> Any:
         need(request.volume_id, "volume_id")
         need(request.target_path, "target_path")
+        if self.s.broken == "field-order" and not request.staging_target_path:
+            raise Abort(Code.FAILED_PRECONDITION, "staging_target_path not set")
         need(request.HasField("volume_capability"), "volume_capability")
         check_cap(request.volume_capability)
         if not request.staging_target_path:

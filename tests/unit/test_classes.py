@@ -45,7 +45,6 @@ GOOD = toml(
     "",
     "[classes.fast.lvcreate]",
     'readahead = "auto"',
-    "autoactivation = true",
     "",
     "[classes.big]",
     'volume_group = "vg-hdd"',
@@ -75,7 +74,7 @@ def test_the_designs_example() -> None:
     assert classes.source == SOURCE
     assert classes.classes == (
         DeviceClass("fast", "vg-nvme", "pool", 2.0, "xfs",
-                    ("--readahead", "auto", "--setautoactivation", "y")),
+                    ("--readahead", "auto")),
         DeviceClass("big", "vg-hdd", "pool", 1.0, "ext4", ()),
     )
     assert classes.default_class.name == "fast"
@@ -131,11 +130,6 @@ def test_good_files(text: str, classes: DeviceClasses) -> None:
     pytest.param(("readahead = 1",), ("--readahead", "1"), id="readahead-one-sector"),
     pytest.param((f"readahead = {1 << 20}",), ("--readahead", str(1 << 20)),
                  id="readahead-largest"),
-    pytest.param(("autoactivation = true",), ("--setautoactivation", "y"), id="autoactivation-y"),
-    pytest.param(("autoactivation = false",), ("--setautoactivation", "n"),
-                 id="autoactivation-n"),
-    pytest.param(("autoactivation = false", "readahead = 8"),
-                 ("--setautoactivation", "n", "--readahead", "8"), id="both-in-file-order"),
     pytest.param((), (), id="empty-table"),
 ])
 def test_lvcreate_args(body: tuple[str, ...], args: tuple[str, ...]) -> None:
@@ -225,14 +219,13 @@ REFUSED = [
         "default_fs_type 'XFS'"),
     # lvcreate options: the allow-list.
     bad("lvcreate-option-not-allowed", lvcreate("zero = true"), 5,
-        "class 'fast': lvcreate option 'zero' is not allowed (allowed: readahead, "
-        "autoactivation)"),
+        "class 'fast': lvcreate option 'zero' is not allowed (allowed: readahead)"),
     bad("lvcreate-stripes", lvcreate("readahead = 8", "stripes = 2"), 6,
-        "lvcreate option 'stripes' is not allowed (allowed: readahead, autoactivation) "
+        "lvcreate option 'stripes' is not allowed (allowed: readahead) "
         "(striping is the thin pool's: create the pool with lvcreate --type thin-pool "
         "--stripes N)"),
     bad("lvcreate-stripesize", lvcreate('stripesize = "64k"'), 5,
-        "'stripesize' is not allowed (allowed: readahead, autoactivation) (striping is the "
+        "'stripesize' is not allowed (allowed: readahead) (striping is the "
         "thin pool's"),
     bad("lvcreate-activate", lvcreate('activate = "n"'), 5, "'activate' is not allowed"),
     bad("lvcreate-addtag", lvcreate('addtag = "x"'), 5, "'addtag' is not allowed"),
@@ -244,9 +237,13 @@ REFUSED = [
     bad("readahead-too-big", lvcreate(f"readahead = {(1 << 20) + 1}"), 5, "readahead must be"),
     bad("readahead-bool", lvcreate("readahead = true"), 5, "readahead must be"),
     bad("readahead-float", lvcreate("readahead = 8.0"), 5, "readahead must be"),
-    bad("autoactivation-string", lvcreate('autoactivation = "yes"'), 5,
-        "class 'fast': autoactivation must be true or false"),
-    bad("autoactivation-int", lvcreate("autoactivation = 1"), 5, "autoactivation must be"),
+    # lvcreate refuses it for thin volumes: refused at start, not by every CreateVolume.
+    bad("autoactivation-true", lvcreate("autoactivation = true"), 5,
+        "class 'fast': lvcreate option 'autoactivation' is not allowed: lvcreate refuses "
+        "--setautoactivation for thin volumes and snapshots; set it on the volume group "
+        "instead (vgchange --setautoactivation y|n VG)"),
+    bad("autoactivation-false", lvcreate('readahead = 8', "autoactivation = false"), 6,
+        "'autoactivation' is not allowed: lvcreate refuses --setautoactivation"),
     # One pool, one class.
     bad("two-classes-on-one-pool", toml('default = "a"', "[classes.a]", *VG_POOL, "",
                                         "[classes.b]  # the same pool", *VG_POOL), 6,

@@ -20,6 +20,7 @@ things landed.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import pytest
 
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
+from csi_local.held_vgs import HELD_FILE, HeldVolumeGroups
 from csi_local.identity import IdentityServicer
 from csi_local.locks import pool_key
 from csi_local.volumes import Source, SourceKind
@@ -52,7 +54,7 @@ POOL_SIZES = {"big": 30 * GiB, "fast": 10 * GiB}
 ROOM = {"big": 30 * GiB, "fast": 20 * GiB}  # pool size times ratio
 # What each class adds to lvcreate of a volume, and the readahead that leaves.
 CREATE_ARGS = {"big": ("--readahead", "none"),
-               "fast": ("--readahead", "256", "--setautoactivation", "n")}
+               "fast": ("--readahead", "256")}
 READAHEAD = {"big": "none", "fast": "256"}
 
 
@@ -75,7 +77,6 @@ def classes_toml(big_vg: str, fast_vg: str) -> str:
         "",
         "[classes.fast.lvcreate]",
         "readahead = 256",
-        "autoactivation = false",
     ]) + "\n"
 
 
@@ -168,6 +169,40 @@ def snap(cls: str, sid: str = S, source: str = V, size: int = GiB) -> Step:
 
 def vg_gone(cls: str) -> Step:
     return lambda w: w.n.host.set_vg_present(w.vg(cls), False)
+
+
+def vg_back(cls: str) -> Step:
+    return lambda w: w.n.host.set_vg_present(w.vg(cls), True)
+
+
+def _backups(w: World) -> Path:
+    """Where the node's LVM keeps its metadata backups (backup/backup_dir)."""
+    return Path(w.n.backend.config.state_dir).parent / "lvm-backup"
+
+
+def started(*, lvm_backups: bool = True) -> Step:
+    """The plugin (re)starts: it reads its record of the VGs it has held, and
+    records the VGs that are here (HeldVolumeGroups, as CsiPlugin wires it).
+    Without `lvm_backups`, LVM keeps no metadata backups."""
+    def setup(w: World) -> None:
+        backups = _backups(w)
+        backups.mkdir(exist_ok=True)
+        pools = w.n.backend.pools
+        pools.held_vgs = HeldVolumeGroups(w.n.backend.config.state_dir,
+                                          lambda: str(backups) if lvm_backups else None)
+        for pool in pools:
+            pool.held_vgs = pools.held_vgs
+        pools.note_volume_groups()
+    return setup
+
+
+def record_lost(w: World) -> None:
+    (Path(w.n.backend.config.state_dir) / HELD_FILE).unlink()
+
+
+def lvm_backup_of(cls: str) -> Step:
+    """LVM's metadata backup of the class's VG: the host changed it once."""
+    return lambda w: (_backups(w) / w.vg(cls)).write_text("# lvm metadata backup\n")
 
 
 def pool_usage(cls: str, data: float = 0.0, metadata: float = 0.0) -> Step:
@@ -270,7 +305,7 @@ def made(cls: str, vid: str = NEW, *, size: int | None = None,
         assert not _has_run(argv, CREATE_ARGS[other][:2]), argv
         only_in(w, cls, vid)
         lv = w.n.host.lv(vid, w.vg(cls))
-        assert lv.readahead == READAHEAD[cls] and lv.autoactivation == (cls != "fast")
+        assert lv.readahead == READAHEAD[cls]
         assert reply.volume.volume_id == vid
         if size is not None:
             assert reply.volume.capacity_bytes == lv.size == w.size(cls, size)
@@ -746,6 +781,56 @@ LISTS = [
     row("snapshots-vg-missing", LS, pb.ListSnapshotsRequest(), "UNAVAILABLE",
         "volume group nvme not found", setup=chain(EVERYTHING, vg_gone("fast")), ran="lvs",
         only="two-vgs"),
+    # A pool the node never had fails no listing; one it had may hold volumes
+    # (see HeldVolumeGroups), whatever restarts or a lost record in between.
+    *[row(f"{what}-vg-never-here", rpc, req, "OK", setup=chain(
+        vol("fast", V2), snap("fast", S2, V2), vg_gone("big"), started()), ran="lvs",
+        check=checks(one_lvs, listed(found)), only="two-vgs")
+      for what, rpc, req, found in (("volumes", LV, pb.ListVolumesRequest(), V2),
+                                    ("snapshots", LS, pb.ListSnapshotsRequest(), S2))],
+    row("volumes-vg-held-then-missing", LV, pb.ListVolumesRequest(), "UNAVAILABLE",
+        "volume group hdd not found",
+        setup=chain(EVERYTHING, started(), vg_gone("big"), started()), ran="lvs",
+        only="two-vgs"),
+    row("snapshots-vg-held-then-missing", LS, pb.ListSnapshotsRequest(), "UNAVAILABLE",
+        "volume group hdd not found",
+        setup=chain(EVERYTHING, started(), vg_gone("big"), started()), ran="lvs",
+        only="two-vgs"),
+    row("volumes-vg-missing-record-lost-lvm-had-it", LV, pb.ListVolumesRequest(),
+        "UNAVAILABLE", "volume group hdd not found",
+        setup=chain(EVERYTHING, started(), vg_gone("big"), record_lost, lvm_backup_of("big"),
+                    started()), ran="lvs", only="two-vgs"),
+    row("volumes-vg-missing-record-lost-lvm-keeps-no-backups", LV, pb.ListVolumesRequest(),
+        "UNAVAILABLE", "volume group hdd not found",
+        setup=chain(EVERYTHING, started(), vg_gone("big"), record_lost,
+                    started(lvm_backups=False)), ran="lvs", only="two-vgs"),
+    row("volumes-vg-never-here-record-lost", LV, pb.ListVolumesRequest(), "OK",
+        setup=chain(vol("fast", V2), vg_gone("big"), started(), record_lost, started()),
+        ran="lvs", check=listed(V2), only="two-vgs"),
+    row("vg-appears-later-is-held", LV, pb.ListVolumesRequest(), "UNAVAILABLE",
+        "volume group hdd not found",
+        setup=chain(vg_gone("big"), started(), vg_back("big"), started(), vg_gone("big")),
+        ran="lvs", only="two-vgs"),
+    # Nothing is found where the node never had a pool: gone, not "maybe there".
+    row("get-unknown-vg-never-here", "ControllerGetVolume",
+        pb.ControllerGetVolumeRequest(volume_id=V), "NOT_FOUND", "not found",
+        setup=chain(vol("fast", V2), vg_gone("big"), started()), ran="lvs", only="two-vgs"),
+    row("delete-unknown-vg-never-here", "DeleteVolume", pb.DeleteVolumeRequest(volume_id=V),
+        "OK", setup=chain(vol("fast", V2), vg_gone("big"), started()), ran="lvs",
+        only="two-vgs"),
+    row("delete-unknown-vg-held", "DeleteVolume", pb.DeleteVolumeRequest(volume_id=V),
+        "UNAVAILABLE", "volume group hdd not found",
+        setup=chain(vol("fast", V2), started(), vg_gone("big"), started()), ran="lvs",
+        only="two-vgs"),
+    # The node's only VG (both classes in it): the same, by `lvs VG/LV`.
+    row("delete-unknown-only-vg-never-here", "DeleteVolume",
+        pb.DeleteVolumeRequest(volume_id=V), "OK", setup=chain(vg_gone("big"), started()),
+        ran="lvs", only="one-vg"),
+    row("delete-unknown-only-vg-held", "DeleteVolume", pb.DeleteVolumeRequest(volume_id=V),
+        "UNAVAILABLE", "volume group vg0 not found",
+        setup=chain(started(), vg_gone("big"), started()), ran="lvs", only="one-vg"),
+    row("volumes-only-vg-never-here", LV, pb.ListVolumesRequest(), "OK",
+        setup=chain(vg_gone("big"), started()), ran="lvs", check=listed(), only="one-vg"),
     row("get-volume-in-big", "ControllerGetVolume", pb.ControllerGetVolumeRequest(volume_id=V),
         "OK", setup=chain(EVERYTHING, pool_usage("big", 95.0)), ran="lvs",
         check=checks(one_lvs, got_volume(V, "thin pool {big} is above its high-water"))),
@@ -857,3 +942,64 @@ def test_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: Step, rea
         assert piece.format(big=w.pool_name("big"), fast=w.pool_name("fast")) in message, message
     if ready and message is not None:  # a missing VG does not hide another class's
         assert "not active" not in message
+
+
+# The record of the VGs a node has held (HeldVolumeGroups) ------------------------------
+
+
+def test_a_vg_is_on_record_before_its_first_volume(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool that was not here at start and came later: its first CreateVolume
+    records it (no restart in between), so once it goes missing again its
+    volumes are never left out of a listing."""
+    w = build(tmp_path, monkeypatch, "two-vgs")
+    chain(vol("fast", V2), vg_gone("big"), started())(w)
+    state = Path(w.n.backend.config.state_dir)
+    assert json.loads((state / HELD_FILE).read_text())["volume_groups"] == ["nvme"]
+    assert call(w.n.controller.ListVolumes, pb.ListVolumesRequest())[0] == "OK"
+    vg_back("big")(w)
+    code, reply = call(w.n.controller.CreateVolume, cv("big"))
+    assert code == "OK", reply
+    assert json.loads((state / HELD_FILE).read_text())["volume_groups"] == ["hdd", "nvme"]
+    vg_gone("big")(w)
+    code, says = call(w.n.controller.ListVolumes, pb.ListVolumesRequest())
+    assert (code, "volume group hdd not found" in says) == ("UNAVAILABLE", True), says
+
+
+def test_the_record_file(tmp_path: Path) -> None:
+    asked: list[int] = []
+    backups = tmp_path / "backup"
+    backups.mkdir()
+    (backups / "had").write_text("")
+
+    def backup_dir() -> str:
+        asked.append(1)
+        return str(backups)
+
+    state = tmp_path / "state"
+    state.mkdir()
+    held = HeldVolumeGroups(str(state), backup_dir)
+    assert held.held(["x", "y"]) == ["x", "y"]  # before the first seed: all may hold volumes
+    held.add("z")  # and nothing is recorded before it
+    assert not (state / HELD_FILE).exists()
+    held.seed(["here"], ["had", "never"])
+    assert asked == [1, 1]  # LVM's backups answer only for the missing VGs, at the seed
+    assert held.held(["had", "never", "here"]) == ["had", "here"]
+    text = (state / HELD_FILE).read_text()
+    assert json.loads(text) == {"version": 1, "volume_groups": ["had", "here"]}
+    assert [p.name for p in state.iterdir()] == [HELD_FILE]  # no temporary file left
+    mtime = (state / HELD_FILE).stat().st_mtime_ns
+    held.add("here")
+    held.seed(["here"], ["never"])
+    assert (state / HELD_FILE).stat().st_mtime_ns == mtime  # nothing new: not rewritten
+    held.add("new")
+    again = HeldVolumeGroups(str(state), backup_dir)  # a restart reads it back
+    assert again.held(["had", "never", "new"]) == ["had", "new"]
+    assert asked == [1, 1]
+    # A damaged record is made again from LVM, as a missing one.
+    for damaged in ("{", '{"volume_groups": "x"}', "[]"):
+        (state / HELD_FILE).write_text(damaged)
+        held = HeldVolumeGroups(str(state), lambda: None)  # LVM keeps no backups
+        assert held.held(["never"]) == ["never"]
+        held.seed(["here"], ["never"])
+        assert held.held(["never", "gone"]) == ["never"]

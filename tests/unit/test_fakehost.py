@@ -548,27 +548,31 @@ def test_two_pools_in_one_vg() -> None:
 
 def test_extra_lvcreate_options() -> None:
     host = _two_vgs()
-    lvm = Lvm(host, "vg1", "pool1", ("--readahead", "256", "--setautoactivation", "n"))
+    lvm = Lvm(host, "vg1", "pool1", ("--readahead", "256"))
     lvm.create_thin(VOL, 8 * MiB, [])
     (argv,) = host.commands("lvcreate")
     assert argv[argv.index("--readahead") + 1] == "256"
-    assert argv[argv.index("--setautoactivation") + 1] == "n"
     lv = host.lv(VOL, "vg1")
-    assert (lv.readahead, lv.autoactivation, lv.active) == ("256", False, True)
+    assert (lv.readahead, lv.active) == ("256", True)
     clone = lvm.snapshot(VOL, CLONE, [], writable_volume=True)
     assert clone.active and host.lv(CLONE, "vg1").readahead == "256"
     snap = lvm.snapshot(VOL, SNAP, [], writable_volume=False)  # no extra options
     assert not snap.active and host.lv(SNAP, "vg1").readahead == "auto"
     assert "--readahead" not in host.commands("lvcreate")[-1]
-    assert host.lv(VOL, "vg1").autoactivation is False
-    for opt, value in (("--readahead", "fast"), ("--setautoactivation", "maybe")):
-        with pytest.raises(CommandError, match="Invalid argument") as err:
-            host.run(["lvcreate", "--yes", "--thin", "vg1/pool1", "--virtualsize", "8m",
-                      "--name", "x", opt, value])
+    with pytest.raises(CommandError, match="Invalid argument") as err:
+        host.run(["lvcreate", "--yes", "--thin", "vg1/pool1", "--virtualsize", "8m",
+                  "--name", "x", "--readahead", "fast"])
+    assert err.value.returncode == 3
+    # As lvm2 2.03 answers: no --setautoactivation for a thin volume or a snapshot.
+    for argv, kind in ((["--thin", "vg1/pool1", "--virtualsize", "8m"], "thins"),
+                       (["--snapshot", f"vg1/{VOL}"], "snapshots")):
+        with pytest.raises(CommandError, match=f"unsupported with {kind}") as err:
+            host.run(["lvcreate", "--yes", *argv, "--name", "x", "--setautoactivation", "y"])
         assert err.value.returncode == 3
-    none = Lvm(host, "vg0", "pool0", ("--readahead", "none", "--setautoactivation", "y"))
+    assert "x" not in host.vgs["vg1"].lvs
+    none = Lvm(host, "vg0", "pool0", ("--readahead", "none"))
     none.create_thin(VOL, 8 * MiB, [])
-    assert (host.lv(VOL, "vg0").readahead, host.lv(VOL, "vg0").autoactivation) == ("none", True)
+    assert host.lv(VOL, "vg0").readahead == "none"
 
 
 def test_vgcreate_and_vgchange_of_another_vg(tmp_path: Path) -> None:

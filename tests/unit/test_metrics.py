@@ -512,6 +512,7 @@ def _config(tmp_path: Path, **kw: Any) -> Config:
 def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No LVM: the state rebuild and reconciliation are stood in for.
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
@@ -710,6 +711,7 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     from csi_local import server as server_mod
 
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
     monkeypatch.setattr(server_mod.signal, "signal", lambda *args: None)
     with socket.socket() as busy:

@@ -1073,6 +1073,16 @@ PUBLISH_ROWS = [
     row("staging_target_path-missing", publish(path=""), "FAILED_PRECONDITION",
         "staging_target_path", setup=STAGED),
     *invalid_caps(lambda cap: publish(cap=cap), STAGED),
+    # Upstream csi-sanity's requests: a volume that does not exist and no staging path.
+    # A REQUIRED field missing or invalid is INVALID_ARGUMENT before the staging path
+    # (optional in the spec) is FAILED_PRECONDITION or the volume NOT_FOUND.
+    row("capability-missing-no-staging-path", publish(path="", cap=None), "INVALID_ARGUMENT",
+        "volume_capability is required"),
+    row("capability-invalid-no-staging-path",
+        publish(path="", cap=mount_cap(mode=Mode.MULTI_NODE_MULTI_WRITER)), "INVALID_ARGUMENT",
+        "MULTI_NODE_MULTI_WRITER is not supported"),
+    row("target-missing-no-staging-path", publish(target="", path="", cap=None),
+        "INVALID_ARGUMENT", "target_path is required"),
     row("lock-busy", publish(), "ABORTED", "already in progress", setup=STAGED, busy=BUSY),
     # Not staged there: NOT_FOUND first for a volume that does not exist.
     row("volume-missing", publish(), "NOT_FOUND", f"volume '{V}' not found", ran="lvs"),
