@@ -146,7 +146,7 @@ def test_group_freeze_timeout_flag_env_and_default(monkeypatch: pytest.MonkeyPat
     args = build_parser().parse_args([*BASE, "--group-freeze-timeout", "4"])
     assert config_from_args(args).group_freeze_timeout == 4.0  # the flag wins
     for bad in ("0", "-1", "inf", "nan"):
-        with pytest.raises(ConfigError, match="group freeze timeout must be a finite number of seconds above 0"):
+        with pytest.raises(ConfigError, match="group freeze timeout must be a finite number"):
             config_from_args(build_parser().parse_args([*BASE, "--group-freeze-timeout",
                                                         bad]))
 

@@ -590,6 +590,7 @@ def test_every_series_names_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
     process's, from the node ID the plugin is started with."""
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
         assert plugin.metrics is not None
