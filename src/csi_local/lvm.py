@@ -543,7 +543,8 @@ class CommittedMetadata:
 
     The PVs of each VG come from one `pvs`, at first use and again (at most
     every REFRESH seconds) when the known PVs of a VG do not answer for
-    certain: a PV added, removed or renamed under a new device node."""
+    certain: a PV added, removed or renamed under a new device node. A PV
+    once seen in the VG is still read after (see _physical_volumes)."""
 
     REFRESH = 30.0
 
@@ -572,6 +573,13 @@ class CommittedMetadata:
                         if row.get("vg_name"):
                             pvs.setdefault(row["vg_name"], []).append(
                                 (row["pv_name"], row.get("pv_uuid", "")))
+                # A PV once the VG's is still read: `pvs` leaves out one whose
+                # copy is outdated (LVM ignores it, and warns), and it may come
+                # back. One whose label says another ID now is skipped at read.
+                for vg, known in (self._pvs or {}).items():
+                    listed = pvs.setdefault(vg, [])
+                    uuids = {uuid for _, uuid in listed}
+                    listed += [(path, uuid) for path, uuid in known if uuid not in uuids]
                 self._pvs = pvs
             return self._pvs
 

@@ -549,3 +549,20 @@ def test_check_adds_lvms_own_warnings(runner: FakeRunner, tmp_path: Path) -> Non
         "vg-cap.",
         "LVM: Inconsistent metadata found for VG vg-cap.",
         "LVM: outdated PV /dev/loop0 seqno 8 has been removed in current VG vg-cap seqno 13.")
+
+
+def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    """`pvs` does not list a PV whose outdated copy LVM ignores: one the
+    reader saw in the VG before is still read, and its old copy reported."""
+    newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    b = _pv(tmp_path, "b.img", UUID_B, newest)
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B)]))
+    reader = CommittedMetadata(runner)
+    reader.REFRESH = 0.0  # `pvs` again at each doubt
+    assert reader.volume_group("vg-cap") is None
+    assert len(runner.calls) == 2  # read again: A still there, and still outdated
+    (problem,) = reader.problems("vg-cap")
+    assert a in problem and "outdated" in problem
