@@ -576,10 +576,15 @@ class CommittedMetadata:
                 # A PV once the VG's is still read: `pvs` leaves out one whose
                 # copy is outdated (LVM ignores it, and warns), and it may come
                 # back. One whose label says another ID now is skipped at read.
+                # A missing PV is listed as "[unknown]": where it was is kept.
                 for vg, known in (self._pvs or {}).items():
                     listed = pvs.setdefault(vg, [])
-                    uuids = {uuid for _, uuid in listed}
-                    listed += [(path, uuid) for path, uuid in known if uuid not in uuids]
+                    where = {uuid: path for path, uuid in listed}
+                    for path, uuid in known:
+                        if uuid not in where:
+                            listed.append((path, uuid))
+                        elif path.startswith("/") and not where[uuid].startswith("/"):
+                            listed[:] = [(path if u == uuid else p, u) for p, u in listed]
                 self._pvs = pvs
             return self._pvs
 

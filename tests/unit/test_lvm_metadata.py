@@ -559,10 +559,13 @@ def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
     b = _pv(tmp_path, "b.img", UUID_B, newest)
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    # While it was away LVM listed it as "[unknown]"; once reduced, not at all.
+    runner.on(["pvs"], _pvs([("[unknown]", "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
     runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B)]))
     reader = CommittedMetadata(runner)
     reader.REFRESH = 0.0  # `pvs` again at each doubt
     assert reader.volume_group("vg-cap") is None
-    assert len(runner.calls) == 2  # read again: A still there, and still outdated
+    assert reader.volume_group("vg-cap") is None
+    assert len(runner.calls) == 3  # read again: A still there, and still outdated
     (problem,) = reader.problems("vg-cap")
     assert a in problem and "outdated" in problem
