@@ -336,7 +336,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                    thin_pools: dict[str, LogicalVolume]) -> pb.VolumeCondition:
         pool_lv = thin_pools.get(pool.class_name)
         return condition_message(vols.condition(lv, pool_lv, pool.name,
-                                                pool.fill_problem(pool_lv)))
+                                                pool.fill_problem(pool_lv),
+                                                pool.metadata_problem()))
 
     def GetCapacity(self, request: pb.GetCapacityRequest,
                     context: grpc.ServicerContext) -> pb.GetCapacityResponse:

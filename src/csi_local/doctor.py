@@ -34,7 +34,15 @@ from csi_local.classes import ClassConfigError, load_classes
 from csi_local.dm import dm_name
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, lvm_version, profile_dir, read_config
+from csi_local.lvm import (
+    CommittedMetadata,
+    LogicalVolume,
+    Lvm,
+    VgReport,
+    lvm_version,
+    profile_dir,
+    read_config,
+)
 from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner, Runner, resolve
@@ -223,6 +231,19 @@ def check_volume_group(lvm: Lvm) -> Check:
         return Check(label, FAIL, f"cannot be read: {err.message}",
                      "run doctor as root on the node (or in the plugin's container)")
     return Check(label, OK, f"size {human_size(vg.size)}, free {human_size(vg.free)}")
+
+
+def check_metadata(lvm: Lvm) -> Check:
+    """Whether every copy of the VG's metadata on its PVs agrees and every PV
+    is there: else the plugin takes LVM's answer for every read (slower),
+    and LVM warns at each command until the VG is repaired."""
+    label = f"volume group {lvm.vg} metadata"
+    problems = CommittedMetadata(lvm.runner).check(lvm.vg, ask_lvm=True)
+    if problems:
+        return Check(label, WARN, "; ".join(problems),
+                     f"attach the missing PV, or run vgreduce --removemissing {lvm.vg}; "
+                     f"for outdated copies, vgck --updatemetadata {lvm.vg}")
+    return Check(label, OK, "every PV's copy is the newest")
 
 
 def check_pool(lvm: Lvm, report: VgReport, *, setting: str = "--thin-pool") -> Check:
@@ -536,7 +557,7 @@ def _lvm_checks(lvm: Lvm, setting: str = "--thin-pool", *,
     if vg_check.status != OK:
         return [vg_check, Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
                                 "not checked: the volume group cannot be read", vg_check.fix)]
-    return [vg_check, *_pool_checks(lvm, setting, state_dir=state_dir)]
+    return [vg_check, check_metadata(lvm), *_pool_checks(lvm, setting, state_dir=state_dir)]
 
 
 def _pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,

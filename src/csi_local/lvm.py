@@ -555,8 +555,9 @@ class CommittedMetadata:
     None whenever it cannot answer for certain, and the caller asks `lvs`.
 
     The PVs of each VG come from one `pvs`, at first use and again (at most
-    every REFRESH seconds) when no known PV of a VG gives its metadata: a PV
-    added, removed or renamed under a new device node."""
+    every REFRESH seconds) when the known PVs of a VG do not answer for
+    certain: a PV added, removed or renamed under a new device node. A PV
+    once seen in the VG is still read after (see _physical_volumes)."""
 
     REFRESH = 30.0
 
@@ -570,6 +571,7 @@ class CommittedMetadata:
         # vg -> the last text read and what it says: a VG that did not change
         # since is not parsed again, and one that did parses its new sections.
         self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
+        self._problems: dict[str, tuple[str, ...]] = {}
 
     def _physical_volumes(self, refresh: bool) -> dict[str, list[tuple[str, str]]]:
         with self._lock:
@@ -584,35 +586,140 @@ class CommittedMetadata:
                         if row.get("vg_name"):
                             pvs.setdefault(row["vg_name"], []).append(
                                 (row["pv_name"], row.get("pv_uuid", "")))
+                # A PV once the VG's is still read: `pvs` leaves out one whose
+                # copy is outdated (LVM ignores it, and warns), and it may come
+                # back. One whose label says another ID now is skipped at read.
+                # A missing PV is listed as "[unknown]": where it was is kept.
+                for vg, known in (self._pvs or {}).items():
+                    listed = pvs.setdefault(vg, [])
+                    where = {uuid: path for path, uuid in listed}
+                    for path, uuid in known:
+                        if uuid not in where:
+                            listed.append((path, uuid))
+                        elif path.startswith("/") and not where[uuid].startswith("/"):
+                            listed[:] = [(path if u == uuid else p, u) for p, u in listed]
                 self._pvs = pvs
             return self._pvs
 
     def volume_group(self, vg: str) -> lvm_metadata.VgMetadata | None:
-        """VG `vg`'s committed metadata, from the first of its PVs that gives
-        it whole (checksums, PV and VG identity verified); None if none does."""
+        """VG `vg`'s committed metadata, when every copy on its PVs agrees;
+        None otherwise (the caller asks LVM, which reads them all too).
+
+        As LVM: every metadata area of every PV of the VG is read, and the
+        copy with the highest seqno is the VG's. PVs that copy does not list
+        are none of the VG's (one taken out while it was away still holds
+        the old copy). Whenever a listed PV is missing, or a copy is older
+        or differs, LVM's own answer is taken (its warnings, its repair):
+        problems() says why."""
         for refresh in (False, True):
             try:
                 pvs = self._physical_volumes(refresh).get(vg, [])
             except CommandError:
                 return None
-            for path, uuid in pvs:
-                try:
-                    found = lvm_metadata.read_committed(path)
-                    if found.pv_uuid != uuid:
-                        continue  # another PV under that node now
-                    cached = self._parsed.get(vg)
-                    if cached is not None and cached[0] == found.text:
-                        meta = cached[1]
-                    else:  # only the LVs whose sections changed are parsed
-                        meta = lvm_metadata.vg_metadata(
-                            found.text, cached[1] if cached is not None else None)
-                        self._parsed[vg] = (found.text, meta)
-                except lvm_metadata.MetadataUnreadable as err:
-                    log.debug("committed metadata of %s from %s: %s", vg, path, err)
-                    continue
-                if meta.name == vg and uuid in meta.pv_uuids:
-                    return meta
+            meta, problems = self._examine(vg, pvs)
+            with self._lock:
+                self._problems[vg] = tuple(problems)
+            if meta is not None:
+                return meta
         return None
+
+    def problems(self, vg: str) -> tuple[str, ...]:
+        """Why the last read of `vg` could not answer from its committed
+        metadata (a PV missing, a copy outdated or differing); () when it
+        could, or when `vg` was never read."""
+        with self._lock:
+            return self._problems.get(vg, ())
+
+    def check(self, vg: str, *, ask_lvm: bool = False, attempts: int = 3,
+              pause: float = 0.2) -> tuple[str, ...]:
+        """problems() of a fresh read, for reports (status, doctor, metrics): a
+        copy older than another for the instant LVM takes to commit a change
+        to each PV in turn is no problem, so one is only reported when it
+        lasts `attempts` reads.
+
+        `ask_lvm`: LVM's own warnings of the VG's metadata too, from one
+        `vgs`. `pvs` does not list a PV whose outdated copy LVM ignores, so
+        a reader that never saw it there cannot tell; LVM reads every
+        device and says so."""
+        problems: tuple[str, ...] = ()
+        for attempt in range(attempts):
+            if self.volume_group(vg) is not None:
+                break
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+        else:
+            problems = self.problems(vg)
+        if ask_lvm:
+            problems += tuple(w for w in _metadata_warnings(self.runner, vg)
+                              if w not in problems)
+        return problems
+
+    def _examine(self, vg: str, pvs: Sequence[tuple[str, str]]
+                 ) -> tuple[lvm_metadata.VgMetadata | None, list[str]]:
+        """(the newest metadata when it answers for certain, else None; the
+        problems found) from the PVs `pvs` lists for `vg`."""
+        # uuid -> (path, the copies of this VG it holds: (VG ID, seqno, text))
+        present: dict[str, tuple[str, list[tuple[str, int, bytes]]]] = {}
+        unreadable: dict[str, str] = {}  # uuid -> why
+        for path, uuid in pvs:
+            try:
+                found = lvm_metadata.read_copies(path)
+                if found.pv_uuid != uuid:
+                    continue  # another PV under that node now
+                copies = []
+                for text in found.texts:
+                    name, vg_id, seqno = lvm_metadata.text_head(text)
+                    if name == vg:
+                        copies.append((vg_id, seqno, text))
+            except lvm_metadata.MetadataUnreadable as err:
+                log.debug("committed metadata of %s from %s: %s", vg, path, err)
+                unreadable[uuid] = str(err)
+                continue
+            present[uuid] = (path, copies)
+        every = [c for _, copies in present.values() for c in copies]
+        if not every:
+            # No PV known (a VG not found, devices that cannot be read): `lvs`
+            # says so, and the checks of the VG itself report it.
+            return None, []
+        newest = max(seqno for _, seqno, _ in every)
+        texts = {text for _, seqno, text in every if seqno == newest}
+        if len(texts) != 1:
+            return None, [f"VG {vg}: copies of metadata seqno {newest} differ"]
+        (text,) = texts
+        cached = self._parsed.get(vg)
+        try:
+            if cached is not None and cached[0] == text:
+                meta = cached[1]
+            else:  # only the LVs whose sections changed are parsed
+                meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None)
+                self._parsed[vg] = (text, meta)
+        except lvm_metadata.MetadataUnreadable as err:
+            return None, [f"VG {vg}: metadata seqno {newest}: {err}"]
+        if meta.name != vg:
+            return None, [f"VG {vg}: its newest metadata names VG {meta.name}"]
+        paths = {uuid: path for path, uuid in pvs}
+        problems: list[str] = []
+        # A PV that the newest copy does not list is not the VG's: unreadable,
+        # it is no problem of the VG's; holding an old copy, it is (lvs warns).
+        for uuid in sorted(meta.pv_uuids):
+            where = f" ({paths[uuid]})" if uuid in paths else ""
+            if uuid in unreadable:
+                problems.append(f"PV {uuid}{where} of VG {vg} cannot be read: "
+                                f"{unreadable[uuid]}")
+            elif uuid in meta.missing_pvs or uuid not in present:
+                problems.append(f"PV {uuid}{where} of VG {vg} is missing")
+        for uuid, (path, copies) in present.items():
+            old = sorted({seqno for vg_id, seqno, _ in copies
+                          if seqno != newest or vg_id != meta.uuid})
+            if not old:
+                continue
+            if uuid not in meta.pv_uuids:
+                problems.append(f"PV {path} is not in VG {vg} (metadata seqno {newest}) but "
+                                f"holds its outdated metadata (seqno {old[0]})")
+            else:
+                problems.append(f"PV {path} has outdated metadata of VG {vg} (seqno "
+                                f"{old[0]}, newest {newest})")
+        return (None if problems else meta), problems
 
     def report(self, vg: str, pool: str) -> VgReport | None:
         """What `Lvm.report()` answers for capacity and idempotency checks:
@@ -710,6 +817,23 @@ class CommittedMetadata:
             kernel_major=device.major if live and device else -1,
             kernel_minor=device.minor if live and device else -1,
             thin_id=found.device_id, uuid=found.uuid)
+
+
+# LVM's warnings of a VG's metadata copies and PVs (lvm2's metadata.c,
+# lvmcache.c): an outdated PV, copies of different seqnos, a PV missing.
+_METADATA_WARNING_RE = re.compile(
+    r"WARNING: (outdated PV .*|ignoring metadata seqno .*|Inconsistent metadata found .*"
+    r"|Couldn't find device with uuid .*|VG \S+ is missing PV .*|PV \S+ .*is missing.*)")
+
+
+def _metadata_warnings(runner: Runner, vg: str) -> list[str]:
+    """LVM's own warnings of `vg`'s metadata, from one `vgs` (none when it
+    cannot be read: the VG's own checks say why)."""
+    try:
+        err = runner.run(["vgs", *_REPORT, "-o", "vg_name", check_name(vg)]).stderr
+    except CommandError as failed:
+        err = failed.stderr
+    return [f"LVM: {m.group(1).strip()}" for m in _METADATA_WARNING_RE.finditer(err)]
 
 
 def _pool_usages(vg: str, pools: Sequence[str]) -> dict[str, PoolUsage | None] | None:

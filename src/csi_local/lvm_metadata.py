@@ -11,6 +11,10 @@ version beside the old one and then the header, so a reader sees one
 committed version or the next, never a mix: the checksums prove which. This
 is what `lvs --readonly` does (it reads the disks without LVM's locks).
 
+A VG's metadata is on several PVs, and a PV may hold two copies: which one
+is the VG's is decided by the caller (lvm.CommittedMetadata) from all of
+them, by their seqno, as LVM decides it (read_copies, text_head).
+
 Only reading is done here, and any doubt gives None (the caller asks `lvs`):
 a device that is not the PV expected, a checksum that does not match,
 metadata of another VG, text that does not parse. The devices are read
@@ -76,9 +80,29 @@ def _dashed(uuid: bytes) -> str:
     return "-".join(parts)
 
 
+@dataclass(frozen=True)
+class Copies:
+    """Every copy of its VG's committed metadata one PV holds: one per
+    metadata area that keeps one (none when every area is ignored, or the PV
+    has none: LVM then keeps the VG's metadata on its other PVs only)."""
+
+    pv_uuid: str
+    texts: tuple[bytes, ...]
+
+
 def read_committed(device: str) -> Committed:
     """The committed metadata text on PV `device` (its first metadata area
     that holds one), its checksums verified. MetadataUnreadable otherwise."""
+    found = read_copies(device)
+    if not found.texts:
+        raise MetadataUnreadable(f"{device}: no metadata area holds committed metadata")
+    return Committed(found.pv_uuid, found.texts[0])
+
+
+def read_copies(device: str) -> Copies:
+    """Every committed metadata text on PV `device`, each one's checksums
+    verified. MetadataUnreadable when the PV or one of its areas cannot be
+    read whole: LVM would warn and read the other, the caller asks LVM."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
     except OSError as err:
@@ -89,14 +113,14 @@ def read_committed(device: str) -> Committed:
         except OSError as err2:
             raise MetadataUnreadable(f"{device}: {err2.strerror}") from None
     try:
-        return _read_committed(fd, device)
+        return _read_copies(fd, device)
     except OSError as err:
         raise MetadataUnreadable(f"{device}: {err.strerror}") from None
     finally:
         os.close(fd)
 
 
-def _read_committed(fd: int, device: str) -> Committed:
+def _read_copies(fd: int, device: str) -> Copies:
     head = _read(fd, 0, 4 * SECTOR)
     for n in range(4):
         label = head[n * SECTOR:(n + 1) * SECTOR]
@@ -121,11 +145,23 @@ def _read_committed(fd: int, device: str) -> Committed:
                 break
             if kind == "metadata":
                 areas.append((area_offset, area_size))
-    for area_offset, area_size in areas:
-        text = _area_text(fd, device, area_offset, area_size)
-        if text is not None:
-            return Committed(_dashed(pv_uuid), text)
-    raise MetadataUnreadable(f"{device}: no metadata area holds committed metadata")
+    texts = [_area_text(fd, device, area_offset, area_size) for area_offset, area_size in areas]
+    return Copies(_dashed(pv_uuid), tuple(t for t in texts if t is not None))
+
+
+# The head of a VG's text as LVM writes it: `name {`, then its id and seqno
+# first. Enough to tell copies apart without parsing them.
+_HEAD = re.compile(rb'\A(?:\s|#[^\n]*)*([^\s{}\[\]=,"#]+)\s*\{\s*id\s*=\s*"([^"]*)"\s*'
+                   rb'seqno\s*=\s*(\d+)')
+
+
+def text_head(text: bytes) -> tuple[str, str, int]:
+    """(VG name, VG ID, seqno) of a metadata text, from its first lines."""
+    m = _HEAD.match(text)
+    if m is None:
+        raise MetadataUnreadable("metadata text does not start with a VG's name, id and seqno")
+    return (m.group(1).decode("utf-8", "surrogateescape"), m.group(2).decode("ascii", "replace"),
+            int(m.group(3)))
 
 
 def _area_text(fd: int, device: str, area_offset: int, area_size: int) -> bytes | None:
@@ -272,6 +308,8 @@ class VgMetadata:
     extent_size: int  # bytes
     pv_uuids: frozenset[str]
     lvs: dict[str, MetaLv]
+    # PVs LVM could not find when it wrote this version (flagged MISSING).
+    missing_pvs: frozenset[str] = frozenset()
     # Each LV's section as the text has it, and what it says: the next
     # version of the text parses only the sections that are new (vg_metadata).
     sections: dict[bytes, MetaLv] = field(default_factory=dict, repr=False, compare=False)
@@ -406,6 +444,9 @@ def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
     pvs = vg.get("physical_volumes", {})
     pv_uuids = frozenset(_str(pv.get("id")) for pv in (pvs.values() if isinstance(pvs, dict)
                                                        else ()) if isinstance(pv, dict))
+    missing = frozenset(_str(pv.get("id")) for pv in (pvs.values() if isinstance(pvs, dict)
+                                                      else ()) if isinstance(pv, dict)
+                        and "MISSING" in _words(pv.get("flags")) | _words(pv.get("status")))
     known = previous.sections if previous is not None and previous.extent_size == extent \
         and previous.name == name else {}
     lvs: dict[str, MetaLv] = {}
@@ -422,4 +463,4 @@ def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
             meta = _meta_lv(name, lv_name, lv, extent)
         lvs[lv_name] = parsed[section] = meta
     return VgMetadata(name, _str(vg.get("id")), _int(vg.get("seqno")), extent, pv_uuids, lvs,
-                      parsed)
+                      missing, parsed)

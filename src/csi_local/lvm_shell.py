@@ -56,6 +56,8 @@ from csi_local.errors import CommandError
 log = logging.getLogger(__name__)
 
 PROFILE_NAME = "csi-local-shell"
+# LVM's words when it could not read a VG at all (lvm2's toollib.c).
+STALE_VG = "Cannot process volume group"
 # Settings LVM allows in a command profile (CFG_PROFILABLE), read once when
 # the shell starts. "all" keeps each command's own messages in its document.
 PROFILE = """\
@@ -307,6 +309,16 @@ class LvmShell:
                 log.error("lvm shell: %s; the shell was killed", lost)
                 raise CommandError(full, -1, out, _joined(err, f"lvm shell: {lost}")) from None
             self.ran += 1
+            if code != 0 and STALE_VG in err + msg_err:
+                # The shell keeps what it learnt of the VG's devices between
+                # commands: after another process took a missing PV out of
+                # the VG (vgreduce --removemissing), it refuses the VG until
+                # the PV is back. LVM processed nothing: a new process, which
+                # scans afresh, runs it; the next command gets a new shell.
+                log.warning("lvm shell: %s refused VG (%s); run as a process, and the "
+                            "shell restarted", argv[0], msg_err.strip())
+                self._drop(kill=False)
+                return None
             if self._shell is not None and self._shell.commands >= MAX_COMMANDS:
                 self._drop(kill=False)
             return code, out + msg_out, err + msg_err

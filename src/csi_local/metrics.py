@@ -50,7 +50,7 @@ from csi_local import __version__
 from csi_local import volumes as vols
 from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
-from csi_local.lvm import LogicalVolume
+from csi_local.lvm import CommittedMetadata, LogicalVolume
 from csi_local.monitor import PoolMonitor, Reading
 from csi_local.pool import capacity_of
 
@@ -169,6 +169,9 @@ class Metrics:
         (the same metric names). Once, with every class's monitor."""
         collector = PoolCollector(monitors, max_age)
         self.own.register(collector)
+        readers = {m.lvm.vg: m.pool.committed for m in monitors if m.pool.committed is not None}
+        if readers:
+            self.own.register(MetadataCollector(readers))
         for monitor in monitors:  # present at 0, so increase() works from the start
             for what in ("data", "metadata"):
                 self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
@@ -346,6 +349,29 @@ class PoolCollector(Collector):
         yield from counts.values()
         yield size
         yield data
+
+
+class MetadataCollector(Collector):
+    """Whether each VG's committed metadata agrees on all its PVs (none
+    missing, no copy outdated): else every read of the plugin is LVM's
+    own, slower, until the VG is repaired. Read off the PVs, no process."""
+
+    NAME = f"{NAMESPACE}_volume_group_metadata_consistent"
+    HELP = ("1 when every PV of the volume group is present and holds its newest metadata; "
+            "0 when one is missing or holds an outdated or differing copy (the plugin then "
+            "asks LVM for every answer; csi-local doctor names the PV)")
+
+    def __init__(self, readers: dict[str, CommittedMetadata]) -> None:
+        self.readers = readers
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
+        for vg, reader in sorted(self.readers.items()):
+            family.add_metric([vg], 0 if reader.check(vg) else 1)
+        yield family
 
 
 def _volume_labels(lv: LogicalVolume, device_class: str) -> list[str]:

@@ -391,7 +391,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         lv = found[1] if found is not None else None
         pool = found[0] if found is not None else self.pools.default
         pool_lv = self.pools.thin_pool_lvs(lvs).get(pool.class_name)
-        condition = vols.condition(lv, pool_lv, pool.name, pool.fill_problem(pool_lv))
+        condition = vols.condition(lv, pool_lv, pool.name, pool.fill_problem(pool_lv),
+                                   pool.metadata_problem())
         problems = [condition.message] if condition.abnormal else []
         resp = pb.NodeGetVolumeStatsResponse()
         block = rec.staging.access_type is AccessType.BLOCK

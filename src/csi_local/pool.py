@@ -160,6 +160,16 @@ class Pool:
             return None
         return f"thin pool {self.name} is above its high-water mark: {', '.join(found)}"
 
+    def metadata_problem(self) -> str | None:
+        """Why the VG's committed metadata could not be believed at its last
+        read (a PV missing, a copy outdated or differing; see
+        CommittedMetadata.problems), or None. No I/O: what the read that
+        served this call found."""
+        if self.committed is None:
+            return None
+        problems = self.committed.problems(self.lvm.vg)
+        return "; ".join(problems) if problems else None
+
     def admit(self, report: VgReport, size: int) -> None:
         """A new volume or snapshot of `size` bytes may be made: the pool is below
         its high-water marks and has room (NoRoom otherwise). Inside `reserved()`."""

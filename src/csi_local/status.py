@@ -43,7 +43,7 @@ from csi_local.dhv import tags as dhv_tags
 from csi_local.dhv.request import LV_PREFIX as DHV_PREFIX
 from csi_local.errors import LockDirError, StorageError
 from csi_local.locks import Locks
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, check_name
+from csi_local.lvm import CommittedMetadata, LogicalVolume, Lvm, VgReport, check_name
 from csi_local.pool import Pool, PoolPolicy
 from csi_local.runner import ProcessRunner, Runner
 from csi_local.state import STATE_FILE, VolumeRecord, parse
@@ -161,6 +161,9 @@ class VolumeGroupInfo:
     name: str
     size: int
     free: int
+    # Why its committed metadata cannot be believed (a PV missing, a copy
+    # outdated or differing: see CommittedMetadata.check); () when it can.
+    metadata_problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,11 +237,11 @@ def read_state(state_dir: str) -> tuple[dict[str, VolumeRecord] | None, StateInf
 
 
 def _condition(lv: LogicalVolume, pool_lv: LogicalVolume | None, pool_name: str,
-               fill_problem: str | None) -> Condition:
+               fill_problem: str | None, metadata_problem: str | None = None) -> Condition:
     if volumes.is_csi_snapshot(lv) and not lv.active:
         # A snapshot is inactive by design (activation skip): its health is its pool's.
         lv = dataclasses.replace(lv, attr=lv.attr[:4] + "a" + lv.attr[5:])
-    return volumes.condition(lv, pool_lv, pool_name, fill_problem)
+    return volumes.condition(lv, pool_lv, pool_name, fill_problem, metadata_problem)
 
 
 def _source(lv: LogicalVolume) -> str | None:
@@ -260,6 +263,7 @@ class _PoolContext:
     name: str
     lv: LogicalVolume | None
     fill: str | None = None
+    metadata: str | None = None  # its VG's metadata problems
 
 
 def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
@@ -273,6 +277,7 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                                     c.overprovision_ratio, device_class=c)
              for c in classes.classes}
     infos: dict[str, ClassInfo] = {}
+    committed = CommittedMetadata(runner)
     reports: list[VgReport] = []
     contexts: dict[tuple[str, str], _PoolContext] = {}
     failure: StorageError | None = None
@@ -293,11 +298,13 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                     err.message)
             continue
         reports.append(report)
-        vg_info = VolumeGroupInfo(group.name, group.size, group.free)
+        vg_info = VolumeGroupInfo(group.name, group.size, group.free,
+                                  committed.check(vg, ask_lvm=True))
         for c in members:
             pool_info, pool_lv, fill = _pool_info(pools[c.name], report)
             infos[c.name] = ClassInfo(c.name, c.name == classes.default, vg_info, pool_info)
-            contexts[(vg, c.thin_pool)] = _PoolContext(pools[c.name].name, pool_lv, fill)
+            contexts[(vg, c.thin_pool)] = _PoolContext(
+                pools[c.name].name, pool_lv, fill, "; ".join(vg_info.metadata_problems) or None)
     if not reports and failure is not None:
         raise failure
     records, state_info = read_state(state_dir)
@@ -340,7 +347,7 @@ def _add_lv(status: Status, classes: DeviceClasses,
             namespace=dhv_tags.decode_hex_tag(lv.tag_value(dhv_tags.TAG_NAMESPACE)),
             fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
             data_percent=lv.data_percent,
-            condition=_condition(lv, pool.lv, pool.name, pool.fill),
+            condition=_condition(lv, pool.lv, pool.name, pool.fill, pool.metadata),
             created=lv.created, age_seconds=age, device_class=device_class))
     elif any(t.startswith(TAG_NAMESPACE) for t in lv.tags):
         status.possible_orphans.append(Orphan(lv.name, "stray LV", _stray_reason(lv),
@@ -380,7 +387,8 @@ def _volume_info(lv: LogicalVolume, device_class: str | None,
         id=lv.name, kind=kind, device_class=device_class, size=lv.size,
         data_percent=lv.data_percent, active=lv.active, source=_source(lv),
         co_names=volumes.co_names(lv), staged=staged, published=published,
-        condition=_condition(lv, pool.lv, pool.name, pool.fill), created=lv.created,
+        condition=_condition(lv, pool.lv, pool.name, pool.fill, pool.metadata),
+        created=lv.created,
         age_seconds=age, possible_orphan=orphan)
 
 
@@ -452,6 +460,8 @@ def _pool_lines(vg: VolumeGroupInfo | None, pool: PoolInfo, error: str | None,
         return [f"{indent}Volume group {name}: PROBLEM: {error}"]
     out = [f"{indent}Volume group {vg.name}: size {human_size(vg.size)}, "
            f"free {human_size(vg.free)}"]
+    out += [f"{indent}  PROBLEM: {p} (LVM's own answers are used until it is "
+            "resolved)" for p in vg.metadata_problems]
     if pool.problem:
         out.append(f"{indent}Thin pool {pool.name}: PROBLEM: {pool.problem}")
         return out

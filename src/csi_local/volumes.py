@@ -200,10 +200,13 @@ class Condition:
 
 
 def condition(lv: LogicalVolume | None, pool: LogicalVolume | None,
-              pool_name: str, fill_problem: str | None = None) -> Condition:
+              pool_name: str, fill_problem: str | None = None,
+              metadata_problem: str | None = None) -> Condition:
     """Abnormal, with a reason, when the LV or its thin pool cannot serve I/O,
     or when the pool is above its high-water mark (`fill_problem`, from
-    Pool.fill_problem): a warning before it is actually full."""
+    Pool.fill_problem): a warning before it is actually full; or when the
+    VG's metadata copies disagree or a PV of it is missing
+    (`metadata_problem`, from Pool.metadata_problem)."""
     problems = []
     if lv is None:
         problems.append("logical volume is missing")
@@ -222,6 +225,8 @@ def condition(lv: LogicalVolume | None, pool: LogicalVolume | None,
         problems += full
         if fill_problem and not full:  # a warning says nothing once the pool is full
             problems.append(fill_problem)
+    if metadata_problem:
+        problems.append(metadata_problem)
     if problems:
         return Condition(True, "; ".join(problems))
     return Condition(False, "volume is healthy")

@@ -177,7 +177,7 @@ WEIGHTS = {
 DEFAULT_WEIGHT = 3
 
 # Settings of the guest's tests that a caller may give on the host.
-FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB",)
+FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED")
 
 
 def weight(nodeid: str) -> int:

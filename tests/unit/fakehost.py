@@ -239,7 +239,7 @@ class FakeHost(Host):
         self._uuids = 0
         self._failures: list[tuple[tuple[str, ...], _Fail, bool]] = []
         self._tools: dict[str, Callable[[Sequence[str]], str]] = {
-            "lvs": self._lvs, "vgs": self._vgs, "lvcreate": self._lvcreate,
+            "lvs": self._lvs, "vgs": self._vgs, "pvs": self._pvs, "lvcreate": self._lvcreate,
             "lvextend": self._lvextend, "lvremove": self._lvremove, "lvchange": self._lvchange,
             "vgcreate": self._vgcreate, "vgchange": self._vgchange, "blkid": self._blkid,
             "wipefs": self._wipefs, "mkfs.ext4": self._mkfs, "mkfs.xfs": self._mkfs,
@@ -694,6 +694,11 @@ class FakeHost(Host):
             # LVM reports the VGs it found, then fails for the others.
             raise _Fail(5, "".join(_vg_not_found(vg) for vg in missing), out)
         return out
+
+    def _pvs(self, argv: Sequence[str]) -> str:
+        # No PV whose metadata could be read: the committed-metadata reader
+        # finds nothing, and every read is LVM's (these fakes').
+        return json.dumps({"report": [{"pv": []}]}) + "\n"
 
     def _vgs(self, argv: Sequence[str]) -> str:
         fields, operands, _ = self._report(argv)

@@ -17,7 +17,7 @@ import pytest
 from csi_local import doctor
 from csi_local.cli import build_parser
 from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
-from csi_local.lvm import Lvm, VgReport
+from csi_local.lvm import CommittedMetadata, Lvm, VgReport
 from csi_local.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.runner import Result
 from csi_local.thinmeta import MARK_PREFIX
@@ -46,7 +46,7 @@ class Runner:
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
             input: str | None = None, timeout: float | None = None) -> Result:
-        if argv[0] in ("vgs", "lvs", "dmsetup"):
+        if argv[0] in ("vgs", "lvs", "pvs", "dmsetup"):
             return self.host.run(argv, ok_codes=ok_codes)
         return self.canned.run(argv, ok_codes=ok_codes)
 
@@ -115,8 +115,8 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
     assert list(checks) == [
         "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
         "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
-        "thin pool vg0/pool0", "thin pool zeroing", "thin pool fill",
-        "thin pool metadata snapshot", "lvm.conf udev",
+        "volume group vg0 metadata", "thin pool vg0/pool0", "thin pool zeroing",
+        "thin pool fill", "thin pool metadata snapshot", "lvm.conf udev",
         "lvm.conf monitoring", "lvm shell profile", "state directory /var/lib/csi-local",
         "lock directory /run/lock/csi-local", "CSI socket",
         "mount propagation of /var/lib/kubelet"]
@@ -135,7 +135,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("19 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("20 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -520,10 +520,12 @@ def test_every_class_is_checked(classes: Machine, listening: None) -> None:
                             list(checks).index("lvm.conf udev")]
     assert lvm_part == [
         f"configuration file {CONFIG}",
-        "class fast: volume group vg0", "class fast: thin pool vg0/pool0",
+        "class fast: volume group vg0", "class fast: volume group vg0 metadata",
+        "class fast: thin pool vg0/pool0",
         "class fast: thin pool zeroing", "class fast: thin pool fill",
         "class fast: thin pool metadata snapshot",
-        "class big: volume group vg-hdd", "class big: thin pool vg-hdd/pool",
+        "class big: volume group vg-hdd", "class big: volume group vg-hdd metadata",
+        "class big: thin pool vg-hdd/pool",
         "class big: thin pool zeroing", "class big: thin pool fill",
         "class big: thin pool metadata snapshot"]
     assert checks[f"configuration file {CONFIG}"].message == \
@@ -540,7 +542,7 @@ def test_a_class_whose_volume_group_is_missing(classes: Machine, listening: None
     pool = checks["class big: thin pool vg-hdd/pool"]
     assert pool.status == FAIL and "volume group cannot be read" in pool.message
     assert "class big: thin pool fill" not in checks
-    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 5
+    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 6
     assert doctor.exit_code(checks.values()) == 1
     out = io.StringIO()
     ns = build_parser().parse_args(["doctor", "--config", CONFIG, "--endpoint", ENDPOINT])
@@ -613,3 +615,19 @@ def test_a_held_metadata_snapshot_is_reported_with_its_holder(
         assert "release_metadata_snap" in check.fix and "vg0-pool0-tpool" in check.fix
     else:
         assert "restart csi-local" in check.fix
+
+
+def test_metadata_copies_that_disagree_are_a_warning_naming_the_pv(
+        m: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = "PV /dev/loop1 has outdated metadata of VG vg0 (seqno 8, newest 13)"
+    asked: list[bool] = []
+
+    def check(self: CommittedMetadata, vg: str, *, ask_lvm: bool = False) -> tuple[str, ...]:
+        asked.append(ask_lvm)
+        return (problem,) if vg == "vg0" else ()
+
+    monkeypatch.setattr(CommittedMetadata, "check", check)
+    got = m.checks()["volume group vg0 metadata"]
+    assert (got.status, got.message) == (WARN, problem)
+    assert "vgck --updatemetadata vg0" in got.fix
+    assert asked == [True]  # LVM's own warnings too: pvs hides an outdated PV

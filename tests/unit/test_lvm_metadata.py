@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 from datetime import datetime
 from pathlib import Path
@@ -428,3 +429,143 @@ def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, pv: str,
     monkeypatch.setattr(lm, "read_committed", lambda path: reads.append(path) or real(path))
     lv = reader.thin_volume("vg-cap", "csi-v-abc", meta)
     assert lv is not None and lv.active and reads == []
+
+
+# Many PVs, many copies: the highest seqno is the VG's, and any disagreement
+# among its PVs is no certain answer (issue 30, defect 2).
+
+UUID_A = "SE9X3R-UzHd-Fwaw-g6Gb-3BIl-WU9F-IQF0cw"  # the captured PV's
+UUID_B = "Bbbbbb-bbbb-bbbb-bbbb-bbbb-bbbb-bbbbbb"
+
+
+def _pv(tmp_path: Path, name: str, uuid: str, text: bytes) -> str:
+    """A PV image of the captured layout with PV ID `uuid` and `text` committed."""
+    head = bytearray(HEAD)
+    at = next(n * 512 for n in range(4) if head[n * 512:n * 512 + 8] == lm.LABEL_ID)
+    (offset,) = struct.unpack_from("<I", head, at + 20)
+    head[at + offset:at + offset + 32] = uuid.replace("-", "").encode()
+    head[at + 16:at + 20] = struct.pack("<I", lm.lvm_crc(bytes(head[at + 20:at + 512])))
+    start, _, text_offset, _, _ = area()
+    header = _with(bytes(head), MDA + 40,
+                   struct.pack("<QQII", text_offset, len(text), lm.lvm_crc(text), 0))
+    buf = bytearray(1 << 20)
+    buf[:len(header)] = _resealed_header(header)
+    buf[start + text_offset:start + text_offset + len(text)] = text
+    path = tmp_path / name
+    path.write_bytes(bytes(buf))
+    return str(path)
+
+
+def _seqno(text: bytes, n: int) -> bytes:
+    return re.sub(rb"seqno = \d+", b"seqno = %d" % n, text, count=1)
+
+
+def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    """PV A was away while the VG was reduced to PV B and changed: A still
+    holds the old copy, which lists A. The plugin saw both PVs before."""
+    newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
+    newest = newest.replace(b"csi-v-abc", b"csi-v-new")
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    b = _pv(tmp_path, "b.img", UUID_B, newest)
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    reader = CommittedMetadata(runner)
+    assert reader.volume_group("vg-cap") is None  # lvs answers (and warns)
+    (problem,) = reader.problems("vg-cap")
+    assert a in problem and "outdated" in problem and "seqno 10" in problem
+    # Gone again (or wiped by vgck --updatemetadata): B's copy answers.
+    Path(a).unlink()
+    meta = reader.volume_group("vg-cap")
+    assert meta is not None and meta.seqno == 11 and "csi-v-new" in meta.lvs
+    assert reader.problems("vg-cap") == ()
+
+
+def test_the_highest_seqno_wins_and_an_outdated_listed_pv_is_a_problem(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    b = _pv(tmp_path, "b.img", UUID_B, _seqno(TEXT, 12))  # lists A only: B is none of it
+    runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B), (a, "vg-cap", UUID_A)]))
+    reader = CommittedMetadata(runner)
+    assert reader.volume_group("vg-cap") is None
+    (problem,) = reader.problems("vg-cap")
+    assert problem.startswith(f"PV {a} has outdated metadata") and "newest 12" in problem
+
+
+def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner,
+                                                       tmp_path: Path) -> None:
+    other = TEXT.replace(b"csi-v-abc", b"csi-v-xyz")
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    b = _pv(tmp_path, "b.img", UUID_B, other)
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    reader = CommittedMetadata(runner)
+    assert reader.volume_group("vg-cap") is None
+    assert reader.problems("vg-cap") == ("VG vg-cap: copies of metadata seqno 10 differ",)
+
+
+def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, tmp_path: Path) -> None:
+    a = str(tmp_path / "a.img")
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), ("[unknown]", "vg-cap", UUID_B)]))
+    # The newest copy lists B too, which is nowhere to be read.
+    listing_b = TEXT.replace(b"physical_volumes {\n",
+                             b'physical_volumes {\n\npv9 {\nid = "%s"\n}\n' % UUID_B.encode())
+    a = _pv(tmp_path, "a.img", UUID_A, listing_b)
+    reader = CommittedMetadata(runner)
+    assert reader.volume_group("vg-cap") is None
+    (problem,) = reader.problems("vg-cap")
+    assert UUID_B in problem and "[unknown]" in problem and "cannot be read" in problem
+
+
+def test_a_pv_with_every_area_ignored_holds_no_copy_and_is_no_problem(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    listing_b = TEXT.replace(b"physical_volumes {\n",
+                             b'physical_volumes {\n\npv9 {\nid = "%s"\n}\n' % UUID_B.encode())
+    a = _pv(tmp_path, "a.img", UUID_A, listing_b)
+    b = _pv(tmp_path, "b.img", UUID_B, TEXT)
+    ignored = bytearray(Path(b).read_bytes())  # metadataignore: the flag in its raw_locn
+    ignored[MDA + 60:MDA + 64] = struct.pack("<I", lm.RAW_LOCN_IGNORED)
+    Path(b).write_bytes(_resealed_header(bytes(ignored[:len(HEAD)])) + bytes(ignored[len(HEAD):]))
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    reader = CommittedMetadata(runner)
+    meta = reader.volume_group("vg-cap")
+    assert meta is not None and meta.pv_uuids == {UUID_A, UUID_B}
+    assert reader.problems("vg-cap") == ()
+
+
+def test_check_adds_lvms_own_warnings(runner: FakeRunner, tmp_path: Path) -> None:
+    """`pvs` does not list a PV whose outdated copy LVM ignores: a reader that
+    never saw it cannot tell, and the reports ask LVM (its words, lvm2 2.03)."""
+    b = _pv(tmp_path, "b.img", UUID_A, TEXT)
+    runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_A)]))
+    runner.on(["vgs"], "", stderr=(
+        "  WARNING: ignoring metadata seqno 8 on /dev/loop0 for seqno 13 on /dev/loop1 for "
+        "VG vg-cap.\n  WARNING: Inconsistent metadata found for VG vg-cap.\n"
+        "  See vgck --updatemetadata to correct inconsistency.\n"
+        "  WARNING: outdated PV /dev/loop0 seqno 8 has been removed in current VG vg-cap "
+        "seqno 13.\n"))
+    reader = CommittedMetadata(runner)
+    assert reader.check("vg-cap") == ()  # its own reads: every copy it knows agrees
+    assert reader.check("vg-cap", ask_lvm=True) == (
+        "LVM: ignoring metadata seqno 8 on /dev/loop0 for seqno 13 on /dev/loop1 for VG "
+        "vg-cap.",
+        "LVM: Inconsistent metadata found for VG vg-cap.",
+        "LVM: outdated PV /dev/loop0 seqno 8 has been removed in current VG vg-cap seqno 13.")
+
+
+def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    """`pvs` does not list a PV whose outdated copy LVM ignores: one the
+    reader saw in the VG before is still read, and its old copy reported."""
+    newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    b = _pv(tmp_path, "b.img", UUID_B, newest)
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    # While it was away LVM listed it as "[unknown]"; once reduced, not at all.
+    runner.on(["pvs"], _pvs([("[unknown]", "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
+    runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B)]))
+    reader = CommittedMetadata(runner)
+    reader.REFRESH = 0.0  # `pvs` again at each doubt
+    assert reader.volume_group("vg-cap") is None
+    assert reader.volume_group("vg-cap") is None
+    assert len(runner.calls) == 3  # read again: A still there, and still outdated
+    (problem,) = reader.problems("vg-cap")
+    assert a in problem and "outdated" in problem

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from csi_local import metrics as metrics_mod
@@ -27,7 +27,8 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser, config_from_args
 from csi_local.config import Config, ConfigError, parse_listen_address
 from csi_local.errors import CommandError
-from csi_local.metrics import Metrics, serve_metrics
+from csi_local.lvm import CommittedMetadata
+from csi_local.metrics import MetadataCollector, Metrics, serve_metrics
 from csi_local.monitor import PoolMonitor
 from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner
@@ -514,6 +515,7 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
     monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    monkeypatch.setattr(CommittedMetadata, "check", lambda self, vg, **kw: ())  # no pvs
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
         metrics = plugin.metrics
@@ -595,6 +597,7 @@ def test_every_series_names_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
     try:
         assert plugin.metrics is not None
         monkeypatch.setattr(plugin.monitors[0], "latest", lambda max_age: None)
+        monkeypatch.setattr(CommittedMetadata, "check", lambda self, vg, ask_lvm=False: ())
         text = generate_latest(plugin.metrics.registry).decode()
     finally:
         plugin.close()
@@ -724,3 +727,25 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     assert not Path(config.socket).exists()
     # The state directory was let go: a new plugin can take it.
     plugin_mod.CsiPlugin(_config(tmp_path)).close()
+
+
+def test_metadata_consistency_gauge_per_vg() -> None:
+    """1 while every PV holds the VG's newest metadata, 0 (and doctor names
+    the PV) when one is missing or outdated: one fixed label, the VG."""
+
+    class Reader:
+        def __init__(self, problems: tuple[str, ...]) -> None:
+            self.problems = problems
+
+        def check(self, vg: str) -> tuple[str, ...]:
+            return self.problems
+
+    registry = CollectorRegistry()
+    registry.register(MetadataCollector({  # type: ignore[dict-item]
+        "vg-ok": Reader(()),
+        "vg-bad": Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",))}))
+    got = {s.labels["volume_group"]: s.value
+           for m in registry.collect() for s in m.samples}
+    assert got == {"vg-ok": 1, "vg-bad": 0}
+    (family,) = registry.collect()
+    assert family.name == "csi_local_volume_group_metadata_consistent"

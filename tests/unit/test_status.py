@@ -100,7 +100,8 @@ def test_volumes_snapshots_and_where_they_are_used(node: Node) -> None:
     got = as_json(node.host, node.backend.config.state_dir, now)
 
     assert got["volume_group"] == {"name": "vg0", "size": 11 * GiB,
-                                   "free": 11 * GiB - 10 * GiB - 8 * MiB}
+                                   "free": 11 * GiB - 10 * GiB - 8 * MiB,
+                                   "metadata_problems": []}
     pool = got["thin_pool"]
     assert pool["name"] == "vg0/pool0" and pool["found"] and pool["active"]
     assert pool["size"] == 10 * GiB and pool["fill_problem"] is None
@@ -240,7 +241,9 @@ def test_reads_lvm_once(node: Node) -> None:
     create(node, "data")
     node.host.calls.clear()
     as_json(node.host, node.backend.config.state_dir, node.host.clock)
-    assert [c[0] for c in node.host.calls] == ["vgs", "lvs"]
+    # The committed-metadata check's: a `pvs` (it reads the PVs themselves) and a
+    # `vgs` for LVM's own warnings of the VG's metadata.
+    assert [c[0] for c in node.host.calls] == ["vgs", "lvs", "pvs", "vgs"]
 
 
 @pytest.mark.parametrize(("content", "error"), [
@@ -370,7 +373,7 @@ def test_every_class_and_the_class_of_every_volume(cnode: Node, classes_file: Pa
     got = as_json_of(cnode.host, cargs(classes_file, state_dir, "--json"), now)
 
     # One `vgs` and one `lvs` per VG, however many classes it holds.
-    assert [c[0] for c in cnode.host.calls] == ["vgs", "lvs", "vgs", "lvs"]
+    assert [c[0] for c in cnode.host.calls] == ["vgs", "lvs", "pvs", "vgs", "vgs", "lvs", "vgs"]
     assert got["config"] == str(classes_file) and got["default_class"] == "fast"
     classes = {c["name"]: c for c in got["classes"]}
     assert list(classes) == ["fast", "big", "cold"]

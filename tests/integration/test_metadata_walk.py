@@ -1,0 +1,434 @@
+"""Differential test: the plugin's answers from the VGs' committed metadata
+against LVM's own (`lvs`), after every step of a seeded random walk that
+mixes the plugin's RPCs with what an operator and other tools do to the same
+VG: LVs made, removed, renamed, extended and deactivated by hand, tags
+changed by hand, PVs added and removed (vgextend, vgreduce), a PV detached
+and attached again with its outdated metadata, two metadata copies on a PV
+and one ignored (pvchange --metadataignore), metadata areas small enough that
+their ring wraps many times, and the plugin's lvm shell killed in the middle
+of a command.
+
+After each step, one `lvs` is LVM's answer; every answer of the plugin
+(ListVolumes, ControllerGetVolume, ListSnapshots, GetCapacity, a CreateVolume
+retry, and every few steps `csi-local status --json`) must equal what it
+says. The plugin runs in this process (its servicers called directly: gRPC
+adds nothing to what is compared), with its lvm shell, as `serve` runs it.
+
+    CSI_LOCAL_WALK_STEPS  steps (default 1000)
+    CSI_LOCAL_WALK_SEED   the seed (default: a random one, printed)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from csi_local import status as status_mod
+from csi_local import volumes as vols
+from csi_local._gen import csi_pb2 as pb
+from csi_local.config import Config
+from csi_local.lvm import LV_FIELDS, LogicalVolume, VgReport, parse_lvs
+from csi_local.plugin import CsiPlugin
+from csi_local.pool import capacity_of
+from csi_local.rpc import status_of
+from csi_local.runner import ProcessRunner
+from tests.integration.conftest import SCRATCH, mount_cap, run
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+STEPS = int(os.environ.get("CSI_LOCAL_WALK_STEPS", "1000"))
+POOL = "pool"
+PROGRESS = os.environ.get("CSI_LOCAL_WALK_PROGRESS") == "1"  # a line per step, as it goes
+STATUS_EVERY = 50  # `csi-local status --json` costs a vgs and an lvs of its own
+
+
+class Divergence(AssertionError):
+    pass
+
+
+@dataclass
+class Disk:
+    """A loop device on an image: one PV of the walk."""
+
+    image: Path
+    loop: str
+    pv_args: tuple[str, ...]
+    in_vg: bool = False
+    attached: bool = True
+    outdated: bool = False  # attached again after the VG was reduced without it
+
+    def attach(self) -> None:
+        run("losetup", self.loop, str(self.image))  # at the node the plugin knew
+        self.attached = True
+
+    def detach(self) -> None:
+        run("losetup", "--detach", self.loop)
+        self.attached = False
+
+
+@dataclass
+class Walk:
+    rng: random.Random
+    vg: str
+    disks: dict[str, Disk]
+    plugin: CsiPlugin
+    made: dict[str, tuple[str, int]] = field(default_factory=dict)  # CO name -> (id, size)
+    ever: set[str] = field(default_factory=set)  # every LV name seen
+    last: list[LogicalVolume] = field(default_factory=list)  # the last `lvs`'s LVs
+    counter: int = 0
+    steps: dict[str, int] = field(default_factory=dict)
+    failed_commands: int = 0
+    fallbacks: int = 0
+
+    # LVM's answer ---------------------------------------------------------
+
+    def truth(self) -> tuple[list[LogicalVolume], int, str]:
+        """Every LV of the VG, the extent size, and LVM's warnings: one `lvs`."""
+        proc = run("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--config",
+                   'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size", self.vg)
+        rows = [r for rep in json.loads(proc.stdout)["report"] for r in rep["lv"]]
+        lvs = parse_lvs(proc.stdout)
+        self.ever.update(lv.name for lv in lvs)
+        self.last = lvs
+        return lvs, int(rows[0]["vg_extent_size"]), proc.stderr
+
+    def lvm(self, *argv: str) -> bool:
+        """A command by hand; False when LVM refused it (as it may, mid-walk)."""
+        proc = run(*argv, check=False)
+        if proc.returncode != 0:
+            self.failed_commands += 1
+        return proc.returncode == 0
+
+    # the plugin's answers --------------------------------------------------
+
+    def call(self, method: str, request: Any) -> tuple[str, Any]:
+        servicer = self.plugin.controller
+        try:
+            return "OK", getattr(servicer, method)(request, None)
+        except Exception as err:  # the code the wire would carry
+            return status_of(method, err)[0], err
+
+    def compare(self, step: int, action: str) -> None:
+        lvs, extent, warnings = self.truth()
+        pool_obj = self.plugin.backend.pools.default
+        report = VgReport(tuple(lvs), extent)
+        mine = [lv for lv in lvs if lv.pool == POOL]
+        where = f"step {step} ({action})"
+        problem = pool_obj.metadata_problem()
+
+        def check(what: str, got: Any, want: Any) -> None:
+            if got != want:
+                raise Divergence(f"{where}: {what}: plugin {got!r}, LVM {want!r}; "
+                                 f"LVM's warnings: {warnings.strip()!r}; "
+                                 f"plugin's metadata problem: {problem!r}")
+
+        # ListVolumes
+        code, resp = self.call("ListVolumes", pb.ListVolumesRequest())
+        check("ListVolumes code", code, "OK")
+        got = {e.volume.volume_id: (e.volume.capacity_bytes, _message_source(e.volume))
+               for e in resp.entries}
+        want_vols = {lv.name: lv for lv in mine if vols.is_csi_volume(lv)}
+        check("ListVolumes", got, {name: (lv.size, _source(lv))
+                                   for name, lv in want_vols.items()})
+        problem = pool_obj.metadata_problem()
+        if problem is None:
+            # Its condition says what lvs says of the LV's activity.
+            got_c = {e.volume.volume_id: e.status.volume_condition.abnormal
+                     for e in resp.entries}
+            check("ListVolumes conditions", got_c,
+                  {name: not lv.active for name, lv in want_vols.items()})
+        else:
+            self.fallbacks += 1
+        # ControllerGetVolume: one that exists, one that does not
+        existing = sorted(want_vols)
+        if existing:
+            vid = self.rng.choice(existing)
+            code, resp = self.call("ControllerGetVolume",
+                                   pb.ControllerGetVolumeRequest(volume_id=vid))
+            check(f"ControllerGetVolume {vid}", (code, code == "OK" and resp.volume.
+                                                  capacity_bytes), ("OK", want_vols[vid].size))
+        absent = sorted(n for n in self.ever if n.startswith("csi-v-") and n not in want_vols)
+        if absent:
+            vid = self.rng.choice(absent)
+            code, _ = self.call("ControllerGetVolume", pb.ControllerGetVolumeRequest(
+                volume_id=vid))
+            check(f"ControllerGetVolume {vid} (not a volume now)", code, "NOT_FOUND")
+        # ListSnapshots
+        code, resp = self.call("ListSnapshots", pb.ListSnapshotsRequest())
+        check("ListSnapshots code", code, "OK")
+        check("ListSnapshots",
+              {e.snapshot.snapshot_id: (e.snapshot.source_volume_id, e.snapshot.size_bytes)
+               for e in resp.entries},
+              {lv.name: (_source(lv), lv.size)
+               for lv in mine if vols.is_csi_snapshot(lv)})
+        # GetCapacity
+        code, resp = self.call("GetCapacity", pb.GetCapacityRequest())
+        pool_lv = report.find(POOL)
+        cap = capacity_of(report, POOL, pool_obj.ratio).available
+        if pool_obj.fill_problem(pool_lv) is not None:
+            cap = 0
+        check("GetCapacity", (code, code == "OK" and resp.available_capacity), ("OK", cap))
+        # A CreateVolume retry of a volume the plugin made, still there under its name
+        retry = [(name, vid, size) for name, (vid, size) in self.made.items()
+                 if vid in want_vols and want_vols[vid].size == size]
+        if retry:
+            name, vid, size = self.rng.choice(retry)
+            code, resp = self.call("CreateVolume", _create_request(name, size))
+            check(f"CreateVolume retry of {name}",
+                  (code, code == "OK" and resp.volume.volume_id), ("OK", vid))
+        # csi-local status --json, now and then (a vgs and an lvs of its own)
+        if step % STATUS_EVERY == 0:
+            status = json.loads(status_mod.to_json(status_mod.collect(
+                ProcessRunner(), self.vg, POOL, self.plugin.config.state_dir)))
+            lvs2, _, _ = self.truth()
+            check("status volumes", sorted(v["id"] for v in status["volumes"]),
+                  sorted(lv.name for lv in lvs2 if lv.pool == POOL and vols.is_csi_volume(lv)))
+            problems = status["volume_group"]["metadata_problems"]
+            outdated = [d for d in self.disks.values() if d.outdated and d.attached]
+            check("status: an outdated PV is reported", bool(problems), bool(outdated)
+                  or any(not d.attached and d.in_vg for d in self.disks.values()))
+
+    # steps -----------------------------------------------------------------
+
+    def name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def lvs_now(self) -> list[LogicalVolume]:
+        """The pool's LVs as the last comparison's `lvs` saw them (no process:
+        only the choice of a step's LV rests on it)."""
+        return [lv for lv in self.last if lv.pool == POOL]
+
+    def plugin_create(self) -> None:
+        name = self.name("walk-")
+        size = self.rng.choice((4, 8, 12)) * MiB
+        code, resp = self.call("CreateVolume", _create_request(name, size))
+        if code == "OK":
+            self.made[name] = (resp.volume.volume_id, size)
+
+    def plugin_delete(self) -> None:
+        ids = [vid for vid, _ in self.made.values()]
+        if ids:
+            self.call("DeleteVolume", pb.DeleteVolumeRequest(volume_id=self.rng.choice(ids)))
+
+    def plugin_snapshot(self) -> None:
+        ids = [vid for vid, _ in self.made.values()]
+        if ids:
+            self.call("CreateSnapshot", pb.CreateSnapshotRequest(
+                source_volume_id=self.rng.choice(ids), name=self.name("snap-")))
+
+    def plugin_delete_snapshot(self) -> None:
+        snaps = [lv.name for lv in self.lvs_now() if vols.is_csi_snapshot(lv)]
+        if snaps:
+            self.call("DeleteSnapshot", pb.DeleteSnapshotRequest(
+                snapshot_id=self.rng.choice(snaps)))
+
+    def _thin(self) -> list[LogicalVolume]:
+        return [lv for lv in self.lvs_now() if lv.is_thin_volume]
+
+    def hand_create(self) -> None:
+        # A CSI-looking volume made by hand (its kind tag), or another user's LV.
+        name = f"csi-v-{uuid.UUID(int=self.rng.getrandbits(128)).hex}" \
+            if self.rng.random() < 0.5 \
+            else self.name("other-")
+        tags = ["--addtag", "csi-local.kind=volume"] if name.startswith("csi-v-") else []
+        self.lvm("lvcreate", "--yes", "--thin", "-V", f"{self.rng.choice((4, 8))}M",
+                 "-n", name, *tags, f"{self.vg}/{POOL}")
+
+    def hand_remove(self) -> None:
+        thin = self._thin()
+        if thin:
+            self.lvm("lvremove", "--yes", f"{self.vg}/{self.rng.choice(thin).name}")
+
+    def hand_rename(self) -> None:
+        thin = self._thin()
+        if thin:
+            new = f"csi-v-{uuid.UUID(int=self.rng.getrandbits(128)).hex}" \
+                if self.rng.random() < 0.5 \
+                else self.name("renamed-")
+            self.lvm("lvrename", self.vg, self.rng.choice(thin).name, new)
+
+    def hand_extend(self) -> None:
+        thin = self._thin()
+        if thin:
+            self.lvm("lvextend", "--size", "+4M", f"{self.vg}/{self.rng.choice(thin).name}")
+
+    def hand_activation(self) -> None:
+        thin = self._thin()
+        if thin:
+            lv = self.rng.choice(thin)
+            self.lvm("lvchange", "--activate", "n" if lv.active else "y",
+                     f"{self.vg}/{lv.name}")
+
+    def hand_tags(self) -> None:
+        thin = self._thin()
+        if not thin:
+            return
+        lv = self.rng.choice(thin)
+        mine = sorted(t for t in lv.tags if t.startswith("walk."))
+        if mine and self.rng.random() < 0.4:
+            self.lvm("lvchange", "--deltag", self.rng.choice(mine), f"{self.vg}/{lv.name}")
+        else:  # long tags: the metadata grows, and its ring wraps sooner
+            tag = f"walk.{self.counter}=" + "x" * self.rng.randrange(10, 200)
+            self.counter += 1
+            self.lvm("lvchange", "--addtag", tag, f"{self.vg}/{lv.name}")
+
+    def vg_extend_or_reduce(self) -> None:
+        disk = self.disks["b"]
+        if disk.in_vg:
+            if self.lvm("vgreduce", self.vg, disk.loop):
+                disk.in_vg = False
+        elif self.lvm("vgextend", self.vg, disk.loop):
+            disk.in_vg = True
+
+    def metadata_ignore(self) -> None:
+        disk = self.disks["b"]
+        if disk.in_vg:
+            self.lvm("pvchange", "--metadataignore", self.rng.choice("yn"), disk.loop)
+
+    def detach_or_attach(self) -> None:
+        """The PV that goes away, one phase a step: detached (the VG runs with
+        it missing: LVM refuses changes), the VG reduced without it (changes
+        go on), attached again with its outdated copy, that copy wiped
+        (vgck --updatemetadata), and the PV made and added again."""
+        disk = self.disks["c"]
+        if disk.attached and disk.in_vg:
+            disk.detach()
+        elif not disk.attached and disk.in_vg:
+            run("vgreduce", "--removemissing", self.vg)
+            disk.in_vg = False
+        elif not disk.attached:
+            disk.attach()
+            disk.outdated = True
+        elif disk.outdated:
+            run("vgck", "--updatemetadata", self.vg)
+            disk.outdated = False
+        else:
+            run("pvcreate", "--yes", "--force", "--force", *disk.pv_args, disk.loop)
+            run("vgextend", self.vg, disk.loop)
+            disk.in_vg = True
+
+    def kill_the_shell(self) -> None:
+        """The plugin's lvm shell killed while it runs the plugin's lvcreate."""
+        shell = self.plugin.runner.lvm_shell
+        assert shell is not None
+        name = self.name("killed-")
+        worker = threading.Thread(target=self.call,
+                                  args=("CreateVolume", _create_request(name, 4 * MiB)))
+        worker.start()
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        pid = shell.pid
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        worker.join()
+        # The CO retries until it succeeds.
+        code, resp = self.call("CreateVolume", _create_request(name, 4 * MiB))
+        if code == "OK":
+            self.made[name] = (resp.volume.volume_id, 4 * MiB)
+
+    def actions(self) -> list[tuple[float, Callable[[], None]]]:
+        """The steps and their weights: cheap ones often, costly ones rarely."""
+        return [
+            (14, self.plugin_create), (8, self.plugin_delete), (4, self.plugin_snapshot),
+            (3, self.plugin_delete_snapshot), (5, self.hand_create), (5, self.hand_remove),
+            (3, self.hand_rename), (3, self.hand_extend), (3, self.hand_activation),
+            (14, self.hand_tags),
+            # About 20, 12, 9 and 9 times in 1,000 steps.
+            (1.3, self.detach_or_attach), (0.8, self.vg_extend_or_reduce),
+            (0.6, self.metadata_ignore), (0.6, self.kill_the_shell),
+        ]
+
+
+def _source(lv: LogicalVolume) -> str:
+    src = vols.source_of(lv)
+    return src.id if src is not None else ""
+
+
+def _message_source(volume: pb.Volume) -> str:
+    source = volume.content_source
+    return source.snapshot.snapshot_id or source.volume.volume_id
+
+
+def _create_request(name: str, size: int) -> pb.CreateVolumeRequest:
+    return pb.CreateVolumeRequest(name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+                                  volume_capabilities=[mount_cap()])
+
+
+@pytest.fixture
+def walk_vg() -> Iterator[tuple[str, dict[str, Disk]]]:
+    """A VG first on PVs `c` (the one that goes away, nothing allocated on it;
+    made first, so `pvs` lists it first) and `a` (the thin pool; two metadata
+    copies); `b` is added and removed, its metadata sometimes ignored. Small
+    metadata areas: their rings wrap many times in a walk."""
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    vg = f"csiwalk{uuid.uuid4().hex[:8]}"
+    specs = {"c": ("--metadatasize", "512k"),
+             "a": ("--metadatasize", "512k", "--metadatacopies", "2"),
+             "b": ("--metadatasize", "512k")}
+    disks: dict[str, Disk] = {}
+    for key, args in specs.items():
+        image = SCRATCH / f"{vg}-{key}.img"
+        with open(image, "wb") as f:
+            f.truncate(384 * MiB)
+        loop = run("losetup", "--find", "--show", str(image)).stdout.strip()
+        run("pvcreate", "--yes", *args, loop)
+        disks[key] = Disk(image, loop, args)
+    run("vgcreate", "--yes", vg, disks["c"].loop, disks["a"].loop)
+    disks["c"].in_vg = disks["a"].in_vg = True
+    run("lvcreate", "--yes", "--type", "thin-pool", "--size", "256M", "--name", POOL, vg,
+        disks["a"].loop)
+    yield vg, disks
+    run("vgremove", "--yes", "--force", vg, check=False)
+    for disk in disks.values():
+        run("losetup", "--detach", disk.loop, check=False)
+        disk.image.unlink(missing_ok=True)
+
+
+def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]]) -> None:
+    vg, disks = walk_vg
+    seed = int(os.environ.get("CSI_LOCAL_WALK_SEED") or random.randrange(1 << 32))
+    print(f"metadata walk: seed {seed}, {STEPS} steps (CSI_LOCAL_WALK_SEED={seed} "
+          f"CSI_LOCAL_WALK_STEPS={STEPS} to run it again)")
+    work = SCRATCH / f"walk-{uuid.uuid4().hex[:8]}"
+    config = Config(endpoint=f"unix://{work}/csi.sock", node_id="node-1", volume_group=vg,
+                    thin_pool=POOL, state_dir=str(work / "state"),
+                    lock_dir=str(work / "locks"))
+    plugin = CsiPlugin(config)
+    plugin.runner.start_lvm_shell()
+    walk = Walk(random.Random(seed), vg, disks, plugin)
+    actions = walk.actions()
+    weights = [w for w, _ in actions]
+    started = time.monotonic()
+    done = 0
+    try:
+        walk.compare(0, "start")
+        for step in range(1, STEPS + 1):
+            (action,) = walk.rng.choices([a for _, a in actions], weights)
+            if PROGRESS:
+                print(f"metadata walk: step {step} {action.__name__} at "
+                      f"{time.monotonic() - started:.0f} s", flush=True)
+            action()
+            walk.steps[action.__name__] = walk.steps.get(action.__name__, 0) + 1
+            walk.compare(step, action.__name__)
+            done = step
+    finally:
+        took = time.monotonic() - started
+        print(f"metadata walk: {done} of {STEPS} steps in {took:.0f} s; steps taken: "
+              f"{dict(sorted(walk.steps.items()))}; commands LVM refused: "
+              f"{walk.failed_commands}; comparisons while the plugin took LVM's answer: "
+              f"{walk.fallbacks}")
+        for disk in disks.values():
+            if not disk.attached:
+                disk.attach()
+        plugin.close()
