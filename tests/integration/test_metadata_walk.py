@@ -14,8 +14,11 @@ retry, and every few steps `csi-local status --json`) must equal what it
 says. The plugin runs in this process (its servicers called directly: gRPC
 adds nothing to what is compared), with its lvm shell, as `serve` runs it.
 
-    CSI_LOCAL_WALK_STEPS  steps (default 1000)
-    CSI_LOCAL_WALK_SEED   the seed (default: a random one, printed)
+    CSI_LOCAL_WALK_STEPS  steps in all (default 1000), split evenly between
+                          PARTS walks of their own VG and seed, so that the
+                          test VMs share them (about 2 s a step under emulation)
+    CSI_LOCAL_WALK_SEED   the first part's seed, part i's is that plus i
+                          (default: a random one, printed)
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tests.integration.conftest import SCRATCH, mount_cap, run
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
 STEPS = int(os.environ.get("CSI_LOCAL_WALK_STEPS", "1000"))
+PARTS = 4
 POOL = "pool"
 PROGRESS = os.environ.get("CSI_LOCAL_WALK_PROGRESS") == "1"  # a line per step, as it goes
 STATUS_EVERY = 50  # `csi-local status --json` costs a vgs and an lvs of its own
@@ -395,11 +399,16 @@ def walk_vg() -> Iterator[tuple[str, dict[str, Disk]]]:
         disk.image.unlink(missing_ok=True)
 
 
-def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]]) -> None:
+_BASE_SEED = int(os.environ.get("CSI_LOCAL_WALK_SEED") or random.randrange(1 << 32))
+
+
+@pytest.mark.parametrize("part", range(PARTS))
+def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int) -> None:
     vg, disks = walk_vg
-    seed = int(os.environ.get("CSI_LOCAL_WALK_SEED") or random.randrange(1 << 32))
-    print(f"metadata walk: seed {seed}, {STEPS} steps (CSI_LOCAL_WALK_SEED={seed} "
-          f"CSI_LOCAL_WALK_STEPS={STEPS} to run it again)")
+    seed = _BASE_SEED + part
+    steps = STEPS // PARTS + (1 if part < STEPS % PARTS else 0)
+    print(f"metadata walk part {part}: seed {seed}, {steps} of {STEPS} steps "
+          f"(CSI_LOCAL_WALK_SEED={_BASE_SEED} CSI_LOCAL_WALK_STEPS={STEPS} to run it again)")
     work = SCRATCH / f"walk-{uuid.uuid4().hex[:8]}"
     config = Config(endpoint=f"unix://{work}/csi.sock", node_id="node-1", volume_group=vg,
                     thin_pool=POOL, state_dir=str(work / "state"),
@@ -413,7 +422,7 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]]) -> None:
     done = 0
     try:
         walk.compare(0, "start")
-        for step in range(1, STEPS + 1):
+        for step in range(1, steps + 1):
             (action,) = walk.rng.choices([a for _, a in actions], weights)
             if PROGRESS:
                 print(f"metadata walk: step {step} {action.__name__} at "
@@ -424,7 +433,7 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]]) -> None:
             done = step
     finally:
         took = time.monotonic() - started
-        print(f"metadata walk: {done} of {STEPS} steps in {took:.0f} s; steps taken: "
+        print(f"metadata walk part {part}: {done} of {steps} steps in {took:.0f} s; steps taken: "
               f"{dict(sorted(walk.steps.items()))}; commands LVM refused: "
               f"{walk.failed_commands}; comparisons while the plugin took LVM's answer: "
               f"{walk.fallbacks}")
