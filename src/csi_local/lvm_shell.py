@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -58,6 +59,16 @@ log = logging.getLogger(__name__)
 PROFILE_NAME = "csi-local-shell"
 # LVM's words when it could not read a VG at all (lvm2's toollib.c).
 STALE_VG = "Cannot process volume group"
+# ... and, before them, when the VG is simply not there: a new process says
+# the same, so the shell's answer stands and the shell is kept.
+_VG_NOT_FOUND = re.compile(r'Volume group "[^"]*" not found')
+
+
+def stale_vg(code: int, stderr: str) -> bool:
+    """Whether a command's failure may be the shell's outdated view of a VG's
+    devices (see LvmShell.run), not LVM's answer: it could not read the VG,
+    and not because there is no such VG."""
+    return code != 0 and STALE_VG in stderr and not _VG_NOT_FOUND.search(stderr)
 # Settings LVM allows in a command profile (CFG_PROFILABLE), read once when
 # the shell starts. "all" keeps each command's own messages in its document.
 PROFILE = """\
@@ -309,7 +320,7 @@ class LvmShell:
                 log.error("lvm shell: %s; the shell was killed", lost)
                 raise CommandError(full, -1, out, _joined(err, f"lvm shell: {lost}")) from None
             self.ran += 1
-            if code != 0 and STALE_VG in err + msg_err:
+            if stale_vg(code, err + msg_err):
                 # The shell keeps what it learnt of the VG's devices between
                 # commands: after another process took a missing PV out of
                 # the VG (vgreduce --removemissing), it refuses the VG until

@@ -43,7 +43,7 @@ def place() -> Iterator[Path]:
 
 
 def refuse_remount(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
-    def remount_bind(target: str, options: object) -> None:
+    def remount_bind(target: str, options: object, *, readonly: bool = False) -> None:
         raise SyscallError("mount(2) MS_REMOUNT|MS_BIND", (target, "ro"), errno.EPERM,
                            os.strerror(errno.EPERM))
 

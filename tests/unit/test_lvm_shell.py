@@ -129,3 +129,18 @@ def test_a_profile_directory_that_cannot_be_written_is_an_oserror(tmp_path: Path
     blocker.write_text("")
     with pytest.raises(OSError):
         ensure_profile(str(blocker / "profile"))
+
+
+@pytest.mark.parametrize(("code", "stderr", "stale"), [
+    # The shell's outdated view of a VG whose PV another process removed.
+    (5, "  Cannot process volume group vg0\n", True),
+    (5, "  WARNING: Couldn't find device with uuid x.\n  Cannot process volume group vg0\n",
+     True),
+    # No such VG: a process would say the same; the shell's answer stands.
+    (5, '  Volume group "vg0" not found\n  Cannot process volume group vg0\n', False),
+    (5, "  Thin pool vg0/pool not found.\n", False),
+    (0, "  Cannot process volume group vg0\n", False),
+])
+def test_only_a_vg_the_shell_could_not_read_is_run_again(code: int, stderr: str,
+                                                         stale: bool) -> None:
+    assert lvm_shell.stale_vg(code, stderr) is stale
