@@ -85,8 +85,9 @@ def test_status_and_doctor_on_a_real_node(plugin_factory: Any, vg: LoopVG) -> No
     real = lvs(vg)
     vgs = json.loads(run("vgs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
                          "vg_size,vg_free", vg.name).stdout)["report"][0]["vg"][0]
+    # One PV, one metadata copy, nothing missing: no metadata problem.
     assert got["volume_group"] == {"name": vg.name, "size": int(vgs["vg_size"]),
-                                   "free": int(vgs["vg_free"])}
+                                   "free": int(vgs["vg_free"]), "metadata_problems": []}
     pool = got["thin_pool"]
     assert pool["found"] and pool["active"] and pool["size"] == int(real[vg.pool]["lv_size"])
     assert pool["data_percent"] == pytest.approx(float(real[vg.pool]["data_percent"]))
@@ -127,7 +128,8 @@ def test_status_and_doctor_on_a_real_node(plugin_factory: Any, vg: LoopVG) -> No
     checks = {c["name"]: c for c in json.loads(dj.stdout)["checks"]}
     for name in ("kernel module dm_thin_pool", "device-mapper", "lvm tools", "tools",
                  f"volume group {vg.name}", f"thin pool {vg.name}/{vg.pool}",
-                 "thin pool zeroing", "thin pool fill", "CSI socket"):
+                 "thin pool zeroing", "thin pool fill", "CSI socket",
+                 f"volume group {vg.name} metadata", "thin pool metadata snapshot"):
         assert checks[name]["status"] == "ok", checks[name]
     assert checks[f"state directory {p.state_dir}"]["status"] == "ok"
     assert checks[f"lock directory {p.workdir / 'locks'}"]["status"] == "ok"
