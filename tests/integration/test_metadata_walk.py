@@ -16,8 +16,9 @@ adds nothing to what is compared), with its lvm shell, as `serve` runs it.
 
     CSI_LOCAL_WALK_STEPS  steps in all (default 500), split evenly between
                           PARTS walks of their own VG and seed, so that the
-                          test VMs share them (about 3.2 s a step in a CI VM of
-                          one emulated CPU: 1,000 steps would double CI's time)
+                          test VMs share them (2.4 to 3.2 s a step in a CI VM
+                          of one emulated CPU: 1,000 steps add some 20 minutes
+                          to CI)
     CSI_LOCAL_WALK_SEED   the first part's seed, part i's is that plus i
                           (default: a random one, printed)
 """
