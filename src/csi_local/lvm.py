@@ -721,6 +721,17 @@ class CommittedMetadata:
                                 f"{old[0]}, newest {newest})")
         return (None if problems else meta), problems
 
+    def space(self, vg: str) -> VolumeGroup | None:
+        """What `Lvm.volume_group()` (one `vgs`) answers: the VG's size and free
+        bytes, from the extents its PVs hold and those its LVs map on them.
+        None when the metadata does not answer."""
+        meta = self.volume_group(vg)
+        if meta is None or meta.pe_count <= 0:
+            return None
+        used = sum(lv.pv_extents for lv in meta.lvs.values())
+        extent = meta.extent_size
+        return VolumeGroup(vg, meta.pe_count * extent, (meta.pe_count - used) * extent, extent)
+
     def report(self, vg: str, pool: str) -> VgReport | None:
         """What `Lvm.report()` answers for capacity and idempotency checks:
         every LV of `vg` with its size, tags, thin pool and origin, and the

@@ -298,6 +298,10 @@ class MetaLv:
     visible: bool
     activation_skip: bool
     created: int
+    # Extents it takes on PVs: those of its segments that map PV areas
+    # (`stripes`, linear or striped). Thin volumes, thin pools, RAID and
+    # mirrors map other LVs (their _tdata, _rimage...), which count instead.
+    pv_extents: int = 0
 
 
 @dataclass(frozen=True)
@@ -310,6 +314,7 @@ class VgMetadata:
     lvs: dict[str, MetaLv]
     # PVs LVM could not find when it wrote this version (flagged MISSING).
     missing_pvs: frozenset[str] = frozenset()
+    pe_count: int = 0  # extents of all its PVs, as `vgs` sums them (vg_extent_count)
     # Each LV's section as the text has it, and what it says: the next
     # version of the text parses only the sections that are new (vg_metadata).
     sections: dict[bytes, MetaLv] = field(default_factory=dict, repr=False, compare=False)
@@ -401,6 +406,12 @@ def _layout(text: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
     return text[:area[0]] + text[area[1]:], lvs
 
 
+def _maps_pvs(stripes: Value | None) -> bool:
+    """Whether a segment's `stripes` (["pv0", 0, ...]) are areas of PVs."""
+    return isinstance(stripes, list) and any(isinstance(x, str) and x.startswith("pv")
+                                             for x in stripes)
+
+
 def _meta_lv(vg: str, lv_name: str, lv: dict[str, Value], extent: int) -> MetaLv:
     segments = [lv[f"segment{i}"] for i in range(1, _int(lv.get("segment_count")) + 1)
                 if isinstance(lv.get(f"segment{i}"), dict)]
@@ -421,6 +432,8 @@ def _meta_lv(vg: str, lv_name: str, lv: dict[str, Value], extent: int) -> MetaLv
         visible="VISIBLE" in _words(lv.get("status")),
         activation_skip="ACTIVATION_SKIP" in _words(lv.get("flags")),
         created=_int(lv.get("creation_time")),
+        pv_extents=sum(_int(s.get("extent_count")) for s in segments
+                       if isinstance(s, dict) and _maps_pvs(s.get("stripes"))),
     )
 
 
@@ -462,5 +475,7 @@ def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
                 raise MetadataUnreadable(f"LV {name}/{lv_name}: its section does not parse")
             meta = _meta_lv(name, lv_name, lv, extent)
         lvs[lv_name] = parsed[section] = meta
+    pe_count = sum(_int(pv.get("pe_count")) for pv in (pvs.values() if isinstance(pvs, dict)
+                                                         else ()) if isinstance(pv, dict))
     return VgMetadata(name, _str(vg.get("id")), _int(vg.get("seqno")), extent, pv_uuids, lvs,
-                      missing, parsed)
+                      missing, pe_count, parsed)

@@ -9,9 +9,9 @@ one, so nothing else in the process leaks into it):
 - the VGs, the thin pool of every device class and their volumes, read at
   scrape time by one collector from the pool monitors' shared readings
   (`PoolMonitor.latest`, one monitor per class), so a scrape costs at most
-  one `lvs` and one `vgs` per VG, and none while the last reading is younger
-  than `MAX_AGE` seconds. Pool and volume figures carry a `device_class`
-  label.
+  one `lvs` per VG (the VG's size and free space come off its PVs), and
+  none while the last reading is younger than `MAX_AGE` seconds. Pool and
+  volume figures carry a `device_class` label.
 
 Beside them, the process's own figures (`process_*`: CPU, memory, open
 files; `python_*`: the interpreter and its garbage collector), and every

@@ -1,7 +1,7 @@
 """The plugin's watch on its thin pools: one monitor per device class, each a
-background thread that reads its class's VG every few seconds, extends the
-class's pool when it crosses the autoextend threshold, and keeps the last
-reading for the metrics endpoint.
+background thread that reads its class's pool every few seconds (off the PVs
+and the kernel, no process), extends the pool when it crosses the autoextend
+threshold, and keeps the last reading of the VG for the metrics endpoint.
 
 Why a thread: the pool fills through writes to volumes, which never pass
 through the plugin, and dmeventd (LVM's own autoextend) does not run in the
@@ -69,7 +69,10 @@ class PoolMonitor:
             if reading is not None:
                 return reading
             try:
-                reading = Reading(self.lvm.report(), self.lvm.volume_group(), time.time())
+                # The volumes' fill needs `lvs` (the committed metadata knows no
+                # kernel state of thin volumes); the VG's size and free space
+                # come off its PVs when they answer, so a scrape costs one process.
+                reading = Reading(self.lvm.report(), self._space(), time.time())
             except StorageError as err:
                 log.debug("pool monitor of class %s: cannot read volume group %s: %s",
                           self.pool.class_name, self.lvm.vg, err.message)
@@ -77,10 +80,23 @@ class PoolMonitor:
             self._reading = reading
             return reading
 
+    def _space(self) -> VolumeGroup:
+        committed = self.pool.committed
+        found = committed.space(self.lvm.vg) if committed is not None else None
+        return found if found is not None else self.lvm.volume_group()
+
     def check(self) -> None:
-        """One round: read the VG, autoextend when the pool needs it."""
-        reading = self.latest(max_age=0.0)
-        if reading is None or not self.pool.needs_extension(reading.report):
+        """One round: read the pool's fill, autoextend when it needs it. The
+        fill comes from the committed metadata and the pool's kernel status
+        when they answer (no process: a node that is idle starts none);
+        autoextend itself reads LVM afresh, under the pool's lock."""
+        try:
+            report = self.pool.report(committed=True)
+        except StorageError as err:
+            log.debug("pool monitor of class %s: cannot read volume group %s: %s",
+                      self.pool.class_name, self.lvm.vg, err.message)
+            return
+        if not self.pool.needs_extension(report):
             return
         try:
             added = self.pool.autoextend()

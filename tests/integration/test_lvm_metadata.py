@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -232,3 +233,60 @@ def test_two_processes_creating_at_once_never_over_commit(plugin_factory: Any) -
                 codes.append(err.code())
     assert sorted(c.name for c in codes) == ["OK", "RESOURCE_EXHAUSTED"]
     assert made >= size and _capacity(first) == _capacity(second) == room - made
+
+
+def test_the_vgs_size_and_free_space_agree_with_vgs() -> None:
+    """The VG's size and free space as the metrics and the pool monitor read
+    them off the PVs (CommittedMetadata.space) against `vgs`, after each
+    change of the kinds that take or give back extents: a thin pool and its
+    spare, thin volumes and snapshots (none), linear, striped, RAID1 and
+    mirrored LVs, an old-style snapshot, growing and shrinking, a PV added
+    and one taken away, and a pvmove."""
+    run("modprobe", "-a", "dm-raid", "dm-mirror")
+    vg = make_vg(size=256 * MiB, pool_percent=25)
+    extra: list[tuple[str, str]] = []
+    try:
+        for i in range(2):  # two more PVs: striped, RAID1 and mirrors need them
+            image = f"{vg.image}.{i}"
+            with open(image, "wb") as f:
+                f.truncate(128 * MiB)
+            extra.append((run("losetup", "--find", "--show", image).stdout.strip(), image))
+        lvm = Lvm(ProcessRunner(), vg.name, vg.pool)
+        reader = CommittedMetadata(ProcessRunner())
+        reader.REFRESH = 0.0  # a PV added or taken away: `pvs` again at once
+        name = vg.name
+        steps: list[tuple[str, ...]] = [
+            ("vgextend", name, extra[0][0]),
+            ("lvcreate", "--yes", "--thin", "-V", "1G", "-n", "sp-thin", f"{name}/{vg.pool}"),
+            ("lvcreate", "--yes", "-s", "-n", "sp-thin-snap", f"{name}/sp-thin"),
+            ("lvcreate", "--yes", "-L", "12M", "-n", "sp-linear", name),
+            ("lvcreate", "--yes", "-i", "2", "-I", "64k", "-L", "16M", "-n", "sp-striped", name),
+            ("lvcreate", "--yes", "--type", "raid1", "-m", "1", "-L", "8M", "-n", "sp-raid", name),
+            ("lvcreate", "--yes", "--type", "mirror", "-m", "1", "--mirrorlog", "core", "-L",
+             "8M", "-n", "sp-mirror", name),
+            ("lvextend", "--yes", "-L", "+8M", f"{name}/sp-linear"),
+            ("lvcreate", "--yes", "-s", "-L", "4M", "-n", "sp-cow", f"{name}/sp-linear"),
+            ("lvreduce", "--yes", "-L", "-8M", f"{name}/sp-striped"),
+            ("lvremove", "--yes", f"{name}/sp-cow", f"{name}/sp-raid", f"{name}/sp-mirror"),
+            ("vgextend", name, extra[1][0]),
+            ("pvmove", extra[0][0], extra[1][0]),
+            ("vgreduce", name, extra[0][0]),
+            ("lvremove", "--yes", f"{name}/sp-linear", f"{name}/sp-striped",
+             f"{name}/sp-thin-snap"),
+        ]
+        answered = 0
+        for step in steps:
+            run(*step)
+            want = lvm.volume_group()
+            got = reader.space(name)
+            # None would send the caller to `vgs`; any answer must be `vgs`'s.
+            assert got is None or got == want, f"after {' '.join(step)}: read {got}, vgs " \
+                f"says {want}"
+            answered += got is not None
+        assert answered == len(steps), f"{answered} of {len(steps)} answered"
+    finally:
+        vg.destroy()
+        for loop, image in extra:
+            run("pvremove", "--yes", "--force", "--force", loop, check=False)
+            run("losetup", "--detach", loop, check=False)
+            Path(image).unlink(missing_ok=True)

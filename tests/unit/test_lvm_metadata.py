@@ -18,7 +18,7 @@ from csi_local import dm
 from csi_local import lvm_metadata as lm
 from csi_local.dm import DmDevice
 from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnusable
-from csi_local.lvm import CommittedMetadata
+from csi_local.lvm import CommittedMetadata, VolumeGroup
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"
@@ -309,6 +309,20 @@ def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, pv: str,
     assert vol is not None and vol.size == 64 << 20 and vol.tags == {
         "csi-local.kind=volume", "csi-local.size=67108864"}
     assert vol.kernel_major == -1 and vol.data_percent is None  # no kernel state read
+
+
+
+def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, pv: str) -> None:
+    """What `vgs` says of the VG: its PVs' extents, less those its LVs map on
+    them. Thin volumes and the thin pool map other LVs; the pool's hidden
+    data and metadata LVs and the spare take the extents."""
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    space = CommittedMetadata(runner).space("vg-cap")
+    rows = json.loads(CAPTURE["lvs"])["report"][0]["lv"]
+    on_pvs = sum(int(r["lv_size"]) for r in rows if r["lv_name"].startswith("["))
+    assert on_pvs == (256 + 4 + 4) << 20  # the lvs of the capture: tdata, tmeta, spare
+    assert space == VolumeGroup("vg-cap", 255 * (4 << 20), 255 * (4 << 20) - on_pvs, 4 << 20)
+    assert CommittedMetadata(runner).space("vg-nope") is None
 
 
 @pytest.mark.parametrize(("out_of_data", "read_only", "attr", "health"), [

@@ -6,6 +6,7 @@ grows data and metadata within the VG's free space, once, under the pool lock.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -244,3 +245,54 @@ def test_listing_and_probe_read_without_lvs_when_the_metadata_answers(
     assert reader.asked == 2
     # Not answered: one `lvs` each, as without a reader.
     assert len(n.host.commands("lvs")) == (0 if answers else 2)
+
+
+
+class _PoolReader:
+    """A committed-metadata reader for the pool monitor: the VG's report and
+    space as LVM says them (`answers`), or no answer (None). What it reads
+    to answer is taken off the host's calls: only the monitor's own count."""
+
+    def __init__(self, host: FakeHost, answers: bool) -> None:
+        self.host = host
+        self.lvm = Lvm(host, "vg0", "pool0")
+        self.answers = answers
+
+    def _quietly(self, read: Callable[[], object]) -> object:
+        if not self.answers:
+            return None
+        before = len(self.host.calls)
+        try:
+            return read()
+        finally:
+            del self.host.calls[before:]
+
+    def report(self, vg: str, pool: str) -> object:
+        return self._quietly(self.lvm.report)
+
+    def space(self, vg: str) -> object:
+        return self._quietly(self.lvm.volume_group)
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_an_idle_monitor_starts_no_process_and_a_scrape_one(tmp_path: Path,
+                                                            answers: bool) -> None:
+    """The periodic round reads the pool's fill off the PVs and the kernel; a
+    reading refreshed for the metrics runs one `lvs` (the volumes' fill) and
+    takes the VG's size and free space off the PVs. `lvs` and `vgs` only when
+    the metadata does not answer."""
+    host = FakeHost(vg="vg0", pool="pool0", vg_size=20 * GiB)
+    pool = _pool(tmp_path, host)
+    pool.committed = _PoolReader(host, answers)  # type: ignore[assignment]
+    monitor = PoolMonitor(pool.lvm, pool, interval=60)
+    host.calls.clear()
+    monitor.check()
+    assert [c[0] for c in host.calls] == ([] if answers else ["lvs"])
+    host.calls.clear()
+    reading = monitor.latest(max_age=0)
+    assert reading is not None and reading.vg.size == 20 * GiB and reading.vg.free > 0
+    assert [c[0] for c in host.calls] == (["lvs"] if answers else ["lvs", "vgs"])
+    fill(host, 81.0)
+    host.calls.clear()
+    monitor.check()
+    assert len(host.commands("lvextend")) == 1  # a pool that needs it still grows
