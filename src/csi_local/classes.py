@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +171,10 @@ def parse_classes(text: str, *, source: str = "config", overprovision_ratio: flo
         number = lines.of(table, key)
         where = f"{source}:{number}" if number else source
         return ClassConfigError(f"{where}: {message}")
+
+    # Imported here: most nodes have no device class file, and the parser is
+    # a tenth of the serve path's own imports under emulation (start-up).
+    import tomllib
 
     try:
         data = tomllib.loads(text)
