@@ -277,6 +277,10 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
     doctor.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
                         default=DEFAULT_ENDPOINT, type=_endpoint,
                         help="the plugin's unix:///path/to/csi.sock")
+    doctor.add_argument("--host-lvm-dir", action=_EnvDefault, env="CSI_LOCAL_HOST_LVM_DIR",
+                        type=_directory("the host's LVM directory"),
+                        help="the host's /etc/lvm as mounted in the plugin's container: "
+                        "doctor compares the devices and VGs its LVM sees with the host's")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -444,6 +444,25 @@ def test_node_plugin_honours_the_hosts_device_selection() -> None:
     assert item["key"] in generated_config_map()["data"]
 
 
+def test_node_plugin_gives_doctor_the_hosts_lvm_configuration() -> None:
+    """doctor, run in the plugin's container, compares its LVM's view with
+    the host's: the host's /etc/lvm is mounted read-only where
+    CSI_LOCAL_HOST_LVM_DIR (doctor's --host-lvm-dir) says, and it is not the
+    container's own /etc/lvm (which LVM there reads)."""
+    ds = one("DaemonSet", "csi-local-node")
+    plugin = container(ds, "csi-local")
+    where = _env(plugin)["CSI_LOCAL_HOST_LVM_DIR"]["value"]
+    mount = _mounts(plugin)[where]
+    assert mount.get("readOnly") is True
+    assert _host_path(ds, mount["name"]) == "/etc/lvm"
+    assert not PurePosixPath(where).is_relative_to("/etc/lvm")
+    from csi_local.cli import build_parser
+
+    args = build_parser().parse_args(["doctor", "--volume-group", "vg", "--thin-pool", "p",
+                                      "--host-lvm-dir", where])
+    assert args.host_lvm_dir == where
+
+
 def test_configmap_lvmlocal_conf_is_valid_lvm_config(tmp_path: Path) -> None:
     """What the ConfigMap mounts beside the image's lvm.conf is accepted by
     LVM (config/checks=1 rejects unknown settings), and a filter written

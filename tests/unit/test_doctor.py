@@ -631,3 +631,161 @@ def test_metadata_copies_that_disagree_are_a_warning_naming_the_pv(
     assert (got.status, got.message) == (WARN, problem)
     assert "vgck --updatemetadata vg0" in got.fix
     assert asked == [True]  # LVM's own warnings too: pvs hides an outdated PV
+
+
+# the plugin's LVM view against the host's (--host-lvm-dir) ----------------------
+
+HOST_LVM = "/host/etc/lvm"
+VIEW_ARGV = ("lvmconfig", "--type", "full", *doctor.VIEW_SETTINGS,
+             "devices/use_devicesfile", "devices/devicesfile")
+PVS_ARGV = ("pvs", "--readonly", "--reportformat", "json", "-o", "pv_name,vg_name")
+ACCEPT_ALL = 'global_filter=["a|.*|"]\nfilter=["a|.*|"]\nsystem_id_source="none"\n' \
+             'system_id=""\nuse_devicesfile={udf}\ndevicesfile="system.devices"\n'
+
+
+def _pvs(**pvs: str) -> str:
+    rows = [{"pv_name": f"/dev/{pv}", "vg_name": vg} for pv, vg in pvs.items()]
+    return json.dumps({"report": [{"pv": rows}]})
+
+
+class Views:
+    """The plugin's LVM (a FakeRunner) and the host's (another, handed out for
+    LVM_SYSTEM_DIR=<root>/host/etc/lvm), over a directory tree."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.plugin, self.host = FakeRunner(), FakeRunner()
+        self.dirs: list[str] = []
+        for d in ("etc/lvm", "host/etc/lvm"):
+            (root / d).mkdir(parents=True)
+            (root / d / "lvm.conf").write_text("devices {\n}\n")
+
+    def answer(self, runner: FakeRunner, config: str, pvs: str, rc: int = 0) -> None:
+        runner.on(VIEW_ARGV, config)
+        runner.on(PVS_ARGV, pvs, rc=rc, stderr="  Cannot read devices" if rc else "")
+
+    def host_runner(self, system_dir: str) -> FakeRunner:
+        self.dirs.append(system_dir)
+        return self.host
+
+    def check(self) -> Check:
+        system = System(self.plugin, str(self.root), lvm_runner=self.host_runner)
+        return doctor.check_lvm_view(system, HOST_LVM)
+
+
+@pytest.fixture
+def views(tmp_path: Path) -> Views:
+    return Views(tmp_path / "root")
+
+
+def test_lvm_view_alike_is_ok(views: Views) -> None:
+    """The image's use_devicesfile=1 without a devices file uses none, as the
+    host's use_devicesfile=0 does: no difference."""
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=1), _pvs(sdb="vg0", sdc=""))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0", sdc=""))
+    got = views.check()
+    assert got.status == OK, got
+    assert got.message == (f"the same as the host's ({HOST_LVM}): 2 PV(s) in vg0; filters, "
+                           "devices file (none) and system ID settings alike")
+    # the host's view is LVM's with the host's directory (LVM_SYSTEM_DIR)
+    assert views.dirs == [str(views.root / "host/etc/lvm")]
+    assert views.host.calls == [VIEW_ARGV, PVS_ARGV]
+
+
+def test_lvm_view_with_another_filter_names_setting_pv_and_vg(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0", sdc="data"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'filter=["a|.*|"]\nsystem', 'filter=["r|^/dev/sdc$|","a|.*|"]\nsystem'),
+        _pvs(sdb="vg0"))
+    got = views.check()
+    assert got.status == WARN, got
+    assert got.message == (
+        f"the plugin's LVM and the host's ({HOST_LVM}) differ: devices/filter: plugin "
+        '["a|.*|"], host ["r|^/dev/sdc$|","a|.*|"]; PV /dev/sdc (VG data) seen by the '
+        "plugin only")
+    assert "lvmlocal.conf of the ConfigMap csi-local-config" in got.fix
+    assert doctor.exit_code([got]) == 0  # a warning, never a failure
+
+
+def test_lvm_view_devices_file_and_system_id(views: Views) -> None:
+    """The host uses its devices file, which the plugin's /etc/lvm/devices
+    lacks; and the host has a system ID (lvmlocal), the plugin none: its VG is
+    then the host's alone."""
+    (views.root / "host/etc/lvm/devices").mkdir()
+    (views.root / "host/etc/lvm/devices/system.devices").write_text("")
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=1), _pvs(sdb="vg0", sdc="vg1"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=1).replace(
+        'system_id_source="none"\nsystem_id=""',
+        'system_id_source="lvmlocal"\nsystem_id="node7"'), _pvs(sdb="vg0", sdd="vg1"))
+    msg = views.check().message
+    assert "devices file: plugin none, host devices/system.devices" in msg
+    assert "global/system_id_source: plugin none, host lvmlocal" in msg
+    assert "local/system_id: plugin (unset), host node7" in msg
+    assert "PV /dev/sdc (VG vg1) seen by the plugin only" in msg
+    assert "PV /dev/sdd (VG vg1) seen by the host only" in msg
+    assert "devices/filter" not in msg
+
+
+def test_lvm_view_a_pv_in_another_vg(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), _pvs(sdb=""))
+    got = views.check()
+    assert got.status == WARN
+    assert got.message.endswith("PV /dev/sdb: VG vg0 for the plugin, (none) for the host")
+
+
+def test_lvm_view_without_the_hosts_directory_is_not_checked(views: Views) -> None:
+    (views.root / "host/etc/lvm/lvm.conf").unlink()
+    got = views.check()
+    assert got.status == OK
+    assert got.message.startswith(f"not checked: no lvm.conf in {HOST_LVM}")
+    assert views.plugin.calls == views.host.calls == []
+
+
+def test_lvm_view_of_the_same_directory_is_one_view(tmp_path: Path) -> None:
+    """Bare metal (or --host-lvm-dir /etc/lvm): nothing to compare, no command."""
+    (tmp_path / "etc/lvm").mkdir(parents=True)
+    (tmp_path / "etc/lvm/lvm.conf").write_text("")
+    plugin = FakeRunner()
+    got = doctor.check_lvm_view(System(plugin, str(tmp_path)), "/etc/lvm")
+    assert got == Check("lvm view of the host", OK, "/etc/lvm is this machine's /etc/lvm: "
+                        "one view")
+    assert plugin.calls == []
+
+
+def test_lvm_view_lvm_failing_is_a_warning(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), "", rc=5)
+    got = views.check()
+    assert got.status == WARN
+    assert got.message == "not checked: pvs exited 5: Cannot read devices"
+
+
+def test_lvm_view_is_checked_only_with_the_option(m: Machine, listening: None) -> None:
+    """Without --host-lvm-dir (bare metal, Nomad) the check is not there."""
+    assert not [n for n in m.checks() if n.startswith("lvm view")]
+    system = m.system()
+    got = doctor.run_checks(system, Options("vg0", "pool0", endpoint=ENDPOINT,
+                                            host_lvm_dir="/host/etc/lvm"))
+    assert [c for c in got if c.name == "lvm view of the host"] == [
+        Check("lvm view of the host", OK, "not checked: no lvm.conf in /host/etc/lvm (the "
+              "host's /etc/lvm is not mounted there, or the host has no LVM)")]
+
+
+def test_doctor_takes_the_host_lvm_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    assert build_parser().parse_args(flags).host_lvm_dir is None
+    assert build_parser().parse_args(
+        [*flags, "--host-lvm-dir", "/host/etc/lvm"]).host_lvm_dir == "/host/etc/lvm"
+    monkeypatch.setenv("CSI_LOCAL_HOST_LVM_DIR", "/host/etc/lvm")
+    assert build_parser().parse_args(flags).host_lvm_dir == "/host/etc/lvm"
+    monkeypatch.setenv("CSI_LOCAL_HOST_LVM_DIR", "host/etc/lvm")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(flags)
+
+
+def test_lvm_view_pvs_without_a_report_is_a_warning(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), "  WARNING: something\n")
+    got = views.check()
+    assert (got.status, got.message) == (
+        WARN, "not checked: pvs printed no JSON report: '  WARNING: something\\n'")
