@@ -27,6 +27,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 from csi_local import config as config_mod
@@ -49,6 +50,7 @@ from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
 from csi_local.thinmeta import Holder, ThinMetadata, holder_text
+from csi_local.x509 import CertificateError, pem_validity
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -94,8 +96,10 @@ class System:
     def __init__(self, runner: Runner, root: str = "/", *, root_uid: int = 0,
                  which: Callable[[str], str | None] = _which,
                  env: Mapping[str, str] | None = None,
-                 lvm_runner: Callable[[str], Runner] | None = None) -> None:
+                 lvm_runner: Callable[[str], Runner] | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.runner = runner
+        self.now = clock or (lambda: datetime.now(UTC))
         self.root = root
         self.root_uid = root_uid
         self.which = which
@@ -117,6 +121,11 @@ class System:
                 return f.read()
         except OSError:
             return None
+
+    def read_bytes(self, path: str) -> bytes:
+        """The file's bytes; OSError as open(2) fails."""
+        with open(self.path(path), "rb") as f:
+            return f.read()
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(self.path(path))
@@ -593,6 +602,60 @@ def check_lvm_view(system: System, host_dir: str) -> Check:
                  f"({plugin.settings['devices file']}) and system ID settings alike")
 
 
+# The Secret the snapshot-metadata overlay mounts (deploy/kubernetes/examples/
+# snapshot-metadata), for the fixes; and how early an expiry is a warning.
+SNAPSHOT_METADATA_SECRET = "csi-local-snapshot-metadata-tls"  # noqa: S105 - a name
+CERT_WARNING_DAYS = config_mod.DEFAULT_CERT_WARNING_DAYS
+_CERT_FIX = (f"create the kubernetes.io/tls Secret {SNAPSHOT_METADATA_SECRET} (namespace "
+             "csi-local), best with the cert-manager Certificate of docs/snapshot-metadata.md "
+             "(\"TLS with cert-manager\"), which renews it; kubelet then updates this file "
+             "and the sidecar loads it")
+
+
+def _date(when: datetime) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def check_tls_certificate(system: System, path: str, *,
+                          warning_days: int = CERT_WARNING_DAYS) -> Check:
+    """The snapshot-metadata sidecar's certificate (the Secret's tls.crt, as
+    mounted where doctor runs): there, a certificate, and not expired nor
+    expiring within `warning_days`. Without it the sidecar does not start
+    (changed-block tracking is down on the node); expired, every client
+    refuses it."""
+    label = "snapshot-metadata TLS certificate"
+    try:
+        text = system.read_bytes(path).decode("ascii", errors="replace")
+    except FileNotFoundError:
+        return Check(label, FAIL, f"{path} does not exist: the Secret "
+                     f"{SNAPSHOT_METADATA_SECRET} (key tls.crt) is missing, and the "
+                     "snapshot-metadata sidecar cannot start", _CERT_FIX)
+    except OSError as err:
+        return Check(label, FAIL, f"{path} cannot be read: {err.strerror or err}",
+                     "run doctor as root in the plugin's container")
+    try:
+        valid = pem_validity(text)
+    except CertificateError as err:
+        return Check(label, FAIL, f"{path} is not a PEM certificate: {err}",
+                     f"put the sidecar's certificate (PEM) into the Secret "
+                     f"{SNAPSHOT_METADATA_SECRET} as tls.crt; {_CERT_FIX}")
+    now = system.now()
+    renew = ("renew it: cert-manager renews a Certificate before it expires (renewBefore); "
+             "a certificate made with openssl: docs/snapshot-metadata.md, \"Renewal\"")
+    if valid.not_after <= now:
+        return Check(label, FAIL, f"{path} expired on {_date(valid.not_after)}: backup "
+                     "clients refuse the sidecar", renew)
+    if valid.not_before > now:
+        return Check(label, WARN, f"{path} is not valid before {_date(valid.not_before)}: "
+                     "clients refuse it until then (or this node's clock is behind)",
+                     "check the node's clock (timedatectl), or the certificate's dates")
+    days = (valid.not_after - now).days
+    if valid.not_after - now < timedelta(days=warning_days):
+        return Check(label, WARN, f"{path} expires on {_date(valid.not_after)}, in {days} "
+                     f"day(s)", renew)
+    return Check(label, OK, f"{path} valid until {_date(valid.not_after)} ({days} days)")
+
+
 # all of them --------------------------------------------------------------------
 
 
@@ -608,6 +671,10 @@ class Options:
     # container: compared with the plugin's LVM (check_lvm_view). None: no
     # such check (on the host itself LVM's view is the host's).
     host_lvm_dir: str | None = None
+    # The snapshot-metadata sidecar's certificate, as mounted here (the
+    # snapshot-metadata overlay sets it); None: no such sidecar, no check.
+    tls_cert: str | None = None
+    tls_cert_warning_days: int = CERT_WARNING_DAYS
 
 
 def run_checks(system: System, opts: Options) -> list[Check]:
@@ -630,6 +697,9 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     checks.append(check_directory(system, "lock directory", opts.lock_dir, "--lock-dir"))
     checks.append(check_socket(system, opts.endpoint))
     checks.append(check_propagation(system))
+    if opts.tls_cert:
+        checks.append(check_tls_certificate(system, opts.tls_cert,
+                                            warning_days=opts.tls_cert_warning_days))
     return checks
 
 
@@ -716,7 +786,10 @@ def to_json(checks: list[Check]) -> str:
 def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
     opts = Options(args.volume_group or "", args.thin_pool or "", args.state_dir,
                    args.lock_dir, args.endpoint, getattr(args, "config", None) or None,
-                   host_lvm_dir=getattr(args, "host_lvm_dir", None) or None)
+                   host_lvm_dir=getattr(args, "host_lvm_dir", None) or None,
+                   tls_cert=getattr(args, "snapshot_metadata_tls_cert", None) or None,
+                   tls_cert_warning_days=getattr(args, "tls_cert_warning_days",
+                                                 CERT_WARNING_DAYS))
     checks = run_checks(system, opts)
     out.write(to_json(checks) if args.json else render(checks))
     return exit_code(checks)

@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from csi_local.runner import Result
 from csi_local.thinmeta import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
+from tests.unit.test_x509 import cert as x509_cert
+from tests.unit.test_x509 import pem as x509_pem
+from tests.unit.test_x509 import tlv
 
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
              *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools))
@@ -782,6 +786,112 @@ def test_doctor_takes_the_host_lvm_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CSI_LOCAL_HOST_LVM_DIR", "host/etc/lvm")
     with pytest.raises(SystemExit):
         build_parser().parse_args(flags)
+
+
+# the snapshot-metadata sidecar's certificate (--snapshot-metadata-tls-cert) ------
+
+TLS_CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def _cert_check(root: Path, now: datetime = NOW) -> Check:
+    system = System(FakeRunner(), str(root), clock=lambda: now)
+    return doctor.check_tls_certificate(system, TLS_CERT)
+
+
+def _write_cert(root: Path, not_before: str, not_after: str) -> None:
+    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()))
+    path = root / TLS_CERT[1:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(x509_pem(der))
+
+
+def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z")
+    assert _cert_check(tmp_path) == Check(
+        "snapshot-metadata TLS certificate", OK,
+        f"{TLS_CERT} valid until 2026-08-01 12:00:00 UTC (61 days)")
+    got = _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, 1, tzinfo=UTC))
+    assert (got.status, got.message) == (
+        WARN, f"{TLS_CERT} expires on 2026-08-01 12:00:00 UTC, in 13 day(s)")
+    assert "cert-manager" in got.fix
+    # 14 days exactly is not yet "within 14 days"
+    assert _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, tzinfo=UTC)).status == OK
+    got = _cert_check(tmp_path, datetime(2026, 8, 1, 12, 0, tzinfo=UTC))
+    assert (got.status, got.message) == (
+        FAIL, f"{TLS_CERT} expired on 2026-08-01 12:00:00 UTC: backup clients refuse the "
+        "sidecar")
+    got = _cert_check(tmp_path, datetime(2025, 5, 1, tzinfo=UTC))
+    assert (got.status, got.message.split(":")[0]) == (
+        WARN, f"{TLS_CERT} is not valid before 2025-06-01 12")
+
+
+def test_tls_certificate_missing_names_secret_and_fix(tmp_path: Path) -> None:
+    """The overlay mounts the Secret optionally: without it the directory is
+    empty and the file missing."""
+    got = _cert_check(tmp_path)
+    assert got.status == FAIL
+    assert got.message == (f"{TLS_CERT} does not exist: the Secret "
+                           "csi-local-snapshot-metadata-tls (key tls.crt) is missing, and the "
+                           "snapshot-metadata sidecar cannot start")
+    assert "cert-manager Certificate of docs/snapshot-metadata.md" in got.fix
+
+
+def test_tls_certificate_unreadable_or_not_one(tmp_path: Path) -> None:
+    path = tmp_path / TLS_CERT[1:]
+    path.mkdir(parents=True)
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (FAIL, f"{TLS_CERT} cannot be read: Is a directory")
+    path.rmdir()
+    path.write_text("-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n")
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (
+        FAIL, f"{TLS_CERT} is not a PEM certificate: no PEM CERTIFICATE block")
+
+
+def test_tls_certificate_is_checked_only_when_configured(m: Machine, listening: None) -> None:
+    assert not [n for n in m.checks() if "TLS" in n]
+    got = doctor.run_checks(m.system(), Options("vg0", "pool0", endpoint=ENDPOINT,
+                                                 tls_cert=TLS_CERT))
+    assert got[-1].name == "snapshot-metadata TLS certificate"
+    assert got[-1].status == FAIL  # not in m's tree
+
+
+def test_doctor_takes_the_certificate_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    ns = build_parser().parse_args(flags)
+    assert (ns.snapshot_metadata_tls_cert, ns.tls_cert_warning_days) == (None, 14)
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    monkeypatch.setenv("CSI_LOCAL_TLS_CERT_WARNING_DAYS", "30")
+    ns = build_parser().parse_args(flags)
+    assert (ns.snapshot_metadata_tls_cert, ns.tls_cert_warning_days) == (TLS_CERT, 30)
+    for bad in ("tls.crt", "-1", "two"):
+        env = ("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT" if bad == "tls.crt"
+               else "CSI_LOCAL_TLS_CERT_WARNING_DAYS")
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(flags)
+        monkeypatch.setenv(env, TLS_CERT if env.endswith("CERT") else "30")
+
+
+def test_doctor_run_passes_the_certificate_settings(m: Machine, listening: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A certificate with 20 days left: ok with the default 14, a warning
+    with CSI_LOCAL_TLS_CERT_WARNING_DAYS=30 (exit 0 either way)."""
+    now = datetime.now(UTC)
+    _write_cert(m.root, f"{now - timedelta(days=1):%y%m%d%H%M%S}Z",
+                f"{now + timedelta(days=20, hours=1):%y%m%d%H%M%S}Z")
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    for days, status in ((None, OK), ("30", WARN)):
+        if days:
+            monkeypatch.setenv("CSI_LOCAL_TLS_CERT_WARNING_DAYS", days)
+        ns = build_parser().parse_args(["doctor", "--volume-group", "vg0", "--thin-pool",
+                                        "pool0", "--endpoint", ENDPOINT, "--json"])
+        out = io.StringIO()
+        assert doctor.run(m.system(), ns, out=out) == 0
+        (got,) = [c for c in json.loads(out.getvalue())["checks"]
+                  if c["name"] == "snapshot-metadata TLS certificate"]
+        assert got["status"] == status, got
 
 
 def test_lvm_view_pvs_without_a_report_is_a_warning(views: Views) -> None:
