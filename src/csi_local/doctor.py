@@ -538,11 +538,25 @@ class LvmView:
     pvs: dict[str, str]  # PV path -> its VG ("" for none)
 
 
+# The array settings of VIEW_SETTINGS. lvmconfig prints an array of one
+# element as a plain string (global_filter="r|^/dev/sdb$|", read_config
+# drops the quotes), of more as ["a","b"]: one form for both, so that
+# [ "a|.*|" ] set by hand and the default ["a|.*|"] compare equal.
+_ARRAY_SETTINGS = ("devices/global_filter", "devices/filter", "local/extra_system_ids")
+
+
+def _config_value(key: str, value: str) -> str:
+    if key in _ARRAY_SETTINGS and value and not value.startswith("["):
+        return json.dumps([value], separators=(",", ":"))
+    return value
+
+
 def read_lvm_view(system: System, runner: Runner, system_dir: str) -> LvmView:
     """The view of LVM run by `runner`, whose configuration is in
     `system_dir`. StorageError (CommandError) when LVM cannot say."""
     values = read_config(runner, (*VIEW_SETTINGS, *_DEVICES_FILE_SETTINGS))
-    settings = {key: values.get(key.rsplit("/", 1)[1], "") for key in VIEW_SETTINGS}
+    settings = {key: _config_value(key, values.get(key.rsplit("/", 1)[1], ""))
+                for key in VIEW_SETTINGS}
     name = values.get("devicesfile") or "system.devices"
     in_use = (values.get("use_devicesfile") == "1"
               and system.exists(os.path.join(system_dir, "devices", name)))

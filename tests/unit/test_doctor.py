@@ -711,6 +711,21 @@ def test_lvm_view_with_another_filter_names_setting_pv_and_vg(views: Views) -> N
     assert doctor.exit_code([got]) == 0  # a warning, never a failure
 
 
+def test_lvm_view_one_element_arrays_are_arrays(views: Views) -> None:
+    """lvmconfig prints an array of one element as a string: the same value
+    as the default's ["a|.*|"], and named as an array when it differs."""
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'global_filter=["a|.*|"]', 'global_filter="a|.*|"'), _pvs(sdb="vg0"))
+    assert views.check().status == OK
+    views.host.replies.clear()
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'global_filter=["a|.*|"]', 'global_filter="r|^/dev/sdb$|"'), _pvs())
+    assert views.check().message.endswith(
+        'differ: devices/global_filter: plugin ["a|.*|"], host ["r|^/dev/sdb$|"]; '
+        "PV /dev/sdb (VG vg0) seen by the plugin only")
+
+
 def test_lvm_view_devices_file_and_system_id(views: Views) -> None:
     """The host uses its devices file, which the plugin's /etc/lvm/devices
     lacks; and the host has a system ID (lvmlocal), the plugin none: its VG is
