@@ -6,7 +6,16 @@
 # (scripts/build-image does that with debootstrap + podman import). Both stages
 # use Debian's own python3, so the virtual environment built in the first stage
 # has the same interpreter path (/usr/bin/python3) in the final stage.
-ARG BASE=debian:bookworm-slim
+#
+# Pinned by digest, never by a tag alone (a tag moves with every rebuild of
+# the image): the default is the official debian:bookworm-slim, its multi-arch
+# index as docker-library/repo-info records it (repos/debian/remote/
+# bookworm-slim.md; the build of 2026-08-03); the tag is only for readers, the
+# digest decides. scripts/build-image passes its local base by that image's
+# own content digest. To move to a newer base, take the digest from the same
+# place (or `docker buildx imagetools inspect debian:bookworm-slim`).
+# tests/deploy/test_dockerfile.py checks both are digests.
+ARG BASE=docker.io/library/debian:bookworm-slim@sha256:abd67ffcfa541b485a3dff59865ab629aa048a6c613e639d36e7456b0b229241
 
 # ---------------------------------------------------------------------------
 # Builder: install the package and its dependencies into /opt/csi-local.

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from csi_local import __version__
 from csi_local.classes import load_classes
 from csi_local.config import (
+    DEFAULT_CERT_WARNING_DAYS,
     DEFAULT_DRIVER_NAME,
     DEFAULT_ENDPOINT,
     DEFAULT_FREEZE_LIMIT,
@@ -170,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _directory(what: str) -> Callable[[str], str]:
-    """A `type` for status's and doctor's directories: serve's rule
-    (config.absolute_path), so what serve refuses they refuse too."""
+    """A `type` for status's and doctor's directories (and doctor's
+    certificate file): serve's rule (config.absolute_path), so what serve
+    refuses they refuse too."""
 
     def check(text: str) -> str:
         try:
@@ -189,6 +191,12 @@ def _endpoint(text: str) -> str:
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def _days(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number of days: {text!r}")
+    return int(text)
 
 
 def _lvm_name(text: str) -> str:
@@ -277,6 +285,19 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
     doctor.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
                         default=DEFAULT_ENDPOINT, type=_endpoint,
                         help="the plugin's unix:///path/to/csi.sock")
+    doctor.add_argument("--host-lvm-dir", action=_EnvDefault, env="CSI_LOCAL_HOST_LVM_DIR",
+                        type=_directory("the host's LVM directory"),
+                        help="the host's /etc/lvm as mounted in the plugin's container: "
+                        "doctor compares the devices and VGs its LVM sees with the host's")
+    doctor.add_argument("--snapshot-metadata-tls-cert", action=_EnvDefault,
+                        env="CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT",
+                        type=_directory("the snapshot-metadata TLS certificate"),
+                        help="the snapshot-metadata sidecar's certificate (PEM, the Secret's "
+                        "tls.crt) as mounted here: doctor checks it is there and not expiring")
+    doctor.add_argument("--tls-cert-warning-days", action=_EnvDefault,
+                        env="CSI_LOCAL_TLS_CERT_WARNING_DAYS",
+                        default=str(DEFAULT_CERT_WARNING_DAYS), type=_days,
+                        help="warn when the certificate expires within this many days")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

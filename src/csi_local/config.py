@@ -20,6 +20,9 @@ DEFAULT_STATE_DIR = "/var/lib/csi-local"
 # Seconds a group snapshot may keep its members' file systems frozen: lvcreate
 # takes well under a second per member on real hardware.
 DEFAULT_FREEZE_LIMIT = 10.0
+# Days before a certificate's expiry from which doctor warns (cert-manager
+# renews 30 days before by default, so a warning means renewal is failing).
+DEFAULT_CERT_WARNING_DAYS = 14
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
 
 

@@ -27,6 +27,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 from csi_local import config as config_mod
@@ -40,6 +41,7 @@ from csi_local.lvm import (
     Lvm,
     VgReport,
     lvm_version,
+    physical_volumes,
     profile_dir,
     read_config,
 )
@@ -48,6 +50,7 @@ from csi_local.pool import PoolPolicy
 from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
 from csi_local.thinmeta import Holder, ThinMetadata, holder_text
+from csi_local.x509 import CertificateError, pem_validity
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -74,6 +77,10 @@ class Check:
     fix: str = ""
 
 
+def _lvm_system_dir_runner(system_dir: str) -> Runner:
+    return ProcessRunner(timeout=30.0, extra_env={"LVM_SYSTEM_DIR": system_dir})
+
+
 def _which(tool: str) -> str | None:
     try:
         return resolve(tool)
@@ -88,12 +95,22 @@ class System:
 
     def __init__(self, runner: Runner, root: str = "/", *, root_uid: int = 0,
                  which: Callable[[str], str | None] = _which,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 lvm_runner: Callable[[str], Runner] | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.runner = runner
+        self.now = clock or (lambda: datetime.now(UTC))
         self.root = root
         self.root_uid = root_uid
         self.which = which
         self.env = os.environ if env is None else env
+        self._lvm_runner = lvm_runner or _lvm_system_dir_runner
+
+    def lvm_runner(self, system_dir: str) -> Runner:
+        """A runner whose LVM commands read their configuration from
+        `system_dir` (a path as this machine sees it) instead of /etc/lvm:
+        LVM_SYSTEM_DIR, LVM's own way to point at another configuration."""
+        return self._lvm_runner(self.path(system_dir))
 
     def path(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -104,6 +121,11 @@ class System:
                 return f.read()
         except OSError:
             return None
+
+    def read_bytes(self, path: str) -> bytes:
+        """The file's bytes; OSError as open(2) fails."""
+        with open(self.path(path), "rb") as f:
+            return f.read()
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(self.path(path))
@@ -492,6 +514,162 @@ def check_propagation(system: System, path: str = KUBELET_DIR) -> Check:
                  f"{path} into the plugin's container with mountPropagation: Bidirectional")
 
 
+# The settings that decide which devices LVM reads and which VGs it takes as
+# this host's (lvm.conf(5), lvmsystemid(7)), compared between the plugin's
+# LVM and the host's. The devices file is compared by what is in use: LVM
+# uses none where use_devicesfile = 1 but the file does not exist (the image's
+# lvm.conf on a host without one), the same as use_devicesfile = 0.
+VIEW_SETTINGS = ("devices/global_filter", "devices/filter", "global/system_id_source",
+                 "global/system_id_file", "local/system_id", "local/extra_system_ids")
+_DEVICES_FILE_SETTINGS = ("devices/use_devicesfile", "devices/devicesfile")
+LVM_DIR = "/etc/lvm"
+LVMLOCAL_FIX = ("give the plugin's LVM the host's settings: copy them (on the node, "
+                "lvmconfig devices/global_filter devices/filter prints the filters) into "
+                "lvmlocal.conf of the ConfigMap csi-local-config "
+                "(deploy/kubernetes/base/lvmlocal.conf) and apply it; the node pods roll "
+                "over to it (docs/kubernetes.md, \"Device filtering\")")
+
+
+@dataclass(frozen=True)
+class LvmView:
+    """What LVM with one configuration directory sees."""
+
+    settings: dict[str, str]  # VIEW_SETTINGS and "devices file" -> value ("" unset)
+    pvs: dict[str, str]  # PV path -> its VG ("" for none)
+
+
+# The array settings of VIEW_SETTINGS. lvmconfig prints an array of one
+# element as a plain string (global_filter="r|^/dev/sdb$|", read_config
+# drops the quotes), of more as ["a","b"]: one form for both, so that
+# [ "a|.*|" ] set by hand and the default ["a|.*|"] compare equal.
+_ARRAY_SETTINGS = ("devices/global_filter", "devices/filter", "local/extra_system_ids")
+
+
+def _config_value(key: str, value: str) -> str:
+    if key in _ARRAY_SETTINGS and value and not value.startswith("["):
+        return json.dumps([value], separators=(",", ":"))
+    return value
+
+
+def read_lvm_view(system: System, runner: Runner, system_dir: str) -> LvmView:
+    """The view of LVM run by `runner`, whose configuration is in
+    `system_dir`. StorageError (CommandError) when LVM cannot say."""
+    values = read_config(runner, (*VIEW_SETTINGS, *_DEVICES_FILE_SETTINGS))
+    settings = {key: _config_value(key, values.get(key.rsplit("/", 1)[1], ""))
+                for key in VIEW_SETTINGS}
+    name = values.get("devicesfile") or "system.devices"
+    in_use = (values.get("use_devicesfile") == "1"
+              and system.exists(os.path.join(system_dir, "devices", name)))
+    settings["devices file"] = f"devices/{name}" if in_use else "none"
+    return LvmView(settings, physical_volumes(runner))
+
+
+def view_differences(plugin: LvmView, host: LvmView) -> list[str]:
+    """Each setting, PV and VG on which the two views differ, with both values."""
+    diffs = [f"{key}: plugin {plugin.settings[key] or '(unset)'}, host "
+             f"{host.settings[key] or '(unset)'}"
+             for key in plugin.settings if plugin.settings[key] != host.settings.get(key)]
+    for pv in sorted(plugin.pvs.keys() | host.pvs.keys()):
+        vg_here, vg_host = plugin.pvs.get(pv), host.pvs.get(pv)
+        if vg_host is None:
+            diffs.append(f"PV {pv}{_of_vg(vg_here)} seen by the plugin only")
+        elif vg_here is None:
+            diffs.append(f"PV {pv}{_of_vg(vg_host)} seen by the host only")
+        elif vg_here != vg_host:
+            diffs.append(f"PV {pv}: VG {vg_here or '(none)'} for the plugin, "
+                         f"{vg_host or '(none)'} for the host")
+    return diffs
+
+
+def _of_vg(vg: str | None) -> str:
+    return f" (VG {vg})" if vg else " (no VG)"
+
+
+def check_lvm_view(system: System, host_dir: str) -> Check:
+    """Whether the plugin's LVM (the image's lvm.conf and the deployment's
+    lvmlocal.conf in /etc/lvm) sees the devices and VGs the host's LVM does
+    (its /etc/lvm, mounted read-only at `host_dir`): the same settings, and
+    the same PVs in the same VGs, as LVM itself reports with each."""
+    label = "lvm view of the host"
+    if not system.exists(os.path.join(host_dir, "lvm.conf")):
+        return Check(label, OK, f"not checked: no lvm.conf in {host_dir} (the host's "
+                     "/etc/lvm is not mounted there, or the host has no LVM)")
+    try:
+        if os.path.samefile(system.path(host_dir), system.path(LVM_DIR)):
+            return Check(label, OK, f"{host_dir} is this machine's {LVM_DIR}: one view")
+    except OSError:
+        pass
+    try:
+        plugin = read_lvm_view(system, system.runner, LVM_DIR)
+        host = read_lvm_view(system, system.lvm_runner(host_dir), host_dir)
+    except StorageError as err:
+        return Check(label, WARN, f"not checked: {err.message}",
+                     f"check both configurations: lvmconfig --validate, and with "
+                     f"LVM_SYSTEM_DIR={host_dir}")
+    diffs = view_differences(plugin, host)
+    if diffs:
+        return Check(label, WARN, f"the plugin's LVM and the host's ({host_dir}) differ: "
+                     + "; ".join(diffs), LVMLOCAL_FIX)
+    vgs = sorted({vg for vg in plugin.pvs.values() if vg})
+    return Check(label, OK, f"the same as the host's ({host_dir}): {len(plugin.pvs)} PV(s)"
+                 f"{' in ' + ', '.join(vgs) if vgs else ''}; filters, devices file "
+                 f"({plugin.settings['devices file']}) and system ID settings alike")
+
+
+# The Secret the snapshot-metadata overlay mounts (deploy/kubernetes/examples/
+# snapshot-metadata), for the fixes; and how early an expiry is a warning.
+SNAPSHOT_METADATA_SECRET = "csi-local-snapshot-metadata-tls"  # noqa: S105 - a name
+CERT_WARNING_DAYS = config_mod.DEFAULT_CERT_WARNING_DAYS
+_CERT_FIX = (f"create the kubernetes.io/tls Secret {SNAPSHOT_METADATA_SECRET} (namespace "
+             "csi-local), best with the cert-manager Certificate of docs/snapshot-metadata.md "
+             "(\"TLS with cert-manager\"), which renews it; kubelet then updates this file "
+             "and the sidecar loads it")
+
+
+def _date(when: datetime) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def check_tls_certificate(system: System, path: str, *,
+                          warning_days: int = CERT_WARNING_DAYS) -> Check:
+    """The snapshot-metadata sidecar's certificate (the Secret's tls.crt, as
+    mounted where doctor runs): there, a certificate, and not expired nor
+    expiring within `warning_days`. Without it the sidecar does not start
+    (changed-block tracking is down on the node); expired, every client
+    refuses it."""
+    label = "snapshot-metadata TLS certificate"
+    try:
+        text = system.read_bytes(path).decode("ascii", errors="replace")
+    except FileNotFoundError:
+        return Check(label, FAIL, f"{path} does not exist: the Secret "
+                     f"{SNAPSHOT_METADATA_SECRET} (key tls.crt) is missing, and the "
+                     "snapshot-metadata sidecar cannot start", _CERT_FIX)
+    except OSError as err:
+        return Check(label, FAIL, f"{path} cannot be read: {err.strerror or err}",
+                     "run doctor as root in the plugin's container")
+    try:
+        valid = pem_validity(text)
+    except CertificateError as err:
+        return Check(label, FAIL, f"{path} is not a PEM certificate: {err}",
+                     f"put the sidecar's certificate (PEM) into the Secret "
+                     f"{SNAPSHOT_METADATA_SECRET} as tls.crt; {_CERT_FIX}")
+    now = system.now()
+    renew = ("renew it: cert-manager renews a Certificate before it expires (renewBefore); "
+             "a certificate made with openssl: docs/snapshot-metadata.md, \"Renewal\"")
+    if valid.not_after <= now:
+        return Check(label, FAIL, f"{path} expired on {_date(valid.not_after)}: backup "
+                     "clients refuse the sidecar", renew)
+    if valid.not_before > now:
+        return Check(label, WARN, f"{path} is not valid before {_date(valid.not_before)}: "
+                     "clients refuse it until then (or this node's clock is behind)",
+                     "check the node's clock (timedatectl), or the certificate's dates")
+    days = (valid.not_after - now).days
+    if valid.not_after - now < timedelta(days=warning_days):
+        return Check(label, WARN, f"{path} expires on {_date(valid.not_after)}, in {days} "
+                     f"day(s)", renew)
+    return Check(label, OK, f"{path} valid until {_date(valid.not_after)} ({days} days)")
+
+
 # all of them --------------------------------------------------------------------
 
 
@@ -503,6 +681,14 @@ class Options:
     lock_dir: str = DEFAULT_LOCK_DIR
     endpoint: str = config_mod.DEFAULT_ENDPOINT
     config: str | None = None  # the device classes' file, instead of the VG and pool
+    # The host's /etc/lvm, mounted read-only where the plugin runs in a
+    # container: compared with the plugin's LVM (check_lvm_view). None: no
+    # such check (on the host itself LVM's view is the host's).
+    host_lvm_dir: str | None = None
+    # The snapshot-metadata sidecar's certificate, as mounted here (the
+    # snapshot-metadata overlay sets it); None: no such sidecar, no check.
+    tls_cert: str | None = None
+    tls_cert_warning_days: int = CERT_WARNING_DAYS
 
 
 def run_checks(system: System, opts: Options) -> list[Check]:
@@ -518,11 +704,16 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     ]
     checks += _class_checks(system, opts)
     checks += check_lvm_settings(system)
+    if opts.host_lvm_dir:
+        checks.append(check_lvm_view(system, opts.host_lvm_dir))
     checks.append(check_lvm_shell(system))
     checks.append(check_directory(system, "state directory", opts.state_dir, "--state-dir"))
     checks.append(check_directory(system, "lock directory", opts.lock_dir, "--lock-dir"))
     checks.append(check_socket(system, opts.endpoint))
     checks.append(check_propagation(system))
+    if opts.tls_cert:
+        checks.append(check_tls_certificate(system, opts.tls_cert,
+                                            warning_days=opts.tls_cert_warning_days))
     return checks
 
 
@@ -608,7 +799,11 @@ def to_json(checks: list[Check]) -> str:
 
 def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -> int:
     opts = Options(args.volume_group or "", args.thin_pool or "", args.state_dir,
-                   args.lock_dir, args.endpoint, getattr(args, "config", None) or None)
+                   args.lock_dir, args.endpoint, getattr(args, "config", None) or None,
+                   host_lvm_dir=getattr(args, "host_lvm_dir", None) or None,
+                   tls_cert=getattr(args, "snapshot_metadata_tls_cert", None) or None,
+                   tls_cert_warning_days=getattr(args, "tls_cert_warning_days",
+                                                 CERT_WARNING_DAYS))
     checks = run_checks(system, opts)
     out.write(to_json(checks) if args.json else render(checks))
     return exit_code(checks)

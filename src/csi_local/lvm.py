@@ -248,6 +248,20 @@ def read_config(runner: Runner, keys: Sequence[str]) -> dict[str, str]:
     return values
 
 
+def physical_volumes(runner: Runner) -> dict[str, str]:
+    """{PV path: its VG ("" for none)} of every PV this LVM (its configuration:
+    filters, devices file, system ID) sees. `--readonly`: no lock, no
+    device-mapper, the on-disk metadata as it is; for doctor, never a fast
+    path. CommandError, or StorageError when pvs prints no JSON report."""
+    out = runner.run(["pvs", "--readonly", "--reportformat", "json",
+                      "-o", "pv_name,vg_name"]).stdout
+    try:
+        return {row["pv_name"]: row.get("vg_name", "") for report in json.loads(out)["report"]
+                for row in report.get("pv", [])}
+    except (ValueError, AttributeError, TypeError, KeyError):
+        raise StorageError(f"pvs printed no JSON report: {out[:200]!r}") from None
+
+
 def profile_dir(runner: Runner) -> str:
     """Where LVM reads command profiles (config/profile_dir)."""
     return read_config(runner, ["config/profile_dir"]).get("profile_dir") or "/etc/lvm/profile"

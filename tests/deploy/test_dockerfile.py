@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from tests.deploy._deploy import REPO, run_lvm
 
@@ -46,7 +47,7 @@ def _instructions() -> list[tuple[str, str]]:
 
 def test_structure() -> None:
     ins = _instructions()
-    assert ins[0] == ("ARG", "BASE=debian:bookworm-slim")
+    assert ins[0][0] == "ARG" and ins[0][1].startswith("BASE=")
     froms = [rest for op, rest in ins if op == "FROM"]
     assert froms == ["${BASE} AS builder", "${BASE}"], froms
     final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
@@ -60,6 +61,71 @@ def test_structure() -> None:
     assert ("COPY", "--from=builder /opt/csi-local /opt/csi-local") in final
     assert ("COPY", "deploy/container/lvm.conf /etc/lvm/lvm.conf") in final
     assert ("ENTRYPOINT", '["csi-local", "serve"]') in final
+
+
+# An image reference pinned by digest: NAME[:TAG]@sha256:<64 hex>. The digest
+# decides what is pulled; a tag beside it is for readers.
+_PINNED = re.compile(r"^[a-z0-9./_:-]+(:[\w][\w.-]*)?@sha256:[0-9a-f]{64}$")
+
+
+def test_base_image_pinned_by_digest() -> None:
+    """Both stages are FROM ${BASE}, whose default is the official
+    debian:bookworm-slim by digest, not by a tag that moves."""
+    ins = _instructions()
+    base = ins[0][1].removeprefix("BASE=")
+    assert _PINNED.match(base), base
+    assert base.startswith("docker.io/library/debian:bookworm-slim@sha256:"), base
+    assert {rest.split()[0] for op, rest in ins if op == "FROM"} == {"${BASE}"}
+    assert not _PINNED.match("debian:bookworm-slim")  # the pattern itself refuses a tag
+
+
+STUB_DIGEST = "sha256:" + "ab" * 32
+
+
+def _build_image_with_a_stub_podman(tmp_path: Path, digest: str) -> tuple[int, str, list[str]]:
+    """scripts/build-image with a podman that records its arguments: the base
+    "exists" with `digest`; (exit code, output, the build's arguments)."""
+    stub = tmp_path / "bin" / "podman"
+    stub.parent.mkdir()
+    stub.write_text(f"""#!/bin/bash
+echo "$*" >> {tmp_path}/calls
+case "$*" in
+  *"image exists"*) exit 0 ;;
+  *"image inspect --format {{{{.Digest}}}}"*) echo "$STUB_DIGEST" ;;
+  *"image inspect --format {{{{.Size}}}}"*) echo 1048576 ;;
+  *" build "*) printf '%s\\n' "$@" > {tmp_path}/build-args ;;
+  *) echo "unexpected: $*" >&2; exit 9 ;;
+esac
+""")
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "STUB_DIGEST": digest, "PIP_CERT": "", "SSL_CERT_FILE": ""}
+    r = subprocess.run([str(REPO / "scripts" / "build-image"), "-t", "localhost/x:1"],
+                       capture_output=True, text=True, timeout=120, check=False, env=env,
+                       cwd=tmp_path)
+    args_file = tmp_path / "build-args"
+    args = args_file.read_text().splitlines() if args_file.exists() else []
+    return r.returncode, r.stdout + r.stderr, args
+
+
+def test_build_image_passes_its_base_by_digest(tmp_path: Path) -> None:
+    """The local base (debootstrap, podman import) goes to the build as
+    TAG@<its content digest>, pinned as the Dockerfile's default is; a base
+    without a digest stops the build."""
+    code, out, args = _build_image_with_a_stub_podman(tmp_path, STUB_DIGEST)
+    assert code == 0, out
+    (base,) = [args[i + 1] for i, a in enumerate(args) if a == "--build-arg"
+               and args[i + 1].startswith("BASE=")]
+    assert base == f"BASE=localhost/debian:bookworm-slim@{STUB_DIGEST}"
+    assert _PINNED.match(base.removeprefix("BASE=")), base
+    assert "--pull=never" in args
+
+    (tmp_path / "build-args").unlink()
+    other = tmp_path / "other"
+    other.mkdir()
+    code, out, args = _build_image_with_a_stub_podman(other, "")
+    assert code == 1 and args == [], out
+    assert "has no content digest" in out
 
 
 def _lvm_conf() -> dict[str, str]:

@@ -4,6 +4,7 @@ properties csi-local depends on."""
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import re
 import shutil
@@ -444,6 +445,25 @@ def test_node_plugin_honours_the_hosts_device_selection() -> None:
     assert item["key"] in generated_config_map()["data"]
 
 
+def test_node_plugin_gives_doctor_the_hosts_lvm_configuration() -> None:
+    """doctor, run in the plugin's container, compares its LVM's view with
+    the host's: the host's /etc/lvm is mounted read-only where
+    CSI_LOCAL_HOST_LVM_DIR (doctor's --host-lvm-dir) says, and it is not the
+    container's own /etc/lvm (which LVM there reads)."""
+    ds = one("DaemonSet", "csi-local-node")
+    plugin = container(ds, "csi-local")
+    where = _env(plugin)["CSI_LOCAL_HOST_LVM_DIR"]["value"]
+    mount = _mounts(plugin)[where]
+    assert mount.get("readOnly") is True
+    assert _host_path(ds, mount["name"]) == "/etc/lvm"
+    assert not PurePosixPath(where).is_relative_to("/etc/lvm")
+    from csi_local.cli import build_parser
+
+    args = build_parser().parse_args(["doctor", "--volume-group", "vg", "--thin-pool", "p",
+                                      "--host-lvm-dir", where])
+    assert args.host_lvm_dir == where
+
+
 def test_configmap_lvmlocal_conf_is_valid_lvm_config(tmp_path: Path) -> None:
     """What the ConfigMap mounts beside the image's lvm.conf is accepted by
     LVM (config/checks=1 rejects unknown settings), and a filter written
@@ -696,11 +716,13 @@ def test_snapshot_metadata_kustomization_takes_every_manifest() -> None:
 
 def test_snapshot_metadata_changes_only_what_it_should() -> None:
     """The sidecar's DaemonSet and ServiceAccount, the Service, the
-    SnapshotMetadataService and the RBAC are added; nothing of the base
-    changes, the node DaemonSet least of all (the resizer's capabilities-only
-    plugin serves no snapshot metadata)."""
+    SnapshotMetadataService and the RBAC are added; of the base only the node
+    DaemonSet changes, by the certificate for doctor alone (see
+    test_snapshot_metadata_node_plugin_gets_the_certificate_only; the
+    resizer's capabilities-only plugin serves no snapshot metadata)."""
     changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOT_METADATA_DIR)}
     assert changed == {("DaemonSet", SM_DAEMONSET),
+                       ("DaemonSet", "csi-local-node"),
                        ("ServiceAccount", SM_DAEMONSET),
                        ("Service", SM_SERVICE),
                        ("SnapshotMetadataService", DRIVER),
@@ -814,7 +836,7 @@ def test_snapshot_metadata_sidecar_container() -> None:
     """Privileged as the plugin whose socket it uses, its ports declared,
     ready when its health endpoint says so: in a pod of its own, so that its
     readiness (none while the TLS Secret is missing) is never the node
-    plugin's. The node DaemonSet is the base's, unchanged."""
+    plugin's. The node DaemonSet has the base's containers, no more."""
     ds = _sm("DaemonSet", SM_DAEMONSET)
     spec = pod_spec(ds)
     (sidecar,) = spec["containers"]
@@ -829,10 +851,41 @@ def test_snapshot_metadata_sidecar_container() -> None:
     assert probe["path"] == "/health"
     assert _resolve_port(sidecar, probe["port"]) == http_port
     node = _sm("DaemonSet", "csi-local-node")
-    assert node == one("DaemonSet", "csi-local-node")
+    assert [c["name"] for c in pod_spec(node)["containers"]] == [
+        c["name"] for c in pod_spec(one("DaemonSet", "csi-local-node"))["containers"]]
     assert SM_SIDECAR not in [c["name"] for c in pod_spec(node)["containers"]]
     assert spec["priorityClassName"] in {d["metadata"]["name"] for d in snapshot_metadata_docs()
                                          if d["kind"] == "PriorityClass"}
+
+
+def test_snapshot_metadata_node_plugin_gets_the_certificate_only() -> None:
+    """For doctor's certificate check, the plugin's container gets the
+    Secret's tls.crt (not its key) read-only, optional (a missing Secret
+    never keeps the node pods from starting or becoming ready), at the path
+    CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT names: the file the sidecar reads
+    with --tls-cert. Nothing else of the base's node DaemonSet changes."""
+    node = copy.deepcopy(_sm("DaemonSet", "csi-local-node"))
+    plugin = container(node, "csi-local")
+    cert = _env(plugin)["CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT"]["value"]
+    mount = _mounts(plugin)[str(PurePosixPath(cert).parent)]
+    assert mount.get("readOnly") is True and "subPath" not in mount
+    source = _volume(node, mount["name"])["secret"]
+    assert source["secretName"] == SM_SECRET and source.get("optional") is True
+    assert source["items"] == [{"key": "tls.crt", "path": PurePosixPath(cert).name}]
+    sidecar = container(_sm("DaemonSet", SM_DAEMONSET), SM_SIDECAR)
+    assert PurePosixPath(_flag(sidecar, "--tls-cert")).name == "tls.crt"
+    from csi_local.cli import build_parser
+
+    args = build_parser().parse_args(["doctor", "--volume-group", "vg", "--thin-pool", "p",
+                                      "--snapshot-metadata-tls-cert", cert])
+    assert args.snapshot_metadata_tls_cert == cert
+    # without these three, the base's node DaemonSet
+    plugin["env"] = [e for e in plugin["env"]
+                     if e["name"] != "CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT"]
+    plugin["volumeMounts"].remove(mount)
+    pod_spec(node)["volumes"] = [v for v in pod_spec(node)["volumes"]
+                                 if v["name"] != mount["name"]]
+    assert node == one("DaemonSet", "csi-local-node")
 
 
 def test_snapshot_metadata_rbac_covers_sidecar() -> None:

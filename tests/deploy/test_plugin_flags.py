@@ -1,5 +1,7 @@
 """Every flag and environment variable that a manifest or Nomad job passes to
-the plugin must be one `csi-local serve --help` documents."""
+the plugin must be one `csi-local serve --help` documents; an environment
+variable may instead be one of `csi-local doctor --help`, which an operator
+runs in the plugin's container, where it finds that environment."""
 
 from __future__ import annotations
 
@@ -56,17 +58,21 @@ _METAVAR = re.compile(r"(--[a-z][a-z0-9-]*)[ =]([A-Z][A-Z0-9_]*)")
 _ENV = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 
 
-@cache
 def serve_help() -> str:
+    return command_help("serve")
+
+
+@cache
+def command_help(command: str) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
     env["COLUMNS"] = "200"
     code = ("import sys; from csi_local.cli import main; "
-            "sys.argv = ['csi-local', 'serve', '--help']; sys.exit(main())")
+            f"sys.argv = ['csi-local', {command!r}, '--help']; sys.exit(main())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=60, check=False)
-    assert r.returncode == 0, f"csi-local serve --help failed:\n{r.stdout}\n{r.stderr}"
-    assert "--node-id" in r.stdout, r.stdout
+    assert r.returncode == 0, f"csi-local {command} --help failed:\n{r.stdout}\n{r.stderr}"
+    assert "--volume-group" in r.stdout, r.stdout
     return r.stdout
 
 
@@ -109,12 +115,13 @@ def test_plugin_is_deployed_everywhere() -> None:
 @pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)
 def test_flags_and_env_exist(inv: PluginInvocation) -> None:
     text = serve_help()
-    flags, env = help_flags(text), help_env(text)
+    flags, env = help_flags(text), help_env(text) | help_env(command_help("doctor"))
     assert inv.flags or inv.env, f"{inv.where}: passes nothing to the plugin"
     unknown_flags = set(inv.flags) - flags
     assert not unknown_flags, f"{inv.where}: not in serve --help: {sorted(unknown_flags)}"
     unknown_env = set(inv.env) - env
-    assert not unknown_env, f"{inv.where}: not in serve --help: {sorted(unknown_env)}"
+    assert not unknown_env, (f"{inv.where}: not in serve --help nor doctor --help: "
+                             f"{sorted(unknown_env)}")
 
 
 @pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)

@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from csi_local.runner import Result
 from csi_local.thinmeta import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
+from tests.unit.test_x509 import cert as x509_cert
+from tests.unit.test_x509 import pem as x509_pem
+from tests.unit.test_x509 import tlv
 
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
              *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools))
@@ -631,3 +635,282 @@ def test_metadata_copies_that_disagree_are_a_warning_naming_the_pv(
     assert (got.status, got.message) == (WARN, problem)
     assert "vgck --updatemetadata vg0" in got.fix
     assert asked == [True]  # LVM's own warnings too: pvs hides an outdated PV
+
+
+# the plugin's LVM view against the host's (--host-lvm-dir) ----------------------
+
+HOST_LVM = "/host/etc/lvm"
+VIEW_ARGV = ("lvmconfig", "--type", "full", *doctor.VIEW_SETTINGS,
+             "devices/use_devicesfile", "devices/devicesfile")
+PVS_ARGV = ("pvs", "--readonly", "--reportformat", "json", "-o", "pv_name,vg_name")
+ACCEPT_ALL = 'global_filter=["a|.*|"]\nfilter=["a|.*|"]\nsystem_id_source="none"\n' \
+             'system_id=""\nuse_devicesfile={udf}\ndevicesfile="system.devices"\n'
+
+
+def _pvs(**pvs: str) -> str:
+    rows = [{"pv_name": f"/dev/{pv}", "vg_name": vg} for pv, vg in pvs.items()]
+    return json.dumps({"report": [{"pv": rows}]})
+
+
+class Views:
+    """The plugin's LVM (a FakeRunner) and the host's (another, handed out for
+    LVM_SYSTEM_DIR=<root>/host/etc/lvm), over a directory tree."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.plugin, self.host = FakeRunner(), FakeRunner()
+        self.dirs: list[str] = []
+        for d in ("etc/lvm", "host/etc/lvm"):
+            (root / d).mkdir(parents=True)
+            (root / d / "lvm.conf").write_text("devices {\n}\n")
+
+    def answer(self, runner: FakeRunner, config: str, pvs: str, rc: int = 0) -> None:
+        runner.on(VIEW_ARGV, config)
+        runner.on(PVS_ARGV, pvs, rc=rc, stderr="  Cannot read devices" if rc else "")
+
+    def host_runner(self, system_dir: str) -> FakeRunner:
+        self.dirs.append(system_dir)
+        return self.host
+
+    def check(self) -> Check:
+        system = System(self.plugin, str(self.root), lvm_runner=self.host_runner)
+        return doctor.check_lvm_view(system, HOST_LVM)
+
+
+@pytest.fixture
+def views(tmp_path: Path) -> Views:
+    return Views(tmp_path / "root")
+
+
+def test_lvm_view_alike_is_ok(views: Views) -> None:
+    """The image's use_devicesfile=1 without a devices file uses none, as the
+    host's use_devicesfile=0 does: no difference."""
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=1), _pvs(sdb="vg0", sdc=""))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0", sdc=""))
+    got = views.check()
+    assert got.status == OK, got
+    assert got.message == (f"the same as the host's ({HOST_LVM}): 2 PV(s) in vg0; filters, "
+                           "devices file (none) and system ID settings alike")
+    # the host's view is LVM's with the host's directory (LVM_SYSTEM_DIR)
+    assert views.dirs == [str(views.root / "host/etc/lvm")]
+    assert views.host.calls == [VIEW_ARGV, PVS_ARGV]
+
+
+def test_lvm_view_with_another_filter_names_setting_pv_and_vg(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0", sdc="data"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'filter=["a|.*|"]\nsystem', 'filter=["r|^/dev/sdc$|","a|.*|"]\nsystem'),
+        _pvs(sdb="vg0"))
+    got = views.check()
+    assert got.status == WARN, got
+    assert got.message == (
+        f"the plugin's LVM and the host's ({HOST_LVM}) differ: devices/filter: plugin "
+        '["a|.*|"], host ["r|^/dev/sdc$|","a|.*|"]; PV /dev/sdc (VG data) seen by the '
+        "plugin only")
+    assert "lvmlocal.conf of the ConfigMap csi-local-config" in got.fix
+    assert doctor.exit_code([got]) == 0  # a warning, never a failure
+
+
+def test_lvm_view_one_element_arrays_are_arrays(views: Views) -> None:
+    """lvmconfig prints an array of one element as a string: the same value
+    as the default's ["a|.*|"], and named as an array when it differs."""
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'global_filter=["a|.*|"]', 'global_filter="a|.*|"'), _pvs(sdb="vg0"))
+    assert views.check().status == OK
+    views.host.replies.clear()
+    views.answer(views.host, ACCEPT_ALL.format(udf=0).replace(
+        'global_filter=["a|.*|"]', 'global_filter="r|^/dev/sdb$|"'), _pvs())
+    assert views.check().message.endswith(
+        'differ: devices/global_filter: plugin ["a|.*|"], host ["r|^/dev/sdb$|"]; '
+        "PV /dev/sdb (VG vg0) seen by the plugin only")
+
+
+def test_lvm_view_devices_file_and_system_id(views: Views) -> None:
+    """The host uses its devices file, which the plugin's /etc/lvm/devices
+    lacks; and the host has a system ID (lvmlocal), the plugin none: its VG is
+    then the host's alone."""
+    (views.root / "host/etc/lvm/devices").mkdir()
+    (views.root / "host/etc/lvm/devices/system.devices").write_text("")
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=1), _pvs(sdb="vg0", sdc="vg1"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=1).replace(
+        'system_id_source="none"\nsystem_id=""',
+        'system_id_source="lvmlocal"\nsystem_id="node7"'), _pvs(sdb="vg0", sdd="vg1"))
+    msg = views.check().message
+    assert "devices file: plugin none, host devices/system.devices" in msg
+    assert "global/system_id_source: plugin none, host lvmlocal" in msg
+    assert "local/system_id: plugin (unset), host node7" in msg
+    assert "PV /dev/sdc (VG vg1) seen by the plugin only" in msg
+    assert "PV /dev/sdd (VG vg1) seen by the host only" in msg
+    assert "devices/filter" not in msg
+
+
+def test_lvm_view_a_pv_in_another_vg(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), _pvs(sdb=""))
+    got = views.check()
+    assert got.status == WARN
+    assert got.message.endswith("PV /dev/sdb: VG vg0 for the plugin, (none) for the host")
+
+
+def test_lvm_view_without_the_hosts_directory_is_not_checked(views: Views) -> None:
+    (views.root / "host/etc/lvm/lvm.conf").unlink()
+    got = views.check()
+    assert got.status == OK
+    assert got.message.startswith(f"not checked: no lvm.conf in {HOST_LVM}")
+    assert views.plugin.calls == views.host.calls == []
+
+
+def test_lvm_view_of_the_same_directory_is_one_view(tmp_path: Path) -> None:
+    """Bare metal (or --host-lvm-dir /etc/lvm): nothing to compare, no command."""
+    (tmp_path / "etc/lvm").mkdir(parents=True)
+    (tmp_path / "etc/lvm/lvm.conf").write_text("")
+    plugin = FakeRunner()
+    got = doctor.check_lvm_view(System(plugin, str(tmp_path)), "/etc/lvm")
+    assert got == Check("lvm view of the host", OK, "/etc/lvm is this machine's /etc/lvm: "
+                        "one view")
+    assert plugin.calls == []
+
+
+def test_lvm_view_lvm_failing_is_a_warning(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), _pvs(sdb="vg0"))
+    views.answer(views.host, ACCEPT_ALL.format(udf=0), "", rc=5)
+    got = views.check()
+    assert got.status == WARN
+    assert got.message == "not checked: pvs exited 5: Cannot read devices"
+
+
+def test_lvm_view_is_checked_only_with_the_option(m: Machine, listening: None) -> None:
+    """Without --host-lvm-dir (bare metal, Nomad) the check is not there."""
+    assert not [n for n in m.checks() if n.startswith("lvm view")]
+    system = m.system()
+    got = doctor.run_checks(system, Options("vg0", "pool0", endpoint=ENDPOINT,
+                                            host_lvm_dir="/host/etc/lvm"))
+    assert [c for c in got if c.name == "lvm view of the host"] == [
+        Check("lvm view of the host", OK, "not checked: no lvm.conf in /host/etc/lvm (the "
+              "host's /etc/lvm is not mounted there, or the host has no LVM)")]
+
+
+def test_doctor_takes_the_host_lvm_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    assert build_parser().parse_args(flags).host_lvm_dir is None
+    assert build_parser().parse_args(
+        [*flags, "--host-lvm-dir", "/host/etc/lvm"]).host_lvm_dir == "/host/etc/lvm"
+    monkeypatch.setenv("CSI_LOCAL_HOST_LVM_DIR", "/host/etc/lvm")
+    assert build_parser().parse_args(flags).host_lvm_dir == "/host/etc/lvm"
+    monkeypatch.setenv("CSI_LOCAL_HOST_LVM_DIR", "host/etc/lvm")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(flags)
+
+
+# the snapshot-metadata sidecar's certificate (--snapshot-metadata-tls-cert) ------
+
+TLS_CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def _cert_check(root: Path, now: datetime = NOW) -> Check:
+    system = System(FakeRunner(), str(root), clock=lambda: now)
+    return doctor.check_tls_certificate(system, TLS_CERT)
+
+
+def _write_cert(root: Path, not_before: str, not_after: str) -> None:
+    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()))
+    path = root / TLS_CERT[1:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(x509_pem(der))
+
+
+def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z")
+    assert _cert_check(tmp_path) == Check(
+        "snapshot-metadata TLS certificate", OK,
+        f"{TLS_CERT} valid until 2026-08-01 12:00:00 UTC (61 days)")
+    got = _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, 1, tzinfo=UTC))
+    assert (got.status, got.message) == (
+        WARN, f"{TLS_CERT} expires on 2026-08-01 12:00:00 UTC, in 13 day(s)")
+    assert "cert-manager" in got.fix
+    # 14 days exactly is not yet "within 14 days"
+    assert _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, tzinfo=UTC)).status == OK
+    got = _cert_check(tmp_path, datetime(2026, 8, 1, 12, 0, tzinfo=UTC))
+    assert (got.status, got.message) == (
+        FAIL, f"{TLS_CERT} expired on 2026-08-01 12:00:00 UTC: backup clients refuse the "
+        "sidecar")
+    got = _cert_check(tmp_path, datetime(2025, 5, 1, tzinfo=UTC))
+    assert (got.status, got.message.split(":")[0]) == (
+        WARN, f"{TLS_CERT} is not valid before 2025-06-01 12")
+
+
+def test_tls_certificate_missing_names_secret_and_fix(tmp_path: Path) -> None:
+    """The overlay mounts the Secret optionally: without it the directory is
+    empty and the file missing."""
+    got = _cert_check(tmp_path)
+    assert got.status == FAIL
+    assert got.message == (f"{TLS_CERT} does not exist: the Secret "
+                           "csi-local-snapshot-metadata-tls (key tls.crt) is missing, and the "
+                           "snapshot-metadata sidecar cannot start")
+    assert "cert-manager Certificate of docs/snapshot-metadata.md" in got.fix
+
+
+def test_tls_certificate_unreadable_or_not_one(tmp_path: Path) -> None:
+    path = tmp_path / TLS_CERT[1:]
+    path.mkdir(parents=True)
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (FAIL, f"{TLS_CERT} cannot be read: Is a directory")
+    path.rmdir()
+    path.write_text("-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n")
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (
+        FAIL, f"{TLS_CERT} is not a PEM certificate: no PEM CERTIFICATE block")
+
+
+def test_tls_certificate_is_checked_only_when_configured(m: Machine, listening: None) -> None:
+    assert not [n for n in m.checks() if "TLS" in n]
+    got = doctor.run_checks(m.system(), Options("vg0", "pool0", endpoint=ENDPOINT,
+                                                 tls_cert=TLS_CERT))
+    assert got[-1].name == "snapshot-metadata TLS certificate"
+    assert got[-1].status == FAIL  # not in m's tree
+
+
+def test_doctor_takes_the_certificate_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    ns = build_parser().parse_args(flags)
+    assert (ns.snapshot_metadata_tls_cert, ns.tls_cert_warning_days) == (None, 14)
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    monkeypatch.setenv("CSI_LOCAL_TLS_CERT_WARNING_DAYS", "30")
+    ns = build_parser().parse_args(flags)
+    assert (ns.snapshot_metadata_tls_cert, ns.tls_cert_warning_days) == (TLS_CERT, 30)
+    for bad in ("tls.crt", "-1", "two"):
+        env = ("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT" if bad == "tls.crt"
+               else "CSI_LOCAL_TLS_CERT_WARNING_DAYS")
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(flags)
+        monkeypatch.setenv(env, TLS_CERT if env.endswith("CERT") else "30")
+
+
+def test_doctor_run_passes_the_certificate_settings(m: Machine, listening: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A certificate with 20 days left: ok with the default 14, a warning
+    with CSI_LOCAL_TLS_CERT_WARNING_DAYS=30 (exit 0 either way)."""
+    now = datetime.now(UTC)
+    _write_cert(m.root, f"{now - timedelta(days=1):%y%m%d%H%M%S}Z",
+                f"{now + timedelta(days=20, hours=1):%y%m%d%H%M%S}Z")
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    for days, status in ((None, OK), ("30", WARN)):
+        if days:
+            monkeypatch.setenv("CSI_LOCAL_TLS_CERT_WARNING_DAYS", days)
+        ns = build_parser().parse_args(["doctor", "--volume-group", "vg0", "--thin-pool",
+                                        "pool0", "--endpoint", ENDPOINT, "--json"])
+        out = io.StringIO()
+        assert doctor.run(m.system(), ns, out=out) == 0
+        (got,) = [c for c in json.loads(out.getvalue())["checks"]
+                  if c["name"] == "snapshot-metadata TLS certificate"]
+        assert got["status"] == status, got
+
+
+def test_lvm_view_pvs_without_a_report_is_a_warning(views: Views) -> None:
+    views.answer(views.plugin, ACCEPT_ALL.format(udf=0), "  WARNING: something\n")
+    got = views.check()
+    assert (got.status, got.message) == (
+        WARN, "not checked: pvs printed no JSON report: '  WARNING: something\\n'")
