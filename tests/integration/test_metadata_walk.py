@@ -25,6 +25,7 @@ adds nothing to what is compared), with its lvm shell, as `serve` runs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,35 @@ class Divergence(AssertionError):
 
 
 @dataclass
+class Clock:
+    """Where a walk's time goes: seconds and count per kind of work, printed
+    at the end of each part (a step's cost is CI's time)."""
+
+    spent: dict[str, float] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.spent[what] = self.spent.get(what, 0.0) + seconds
+        self.count[what] = self.count.get(what, 0) + 1
+
+    @contextlib.contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(what, time.monotonic() - started)
+
+    def observe(self, tool: str, seconds: float, ok: bool) -> None:
+        """The plugin runner's observer: every command the plugin runs."""
+        self.add(f"plugin runs {tool}", seconds)
+
+    def summary(self) -> str:
+        return "; ".join(f"{what} {self.count[what]}x {secs:.1f} s"
+                         for what, secs in sorted(self.spent.items(), key=lambda i: -i[1]))
+
+
+@dataclass
 class Disk:
     """A loop device on an image: one PV of the walk."""
 
@@ -96,13 +126,16 @@ class Walk:
     steps: dict[str, int] = field(default_factory=dict)
     failed_commands: int = 0
     fallbacks: int = 0
+    clock: Clock = field(default_factory=Clock)
 
     # LVM's answer ---------------------------------------------------------
 
     def truth(self) -> tuple[list[LogicalVolume], int, str]:
         """Every LV of the VG, the extent size, and LVM's warnings: one `lvs`."""
-        proc = run("lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--config",
-                   'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size", self.vg)
+        with self.clock.timed("lvs (LVM's answer)"):
+            proc = run("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                       "--config", 'report/time_format="%s"', "-o",
+                       LV_FIELDS + ",vg_extent_size", self.vg)
         rows = [r for rep in json.loads(proc.stdout)["report"] for r in rep["lv"]]
         lvs = parse_lvs(proc.stdout)
         self.ever.update(lv.name for lv in lvs)
@@ -126,6 +159,15 @@ class Walk:
             return status_of(method, err)[0], err
 
     def compare(self, step: int, action: str) -> None:
+        started = time.monotonic()
+        fallbacks = self.fallbacks
+        try:
+            self._compare(step, action)
+        finally:
+            self.clock.add("compare, plugin fell back" if self.fallbacks > fallbacks
+                           else "compare", time.monotonic() - started)
+
+    def _compare(self, step: int, action: str) -> None:
         lvs, extent, warnings = self.truth()
         pool_obj = self.plugin.backend.pools.default
         report = VgReport(tuple(lvs), extent)
@@ -140,7 +182,8 @@ class Walk:
                                  f"plugin's metadata problem: {problem!r}")
 
         # ListVolumes
-        code, resp = self.call("ListVolumes", pb.ListVolumesRequest())
+        with self.clock.timed("check ListVolumes"):
+            code, resp = self.call("ListVolumes", pb.ListVolumesRequest())
         check("ListVolumes code", code, "OK")
         got = {e.volume.volume_id: (e.volume.capacity_bytes, _message_source(e.volume))
                for e in resp.entries}
@@ -160,18 +203,21 @@ class Walk:
         existing = sorted(want_vols)
         if existing:
             vid = self.rng.choice(existing)
-            code, resp = self.call("ControllerGetVolume",
-                                   pb.ControllerGetVolumeRequest(volume_id=vid))
+            with self.clock.timed("check ControllerGetVolume"):
+                code, resp = self.call("ControllerGetVolume",
+                                       pb.ControllerGetVolumeRequest(volume_id=vid))
             check(f"ControllerGetVolume {vid}", (code, code == "OK" and resp.volume.
                                                   capacity_bytes), ("OK", want_vols[vid].size))
         absent = sorted(n for n in self.ever if n.startswith("csi-v-") and n not in want_vols)
         if absent:
             vid = self.rng.choice(absent)
-            code, _ = self.call("ControllerGetVolume", pb.ControllerGetVolumeRequest(
-                volume_id=vid))
+            with self.clock.timed("check ControllerGetVolume"):
+                code, _ = self.call("ControllerGetVolume", pb.ControllerGetVolumeRequest(
+                    volume_id=vid))
             check(f"ControllerGetVolume {vid} (not a volume now)", code, "NOT_FOUND")
         # ListSnapshots
-        code, resp = self.call("ListSnapshots", pb.ListSnapshotsRequest())
+        with self.clock.timed("check ListSnapshots"):
+            code, resp = self.call("ListSnapshots", pb.ListSnapshotsRequest())
         check("ListSnapshots code", code, "OK")
         check("ListSnapshots",
               {e.snapshot.snapshot_id: (e.snapshot.source_volume_id, e.snapshot.size_bytes)
@@ -179,7 +225,8 @@ class Walk:
               {lv.name: (_source(lv), lv.size)
                for lv in mine if vols.is_csi_snapshot(lv)})
         # GetCapacity
-        code, resp = self.call("GetCapacity", pb.GetCapacityRequest())
+        with self.clock.timed("check GetCapacity"):
+            code, resp = self.call("GetCapacity", pb.GetCapacityRequest())
         pool_lv = report.find(POOL)
         cap = capacity_of(report, POOL, pool_obj.ratio).available
         if pool_obj.fill_problem(pool_lv) is not None:
@@ -190,13 +237,15 @@ class Walk:
                  if vid in want_vols and want_vols[vid].size == size]
         if retry:
             name, vid, size = self.rng.choice(retry)
-            code, resp = self.call("CreateVolume", _create_request(name, size))
+            with self.clock.timed("check CreateVolume retry"):
+                code, resp = self.call("CreateVolume", _create_request(name, size))
             check(f"CreateVolume retry of {name}",
                   (code, code == "OK" and resp.volume.volume_id), ("OK", vid))
         # csi-local status --json, now and then (a vgs and an lvs of its own)
         if step % STATUS_EVERY == 0:
-            status = json.loads(status_mod.to_json(status_mod.collect(
-                ProcessRunner(), self.vg, POOL, self.plugin.config.state_dir)))
+            with self.clock.timed("check status"):
+                status = json.loads(status_mod.to_json(status_mod.collect(
+                    ProcessRunner(), self.vg, POOL, self.plugin.config.state_dir)))
             lvs2, _, _ = self.truth()
             check("status volumes", sorted(v["id"] for v in status["volumes"]),
                   sorted(lv.name for lv in lvs2 if lv.pool == POOL and vols.is_csi_volume(lv)))
@@ -416,8 +465,9 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
                     thin_pool=POOL, state_dir=str(work / "state"),
                     lock_dir=str(work / "locks"))
     plugin = CsiPlugin(config)
-    plugin.runner.start_lvm_shell()
     walk = Walk(random.Random(seed), vg, disks, plugin)
+    plugin.runner.observe = walk.clock.observe
+    plugin.runner.start_lvm_shell()
     actions = walk.actions()
     weights = [w for w, _ in actions]
     started = time.monotonic()
@@ -429,7 +479,8 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
             if PROGRESS:
                 print(f"metadata walk: step {step} {action.__name__} at "
                       f"{time.monotonic() - started:.0f} s", flush=True)
-            action()
+            with walk.clock.timed(f"step {action.__name__}"):
+                action()
             walk.steps[action.__name__] = walk.steps.get(action.__name__, 0) + 1
             walk.compare(step, action.__name__)
             done = step
@@ -438,7 +489,7 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
         print(f"metadata walk part {part}: {done} of {steps} steps in {took:.0f} s; steps taken: "
               f"{dict(sorted(walk.steps.items()))}; commands LVM refused: "
               f"{walk.failed_commands}; comparisons while the plugin took LVM's answer: "
-              f"{walk.fallbacks}")
+              f"{walk.fallbacks}; time: {walk.clock.summary()}")
         for disk in disks.values():
             if not disk.attached:
                 disk.attach()
