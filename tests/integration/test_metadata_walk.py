@@ -19,8 +19,8 @@ where its time went.
     CSI_LOCAL_WALK_STEPS  steps in all (default 1000, as issue 30 asks of
                           each CI run), split evenly between PARTS walks of
                           their own VG and seed, so that the test VMs share
-                          them (3.7 s a step on average in a VM of one
-                          emulated CPU on a busy host: 2.6 to 3.1 s in a
+                          them (3.7 to 5.0 s a step on average in a VM of
+                          one emulated CPU on a busy host: 2.6 to 3.1 s in a
                           part whose PVs stayed whole, up to 6.5 s in one
                           with a PV long missing, see Walk.actions)
     CSI_LOCAL_WALK_SEED   the first part's seed, part i's is that plus i
