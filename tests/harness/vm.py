@@ -173,7 +173,7 @@ WEIGHTS = {
     "tests/integration/test_status.py": 9,
     "tests/integration/test_device_classes.py": 5,
     "tests/integration/test_dhv_classes.py": 6,
-    "tests/integration/test_metadata_walk.py": 41,
+    "tests/integration/test_metadata_walk.py": 30,
     "tests/integration/test_mount_differential.py": 15,
     "tests/integration/test_metadata_outdated.py": 6,
 }
