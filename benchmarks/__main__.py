@@ -48,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="concurrent CreateVolume calls (default 20)")
     parser.add_argument("--startup-rounds", type=_positive, default=None,
                         help="plugin starts per scale (default: rounds, at most 3)")
+    parser.add_argument("--storm", type=int, default=50,
+                        help="PVCs in the pod storm, created, staged and published at once, "
+                        "then as many more while those are torn down (default 50; 0: none)")
+    parser.add_argument("--storm-workers", type=_positive, default=10,
+                        help="concurrent CreateVolume/DeleteVolume calls in the storm: "
+                        "external-provisioner's --worker-threads in deploy/ (default 10)")
+    parser.add_argument("--idle-seconds", type=float, default=300.0,
+                        help="seconds to count the programs an idle plugin starts, in each "
+                        "of three cases (default 300; 0: none)")
+    parser.add_argument("--scrape-interval", type=float, default=15.0,
+                        help="seconds between metrics scrapes in the idle case (default 15)")
     parser.add_argument("--json", metavar="FILE",
                         help="also write every figure and sample as JSON to FILE ('-': "
                         "stdout). In the VM the host's file systems are read-only: use "
@@ -76,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scales=scales, rounds=args.rounds, concurrency=args.concurrency,
         startup_rounds=args.startup_rounds or min(args.rounds, 3),
         import_rounds=min(args.rounds, 3), plugin_args=list(args.plugin_args),
+        storm=max(0, args.storm), storm_workers=args.storm_workers,
+        idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
         progress=None if args.quiet else (lambda s: print(f"bench: {s}", file=sys.stderr,
                                                            flush=True)),
     )

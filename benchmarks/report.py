@@ -20,7 +20,7 @@ class Row:
     value: float | None = None
     raw: float | None = None
     raw_label: str = ""
-    unit: str = "s"  # "s" or "bytes"
+    unit: str = "s"  # "s", "bytes" or "per_min" (a count per minute)
     goal: float | None = None  # a ratio (goal_kind "ratio") or a ceiling in `unit` ("max")
     goal_kind: str = "ratio"
     goal_applies: bool = True  # False: the issue states the goal for another scale
@@ -107,6 +107,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "bytes":
         return f"{value / MiB:.1f} MiB"
+    if unit == "per_min":
+        return f"{value:.1f}/min"
     if value >= 10:
         return f"{value:.1f} s"
     return f"{value * 1000:.0f} ms"
@@ -155,6 +157,10 @@ def format_tables(res: Results, markdown: bool = False) -> str:
              fmt_goal(r), fmt_met(r.met, r.goal_applies)] for r in res.rows]
     out.append(_table(["operation", "csi-local", "raw command(s)", "raw", "ratio", "goal", "met"],
                       rows, markdown, right=frozenset({1, 3, 4})))
+    counted = [r for r in res.rows if r.unit == "per_min"]
+    if counted:
+        out.append("")
+        out.extend(f"{r.operation}: {r.note}" for r in counted)
     out.append("")
     out.append("processes started per RPC (strace -f -e trace=execve on the plugin, one call)")
     erows = [[e.rpc, str(e.count.lvm) if e.count else "n/a",

@@ -5,17 +5,22 @@ another failed; everything made is removed at the end, failure or not."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import importlib.util
 import os
 import platform
+import shutil
+import socket
 import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +30,7 @@ import psutil
 
 import csi_local
 from benchmarks import measure
-from benchmarks.lab import Lab, Plugin, run, timed
+from benchmarks.lab import SCRATCH, Lab, Plugin, run, timed
 from benchmarks.report import ExecRow, MiB, Results, Row
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
@@ -43,7 +48,15 @@ LVS_REPORT = ["lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--
               'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size"]
 VOLUME_BYTES = 64 * MiB
 FILLER_BYTES = 4 * MiB  # one extent: a thousand fit a small pool
+# The storm's VG: 2 GiB of sparse file whose pool (80 %) holds what the storm
+# writes; its plugin over-provisions tenfold so that 2n volumes of 64 MiB fit.
+STORM_VG_BYTES = 2 << 30
+STORM_WRITES = 5 * MiB  # what mkfs.ext4 and a mount write on a 64 MiB volume
+IDLE_SETTLE = 15.0  # seconds after a start before the idle count
 SERVE_IMPORTS = "import csi_local.cli, csi_local.server"
+# What no plugin written in Python with grpc can go below: the interpreter, grpc
+# and the CSI stubs (protobuf).
+FLOOR_IMPORTS = "import grpc, csi_local._gen.csi_pb2_grpc"
 
 
 @dataclass
@@ -55,6 +68,10 @@ class Options:
     import_rounds: int = 3
     plugin_args: list[str] = field(default_factory=list)
     progress: Callable[[str], None] | None = None
+    storm: int = 50  # PVCs in the pod storm (0: none)
+    storm_workers: int = 10  # external-provisioner's --worker-threads in deploy/
+    idle_seconds: float = 300.0  # per idle case (0: none)
+    scrape_interval: float = 15.0
 
 
 def _mount_cap() -> pb.VolumeCapability:
@@ -182,9 +199,15 @@ class Bench:
                 self.exec_counts()
             with self.section("concurrency"):
                 self.concurrency()
+            if self.opts.storm:
+                with self.section("pod storm"):
+                    self.storm()
             for n in sorted(set(self.opts.scales)):
                 with self.section(f"scale {n}"):
                     self.scale(n)
+            if self.opts.idle_seconds:
+                with self.section("idle cost"):
+                    self.idle()
             with self.section("imports"):
                 self.imports()
         finally:
@@ -337,6 +360,206 @@ class Bench:
             self.fillers += chunk
             self.say(f"  {len(self.fillers)}/{n} volumes")
 
+    def storm(self) -> None:
+        """A pod storm: `storm` PVCs taken through create, stage and publish at
+        once, with the parallelism the manifests give: external-provisioner's
+        worker threads for CreateVolume and DeleteVolume, and kubelet's one
+        operation per volume (every volume's stage and publish run in parallel).
+        Then `storm` more while the first are torn down. The bare commands
+        first, with the same parallelism, then the plugin."""
+        n = self.opts.storm
+        # Each volume's ext4 writes about 4.5 MiB (mostly its journal), and a
+        # deleted volume's chunks are not given back to the sparse file (no
+        # discard): count on all 4n volumes (raw and RPC) in the lab's tmpfs.
+        wanted = 4 * n * STORM_WRITES
+        free = shutil.disk_usage(SCRATCH.parent).free
+        if free < wanted + (256 << 20):
+            raise RuntimeError(
+                f"the pod storm of {n} writes about {wanted >> 20} MiB into {SCRATCH.parent}, "
+                f"which has {free >> 20} MiB free: give the VM more memory "
+                "(CSI_LOCAL_VM_MEMORY=4G scripts/vm-run ...) or a smaller --storm")
+        with self.own_lab(STORM_VG_BYTES, "--overprovision-ratio", "10"):
+            self._storm(n)
+
+    @contextmanager
+    def own_lab(self, vg_bytes: int, *plugin_args: str) -> Iterator[None]:
+        """Run the block on a VG and plugin of its own (then removed), so that
+        what it writes and makes neither meets nor leaves anything in the
+        main lab's VG."""
+        main = (self.lab, self.plugin)
+        self.lab = Lab(vg_bytes)
+        try:
+            self.plugin = self.lab.plugin(*plugin_args, *self.opts.plugin_args)
+            self.plugin.start()
+            yield
+        finally:
+            self.lab.close()
+            self.lab, self.plugin = main
+
+    def _storm(self, n: int) -> None:
+        assert self.lab is not None
+        provisioner = threading.Semaphore(self.opts.storm_workers)
+        raw: dict[str, list[float]] = collections.defaultdict(list)
+        rpc: dict[str, list[float]] = collections.defaultdict(list)
+        volume_ids: dict[str, str] = {}
+
+        def paths(name: str) -> tuple[str, str]:
+            assert self.lab is not None
+            return (os.path.join(self.lab.path("storm", name), "staging"),
+                    os.path.join(self.lab.path("storm", name), "target"))
+
+        def step(times: dict[str, list[float]], key: str, fn: Callable[..., object],
+                 *args: object) -> None:
+            t0 = time.perf_counter()
+            fn(*args)
+            times[key].append(time.perf_counter() - t0)
+
+        def raw_up(name: str) -> None:
+            dev = f"/dev/{self.vg}/{name}"
+            mnt, bind = paths(name)
+            os.makedirs(mnt, exist_ok=True)
+            os.makedirs(bind, exist_ok=True)
+            with provisioner:
+                step(raw, "create", run, "lvcreate", "--yes", "--thin", "-V", "64m", "-n",
+                     name, self.pool)
+            step(raw, "stage", lambda: (run(*MKFS_EXT4, dev),
+                                        run("mount", "-t", "ext4", dev, mnt)))
+            step(raw, "publish", run, "mount", "--bind", mnt, bind)
+
+        def raw_down(name: str) -> None:
+            mnt, bind = paths(name)
+            step(raw, "unpublish", run, "umount", bind)
+            step(raw, "unstage", run, "umount", mnt)
+            with provisioner:
+                step(raw, "delete", run, "lvremove", "--yes", f"{self.vg}/{name}")
+
+        def rpc_up(name: str) -> None:
+            staging, target = paths(name)
+            with provisioner:
+                t0 = time.perf_counter()
+                volume_ids[name] = self.create(name)
+                rpc["create"].append(time.perf_counter() - t0)
+            step(rpc, "stage", self.stage, volume_ids[name], staging)
+            step(rpc, "publish", self.publish, volume_ids[name], staging, target)
+
+        def rpc_down(name: str) -> None:
+            staging, target = paths(name)
+            step(rpc, "unpublish", self.unpublish, volume_ids[name], target)
+            step(rpc, "unstage", self.unstage, volume_ids[name], staging)
+            with provisioner:
+                step(rpc, "delete", self.delete, volume_ids[name])
+
+        failures: list[str] = []
+
+        def wave(label: str, jobs: Sequence[tuple[Callable[[str], None], str]]) -> float:
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as ex:
+                futures = [ex.submit(fn, name) for fn, name in jobs]
+                errs = [f.exception() for f in futures]
+            wall = time.perf_counter() - t0
+            bad = [e for e in errs if e is not None]
+            if bad:
+                first = bad[0]
+                detail = (f"{first.code().name}: {first.details()}"
+                          if isinstance(first, grpc.RpcError) else repr(first))
+                failures.append(f"{label}: {len(bad)} of {len(jobs)} failed, e.g. {detail}")
+            self.say(f"  {label}: {wall:.1f}s")
+            return wall
+
+        first = [f"storm-a{i}" for i in range(n)]
+        second = [f"storm-b{i}" for i in range(n)]
+        raw_walls = (wave("bare commands up", [(raw_up, x) for x in first]),
+                     wave("bare commands up and down",
+                          [(raw_up, x) for x in second] + [(raw_down, x) for x in first]))
+        wave("bare commands down (not counted)", [(raw_down, x) for x in second])
+        self.p()
+        rpc_walls = (wave("RPCs up", [(rpc_up, x) for x in first]),
+                     wave("RPCs up and down",
+                          [(rpc_up, x) for x in second] + [(rpc_down, x) for x in first]))
+        wave("RPCs down (not counted)", [(rpc_down, x) for x in second])
+        self.res.errors += [f"pod storm: {f}" for f in failures]
+        workers = f"{self.opts.storm_workers} provisioner workers"
+        self.res.rows += [
+            Row(f"pod storm: {n} PVCs to published", rpc_walls[0], raw_walls[0],
+                f"lvcreate, mkfs + mount, bind; {workers}", goal=0.8,
+                note="wall time to all published"),
+            Row(f"pod storm: {n} up while {n} go", rpc_walls[1], raw_walls[1],
+                f"the same, and umount x2 + lvremove; {workers}", goal=0.8,
+                note="wall time to all published and all removed"),
+        ]
+        names = {"create": ("CreateVolume", "lvcreate"), "stage": ("NodeStageVolume",
+                 "mkfs.ext4 + mount"), "publish": ("NodePublishVolume", "mount --bind"),
+                 "unpublish": ("NodeUnpublishVolume", "umount"),
+                 "unstage": ("NodeUnstageVolume", "umount"), "delete": ("DeleteVolume",
+                                                                       "lvremove")}
+        for q in (50, 99):
+            for key, (op, label) in names.items():
+                self.res.rows.append(Row(
+                    f"pod storm {op} p{q}", percentile(rpc[key], q), percentile(raw[key], q),
+                    f"{label} p{q}", samples=rpc[key], raw_samples=raw[key],
+                    note=f"{len(rpc[key])} calls in the storm"))
+
+    def idle(self) -> None:
+        """What a plugin that serves nothing costs: the programs it (and its
+        children) start, per minute, traced for `idle_seconds` each, from
+        IDLE_SETTLE seconds after its start: with nothing happening, with its
+        metrics scraped, with pool autoextend on."""
+        n = len(self.fillers)
+        secs = self.opts.idle_seconds
+        interval = self.opts.scrape_interval
+        plugin = self.p()
+        own_args = list(plugin.extra_args)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}/metrics"
+        cases: list[tuple[str, list[str], bool, float | None]] = [
+            ("nothing happening", [], False, 0.0),
+            (f"metrics scraped every {interval:g} s", ["--metrics-address",
+                                                        f"127.0.0.1:{port}"], True,
+             60.0 / interval),
+            ("pool autoextend on", ["--pool-autoextend-threshold-percent", "80"], False, 0.0),
+        ]
+        try:
+            for label, args, scrape, goal in cases:
+                plugin.stop()
+                plugin.extra_args = own_args + args
+                plugin.start()
+                # What a start does after its first Probe (the lvm shell, the
+                # LVM configuration read in the background) is not idle cost.
+                time.sleep(IDLE_SETTLE)
+                stop = threading.Event()
+                scrapes: list[int] = []
+
+                def scraper(stop: threading.Event = stop, scrapes: list[int] = scrapes) -> None:
+                    while True:
+                        with urllib.request.urlopen(url, timeout=60) as reply:
+                            scrapes.append(len(reply.read()))
+                        if stop.wait(interval):
+                            return
+
+                with measure.traced_execs(plugin.pid) as count:
+                    thread = threading.Thread(target=scraper, daemon=True) if scrape else None
+                    if thread is not None:
+                        thread.start()
+                    time.sleep(secs)
+                    stop.set()
+                    if thread is not None:
+                        thread.join(timeout=120)
+                if scrape and not scrapes:
+                    raise RuntimeError("the metrics endpoint never answered")
+                started = count.lvm + count.other
+                programs = ", ".join(x for x in (count.names(lvm=True), count.names(lvm=False))
+                                     if x != "-")
+                self.res.rows.append(Row(
+                    f"idle: programs a minute, {n} volumes, {label}", started * 60.0 / secs,
+                    unit="per_min", goal=goal, goal_kind="max",
+                    note=f"{started} in {secs:g} s (strace)"
+                    + (f", {len(scrapes)} scrapes" if scrape else "")
+                    + (f": {programs}" if programs else "")))
+        finally:
+            plugin.stop()
+            plugin.extra_args = own_args
+            plugin.start()
+
     def scale(self, n: int) -> None:
         self.fill(n)
         label = f"one lvs of the VG ({n} LVs)"
@@ -405,9 +628,28 @@ class Bench:
         py = sys.executable
         bare = [timed(run, py, "-c", "pass") for _ in range(self.opts.import_rounds)]
         full = [timed(run, py, "-c", SERVE_IMPORTS) for _ in range(self.opts.import_rounds)]
+        floor = [timed(run, py, "-c", FLOOR_IMPORTS) for _ in range(self.opts.import_rounds)]
         self.res.rows.append(Row("python + serve-path imports", median(full), median(bare),
                                  "python -c pass", samples=full, raw_samples=bare,
                                  note=f"median of {len(full)}"))
+        self.res.rows.append(Row("python + grpc + CSI stubs (the floor)", median(floor),
+                                 median(bare), "python -c pass", samples=floor,
+                                 raw_samples=bare, note=f"median of {len(floor)}: "
+                                 "what any Python plugin with grpc starts with"))
+
+
+def percentile(xs: list[float], q: int) -> float | None:
+    """The q-th percentile (nearest rank: a sample that was measured)."""
+    if not xs:
+        return None
+    ordered = sorted(xs)
+    return ordered[max(0, -(-q * len(ordered) // 100) - 1)]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def stale_bytecode() -> list[str]:

@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.report]
 def test_benchmark_figures_are_all_produced() -> None:
     progress: list[str] = []
     res = run_bench(Options(scales=[10], rounds=2, concurrency=20, startup_rounds=1,
-                            import_rounds=1, progress=progress.append))
+                            import_rounds=1, storm=8, storm_workers=3, idle_seconds=10,
+                            scrape_interval=5, progress=progress.append))
     print("\n" + format_tables(res))
     if res.errors or res.missing():
         print("--- bench progress ---\n" + "\n".join(progress))
@@ -26,5 +27,11 @@ def test_benchmark_figures_are_all_produced() -> None:
                 "ListVolumes", "DeleteVolume"}
     assert expected <= {e.rpc for e in res.execs if e.count is not None}
     for op in ("ListVolumes, 10 volumes", "plugin RSS, 10 volumes",
-               "start-up to first Probe, 10 volumes", "20 concurrent CreateVolume"):
+               "start-up to first Probe, 10 volumes", "20 concurrent CreateVolume",
+               "pod storm: 8 PVCs to published", "pod storm: 8 up while 8 go",
+               "pod storm CreateVolume p99", "pod storm DeleteVolume p50",
+               "python + grpc + CSI stubs (the floor)",
+               "idle: programs a minute, 10 volumes, nothing happening",
+               "idle: programs a minute, 10 volumes, metrics scraped every 5 s",
+               "idle: programs a minute, 10 volumes, pool autoextend on"):
         assert res.row(op) is not None, op

@@ -60,3 +60,24 @@ def test_tables_show_ratio_goal_and_what_is_missing() -> None:
     assert [r.met for r in res.rows] == [False, True, True, None]
     assert res.missing() == ["GetCapacity", "lvm execs of Probe", "import costs"]
     assert format_tables(res, markdown=True).splitlines()[1].startswith("| operation |")
+
+
+def test_percentile_is_a_sample_that_was_measured() -> None:
+    from benchmarks.runner import percentile
+
+    xs = [float(x) for x in range(1, 51)]  # 50 samples, as in the pod storm
+    assert percentile(xs, 50) == 25.0
+    assert percentile(xs, 99) == 50.0  # nearest rank: the slowest of 50
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None
+
+
+def test_counts_a_minute_print_as_such_with_what_was_started() -> None:
+    res = Results(meta={"rounds": 1})
+    res.rows.append(Row("idle: programs a minute, 10 volumes, nothing happening", 4.0,
+                        unit="per_min", goal=0.0, goal_kind="max",
+                        note="1 in 15 s (strace): lvs"))
+    text = format_tables(res)
+    assert "4.0/min" in text and "<= 0.0/min" in text
+    assert "nothing happening: 1 in 15 s (strace): lvs" in text
+    assert res.rows[0].met is False
