@@ -41,6 +41,10 @@ LV_FIELDS = (
     "lv_metadata_size,thin_id,lv_uuid"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
+# The metadata area the docs recommend for a PV of the plugins' VGs, and
+# the demo backing makes: room for the text of about 10,000 volumes and
+# snapshots as the plugins tag them (measured; README, "Sizes and capacity").
+RECOMMENDED_METADATA_SIZE = "16m"
 # The VG's fields a report of its LVs carries: the extent size, and its
 # smallest metadata area in use with what that area has left (LVM's answer,
 # rounded down to whole sectors; see MetadataArea).
@@ -533,7 +537,11 @@ class Lvm:
     # the demo backing (csi-local serve --backing-file) ------------------------
 
     def create_volume_group(self, device: str) -> None:
-        self.runner.run(["vgcreate", "--yes", self.vg, device])
+        """A VG on `device`, made a PV with a metadata area of
+        RECOMMENDED_METADATA_SIZE (LVM's default fills up after some hundreds
+        of volumes: README, "Sizes and capacity")."""
+        self.runner.run(["vgcreate", "--yes", "--metadatasize", RECOMMENDED_METADATA_SIZE,
+                         self.vg, device])
 
     def activate_volume_group(self) -> None:
         self.runner.run(["vgchange", "--activate", "y", self.vg])

@@ -879,7 +879,7 @@ class FakeHost(Host):
         return ""
 
     def _vgcreate(self, argv: Sequence[str]) -> str:
-        _, pos = _options(argv, (), {"--yes"})
+        opts, pos = _options(argv, {"--metadatasize"}, {"--yes"})
         vg, device = _one(pos, argv, 2)
         fvg = self.vgs.get(vg)
         if fvg is not None and fvg.present:
@@ -889,6 +889,8 @@ class FakeHost(Host):
             fvg = self.add_vg(vg, pool=None, present=False)
         fvg.size = dev.size // fvg.extent * fvg.extent
         fvg.present = True
+        if "--metadatasize" in opts:
+            fvg.mda_size = _size(opts["--metadatasize"][-1], argv)
         return f'  Volume group "{vg}" successfully created\n'
 
     def _vgchange(self, argv: Sequence[str]) -> str:
