@@ -35,6 +35,7 @@ from csi_local.dm import dm_name
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import (
+    RECOMMENDED_METADATA_SIZE,
     CommittedMetadata,
     LogicalVolume,
     Lvm,
@@ -312,9 +313,10 @@ def check_metadata_area(lvm: Lvm, report: VgReport) -> Check:
     message = (f"{100 * area.used_ratio:.1f}% full: {area.used} of {area.limit} bytes of "
                f"text (smallest area in use: {human_size(area.size)}); room for "
                f"at least {lvs_that_fit(area)} more volumes or snapshots")
-    fix = (f"add a PV made with `pvcreate --metadatasize 16m` (vgextend {lvm.vg} DISK), then "
+    size = RECOMMENDED_METADATA_SIZE
+    fix = (f"add a PV made with `pvcreate --metadatasize {size}` (vgextend {lvm.vg} DISK), then "
            "`pvchange --metadataignore y` the small area's PV or move off it (pvmove, "
-           "vgreduce); prepare new nodes with `pvcreate --metadatasize 16m`")
+           f"vgreduce); prepare new nodes with `pvcreate --metadatasize {size}`")
     if metadata_area_problem(lvm.vg, area) is not None:
         return Check(label, FAIL, f"{message}: new volumes and snapshots are refused", fix)
     if area.used_ratio >= METADATA_AREA_WARN:

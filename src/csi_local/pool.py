@@ -35,6 +35,7 @@ from csi_local.errors import (
 from csi_local.held_vgs import HeldVolumeGroups
 from csi_local.locks import Locks, pool_key
 from csi_local.lvm import (
+    RECOMMENDED_METADATA_SIZE,
     CommittedMetadata,
     LogicalVolume,
     Lvm,
@@ -84,7 +85,8 @@ def metadata_area_problem(vg: str, area: MetadataArea | None, count: int = 1) ->
             f"({area.used} of the {area.limit} bytes of text its smallest area, "
             f"{area.size} bytes, holds), with room for {lvs_that_fit(area)} more volumes "
             f"or snapshots, {count} needed; give the VG a bigger metadata area: "
-            "`pvcreate --metadatasize 16m` when preparing a PV, or now add such a PV "
+            f"`pvcreate --metadatasize {RECOMMENDED_METADATA_SIZE}` when preparing a PV, or "
+            "now add such a PV "
             "(`vgextend`) and set the small area aside (`pvchange --metadataignore y` on "
             "its PV) or move off it (`pvmove`, `vgreduce`); existing volumes keep working")
 
