@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 # (hex_tag: 512 bytes each; IDs 128): under 1,600 bytes in all. The change
 # also rewrites the text's description line, which names the command that
 # made it (the lvcreate with the same tags again; a removal's is short):
-# up to COMMAND_TEXT_MAX more. Measured in a VM (README, "Sizes and
-# capacity"): a volume with the CSI sidecar's PVC tags adds about 700 bytes.
+# up to COMMAND_TEXT_MAX more. A volume with the CSI sidecar's PVC tags
+# adds about 500 bytes (README, "Sizes and capacity").
 LV_TEXT_MAX = 2560
 COMMAND_TEXT_MAX = 2560
 # dm-thin's device IDs are 24 bits; LVM gives a new thin LV the pool's
