@@ -366,10 +366,11 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             # would keep sending volumes to this node.
             log.warning("GetCapacity: %s; reporting 0", err.message)
             return pb.GetCapacityResponse(available_capacity=0)
-        problem = pool.fill_problem(report.find(pool.lvm.pool))
+        problem = pool.creation_problem(report)
         if problem is not None:
-            # Above the high-water mark CreateVolume refuses everything: say so,
-            # or the scheduler keeps sending volumes here.
+            # Above the high-water mark, or with no room in the VG's metadata
+            # area or the pool's device IDs, CreateVolume refuses everything:
+            # say so, or the scheduler keeps sending volumes here.
             log.warning("GetCapacity: %s; reporting 0", problem)
             return pb.GetCapacityResponse(available_capacity=0)
         resp = pb.GetCapacityResponse(available_capacity=cap_info.available)

@@ -36,6 +36,7 @@ from csi_local.dm import dm_name
 from csi_local.errors import CommandError, StorageError, VolumeGroupMissing
 from csi_local.locks import DEFAULT_LOCK_DIR
 from csi_local.lvm import (
+    RECOMMENDED_METADATA_SIZE,
     CommittedMetadata,
     LogicalVolume,
     Lvm,
@@ -46,7 +47,13 @@ from csi_local.lvm import (
     read_config,
 )
 from csi_local.lvm_shell import PROFILE, PROFILE_NAME
-from csi_local.pool import PoolPolicy
+from csi_local.pool import (
+    METADATA_AREA_WARN,
+    PoolPolicy,
+    device_id_problem,
+    lvs_that_fit,
+    metadata_area_problem,
+)
 from csi_local.runner import ProcessRunner, Runner, resolve
 from csi_local.status import human_size, read_only_pool
 from csi_local.thinmeta import Holder, ThinMetadata, holder_text
@@ -316,6 +323,37 @@ def check_fill(lvm: Lvm, pool: LogicalVolume) -> Check:
         return Check(label, WARN, f"{message}: {problem}; new volumes are refused", fix)
     return Check(label, OK, f"{message} (high-water marks {policy.data_limit:g}% and "
                  f"{policy.metadata_limit:g}%)")
+
+
+def check_metadata_area(lvm: Lvm, report: VgReport) -> Check:
+    """How full the VG's tightest metadata area is: LVM refuses any change
+    once the VG's metadata text outgrows it (see pool.metadata_area_problem)."""
+    label = f"volume group {lvm.vg} metadata area"
+    area = report.metadata_area
+    if area is None:
+        return Check(label, WARN, "not checked: LVM reports no metadata area in use", "")
+    message = (f"{100 * area.used_ratio:.1f}% full: {area.used} of {area.limit} bytes of "
+               f"text (smallest area in use: {human_size(area.size)}); room for "
+               f"at least {lvs_that_fit(area)} more volumes or snapshots")
+    size = RECOMMENDED_METADATA_SIZE
+    fix = (f"add a PV made with `pvcreate --metadatasize {size}` (vgextend {lvm.vg} DISK), then "
+           "`pvchange --metadataignore y` the small area's PV or move off it (pvmove, "
+           f"vgreduce); prepare new nodes with `pvcreate --metadatasize {size}`")
+    if metadata_area_problem(lvm.vg, area) is not None:
+        return Check(label, FAIL, f"{message}: new volumes and snapshots are refused", fix)
+    if area.used_ratio >= METADATA_AREA_WARN:
+        return Check(label, WARN, f"{message} (above {100 * METADATA_AREA_WARN:g}%)", fix)
+    return Check(label, OK, message)
+
+
+def check_device_ids(lvm: Lvm, report: VgReport) -> Check:
+    """Whether the thin pool can still give a new thin volume a device ID."""
+    label = "thin pool device IDs"
+    problem = device_id_problem(lvm.pool, report)
+    if problem is not None:
+        return Check(label, FAIL, problem, "delete the volume or snapshot with the highest "
+                     f"thin_id (lvs -o lv_name,thin_id {lvm.vg})")
+    return Check(label, OK, "a new thin volume gets an ID")
 
 
 def check_metadata_snapshot(lvm: Lvm, state_dir: str) -> Check:
@@ -760,8 +798,9 @@ def _pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,
                       "")]
     pool_check = check_pool(lvm, report, setting=setting)
     pool = report.find(lvm.pool)
-    checks = [pool_check]
+    checks = [pool_check, check_metadata_area(lvm, report)]
     if pool is not None and pool.is_thin_pool:
+        checks.append(check_device_ids(lvm, report))
         checks.append(check_zeroing(lvm, pool))
         if pool.active:
             checks.append(check_fill(lvm, pool))

@@ -81,6 +81,11 @@ class NoRoom(StorageError):
     """The thin pool has no room for what was asked."""
 
 
+class NoRoomForVolumes(NoRoom):
+    """No further LV fits, whatever its size: the VG's metadata area is full,
+    or the thin pool has run out of device IDs."""
+
+
 class SizeOutOfRange(StorageError):
     """No size meets the requested range (whole extents, a file system's
     minimum, a source's size), or the request would shrink a volume."""

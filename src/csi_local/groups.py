@@ -238,8 +238,8 @@ class GroupSnapshots:
         try:
             with self._pools_reserved(sources) as reports:
                 for pool in {id(p): p for p, _ in sources}.values():
-                    pool.admit(reports[id(pool)],
-                               sum(lv.size for p, lv in sources if p is pool))
+                    mine = [lv for p, lv in sources if p is pool]
+                    pool.admit(reports[id(pool)], sum(lv.size for lv in mine), len(mine))
                 if frozen_paths:
                     log.debug("group snapshot %s: freezing %s for at most %g s", group_id,
                               ", ".join(frozen_paths), self.freeze_limit)

@@ -41,6 +41,14 @@ LV_FIELDS = (
     "lv_metadata_size,thin_id,lv_uuid"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
+# The metadata area the docs recommend for a PV of the plugins' VGs, and
+# the demo backing makes: room for the text of about 10,000 volumes and
+# snapshots as the plugins tag them (measured; README, "Sizes and capacity").
+RECOMMENDED_METADATA_SIZE = "16m"
+# The VG's fields a report of its LVs carries: the extent size, and its
+# smallest metadata area in use with what that area has left (LVM's answer,
+# rounded down to whole sectors; see MetadataArea).
+_VG_ROOM_FIELDS = "vg_extent_size,vg_mda_size,vg_mda_free"
 # LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
 _NAME_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-/=!:#&]{1,1024}$")
@@ -111,11 +119,37 @@ class LogicalVolume:
 
 
 @dataclass(frozen=True)
+class MetadataArea:
+    """How full the VG's tightest metadata area is: every change writes the
+    VG's whole metadata text to each area in use (on every PV, less those
+    `pvchange --metadataignore` set aside), and LVM refuses the change when
+    the text outgrows the smallest one (lvm_metadata.max_text_size)."""
+
+    size: int  # bytes, the smallest area in use, its header included
+    used: int  # bytes of the committed text (its closing NUL included)
+
+    @property
+    def limit(self) -> int:
+        """The largest text LVM will write there."""
+        return lvm_metadata.max_text_size(self.size)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+    @property
+    def used_ratio(self) -> float:
+        return self.used / self.limit if self.limit else 1.0
+
+
+@dataclass(frozen=True)
 class VgReport:
     """Every LV of the VG and the VG's extent size, from one `lvs` call."""
 
     lvs: tuple[LogicalVolume, ...]
     extent_size: int
+    # The VG's tightest metadata area; None when the report could not tell.
+    metadata_area: MetadataArea | None = None
 
     def find(self, name: str) -> LogicalVolume | None:
         return next((lv for lv in self.lvs if lv.name == name), None)
@@ -127,6 +161,16 @@ class VolumeGroup:
     size: int
     free: int
     extent_size: int
+
+
+def _metadata_area(row: dict[str, str]) -> MetadataArea | None:
+    """The VG's tightest metadata area from a report row's vg_mda_size and
+    vg_mda_free (None when the row lacks them: no area in use)."""
+    size = _int(row.get("vg_mda_size", ""))
+    if size <= 0:
+        return None
+    limit = lvm_metadata.max_text_size(size)
+    return MetadataArea(size, max(0, limit - _int(row.get("vg_mda_free", ""))))
 
 
 def _float(text: str) -> float | None:
@@ -338,7 +382,7 @@ class Lvm:
         command costs a process start and a scan of the devices)."""
         try:
             out = self.runner.run(
-                ["lvs", *_REPORT, "-o", LV_FIELDS + ",vg_extent_size", self.vg]).stdout
+                ["lvs", *_REPORT, "-o", LV_FIELDS + "," + _VG_ROOM_FIELDS, self.vg]).stdout
         except CommandError as err:
             self._raise_if_vg_missing(err)
             raise
@@ -346,9 +390,10 @@ class Lvm:
         data = json.loads(out) if out.strip() else {"report": []}
         rows = [row for rep in data.get("report", []) for row in rep.get("lv", [])]
         extent = _int(rows[0].get("vg_extent_size", "")) if rows else 0
+        area = _metadata_area(rows[0]) if rows else None
         if extent <= 0:  # no LV at all (so no pool either): ask the VG itself
             extent = self.volume_group().extent_size
-        return VgReport(tuple(lvs), extent)
+        return VgReport(tuple(lvs), extent, area)
 
     def get(self, name: str) -> LogicalVolume:
         check_name(name)
@@ -506,7 +551,11 @@ class Lvm:
     # the demo backing (csi-local serve --backing-file) ------------------------
 
     def create_volume_group(self, device: str) -> None:
-        self.runner.run(["vgcreate", "--yes", self.vg, device])
+        """A VG on `device`, made a PV with a metadata area of
+        RECOMMENDED_METADATA_SIZE (LVM's default fills up after some hundreds
+        of volumes: README, "Sizes and capacity")."""
+        self.runner.run(["vgcreate", "--yes", "--metadatasize", RECOMMENDED_METADATA_SIZE,
+                         self.vg, device])
 
     def activate_volume_group(self) -> None:
         self.runner.run(["vgchange", "--activate", "y", self.vg])
@@ -586,6 +635,7 @@ class CommittedMetadata:
         # since is not parsed again, and one that did parses its new sections.
         self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
         self._problems: dict[str, tuple[str, ...]] = {}
+        self._areas: dict[str, MetadataArea] = {}
 
     def _physical_volumes(self, refresh: bool) -> dict[str, list[tuple[str, str]]]:
         with self._lock:
@@ -672,8 +722,10 @@ class CommittedMetadata:
                  ) -> tuple[lvm_metadata.VgMetadata | None, list[str]]:
         """(the newest metadata when it answers for certain, else None; the
         problems found) from the PVs `pvs` lists for `vg`."""
-        # uuid -> (path, the copies of this VG it holds: (VG ID, seqno, text))
+        # uuid -> (path, the copies of this VG it holds: (VG ID, seqno, text)),
+        # and the sizes of the areas they are in
         present: dict[str, tuple[str, list[tuple[str, int, bytes]]]] = {}
+        area_sizes: dict[str, tuple[int, ...]] = {}
         unreadable: dict[str, str] = {}  # uuid -> why
         for path, uuid in pvs:
             try:
@@ -685,6 +737,7 @@ class CommittedMetadata:
                     name, vg_id, seqno = lvm_metadata.text_head(text)
                     if name == vg:
                         copies.append((vg_id, seqno, text))
+                area_sizes[uuid] = found.area_sizes
             except lvm_metadata.MetadataUnreadable as err:
                 log.debug("committed metadata of %s from %s: %s", vg, path, err)
                 unreadable[uuid] = str(err)
@@ -733,6 +786,13 @@ class CommittedMetadata:
             else:
                 problems.append(f"PV {path} has outdated metadata of VG {vg} (seqno "
                                 f"{old[0]}, newest {newest})")
+        if not problems:
+            # Every area in use of every PV of the VG holds this text (no
+            # problem found), and LVM writes the next one to each of them.
+            sizes = [size for uuid in meta.pv_uuids for size in area_sizes.get(uuid, ())]
+            if sizes:
+                with self._lock:
+                    self._areas[vg] = MetadataArea(min(sizes), len(text))
         return (None if problems else meta), problems
 
     def space(self, vg: str) -> VolumeGroup | None:
@@ -745,6 +805,12 @@ class CommittedMetadata:
         used = sum(lv.pv_extents for lv in meta.lvs.values())
         extent = meta.extent_size
         return VolumeGroup(vg, meta.pe_count * extent, (meta.pe_count - used) * extent, extent)
+
+    def metadata_area(self, vg: str) -> MetadataArea | None:
+        """The tightest metadata area of `vg` as its last read found it (no
+        I/O; None when no read of it answered)."""
+        with self._lock:
+            return self._areas.get(vg)
 
     def report(self, vg: str, pool: str) -> VgReport | None:
         """What `Lvm.report()` answers for capacity and idempotency checks:
@@ -759,7 +825,8 @@ class CommittedMetadata:
         usages = _pool_usages(vg, [pool] if pool in meta.lvs else [])
         if usages is None:
             return None
-        return VgReport(tuple(_listed_lvs(vg, meta, usages, None)), meta.extent_size)
+        return VgReport(tuple(_listed_lvs(vg, meta, usages, None)), meta.extent_size,
+                        self.metadata_area(vg))
 
     def listing(self, vgs: Sequence[str]) -> list[LogicalVolume] | None:
         """Every LV of `vgs` as `lvs VG...` lists them, for the calls that

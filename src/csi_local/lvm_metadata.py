@@ -88,6 +88,18 @@ class Copies:
 
     pv_uuid: str
     texts: tuple[bytes, ...]
+    # The size of each area that holds one of `texts` (in their order): the
+    # areas LVM writes every new version to, so the ones that can run out.
+    area_sizes: tuple[int, ...] = ()
+
+
+def max_text_size(area_size: int) -> int:
+    """The largest metadata text (its closing NUL included) LVM writes into a
+    metadata area of `area_size` bytes (header included); a bigger one fails
+    the change ("exceeds maximum metadata size", lvm2's _vg_write_raw). The
+    new version is written beside the committed one, each starting on a
+    sector: half of what the header leaves, less a sector."""
+    return max(0, (area_size - MDA_HEADER_SIZE) // 2 - SECTOR)
 
 
 def read_committed(device: str) -> Committed:
@@ -145,8 +157,10 @@ def _read_copies(fd: int, device: str) -> Copies:
                 break
             if kind == "metadata":
                 areas.append((area_offset, area_size))
-    texts = [_area_text(fd, device, area_offset, area_size) for area_offset, area_size in areas]
-    return Copies(_dashed(pv_uuid), tuple(t for t in texts if t is not None))
+    texts = [(_area_text(fd, device, area_offset, area_size), area_size)
+             for area_offset, area_size in areas]
+    return Copies(_dashed(pv_uuid), tuple(t for t, _ in texts if t is not None),
+                  tuple(size for t, size in texts if t is not None))
 
 
 # The head of a VG's text as LVM writes it: `name {`, then its id and seqno

@@ -195,6 +195,16 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "volume_group_free_bytes": (
         "Unallocated space in the volume group (what its thin pools can be extended by)",
         VG_LABELS),
+    "volume_group_metadata_area_used_bytes": (
+        "Bytes of text the volume group's metadata takes in each of its metadata areas",
+        VG_LABELS),
+    "volume_group_metadata_area_limit_bytes": (
+        "The largest metadata text LVM writes into the volume group's smallest metadata "
+        "area in use (half the area less a sector); past it every LVM change of the VG "
+        "fails", VG_LABELS),
+    "volume_group_metadata_area_used_ratio": (
+        "How full the volume group's smallest metadata area is (used / limit); new volumes "
+        "and snapshots are refused when one more no longer surely fits", VG_LABELS),
     "thin_pool_size_bytes": ("Size of the thin pool's data", POOL_LABELS),
     "thin_pool_metadata_size_bytes": ("Size of the thin pool's metadata", POOL_LABELS),
     "thin_pool_data_percent": ("How full the thin pool's data is", POOL_LABELS),
@@ -292,6 +302,14 @@ class PoolCollector(Collector):
             family = _gauge(f"volume_group_{name}")
             for vg, reading in read.items():
                 family.add_metric([vg], getattr(reading.vg, attr))
+            yield family
+        areas = {vg: r.report.metadata_area for vg, r in read.items()
+                 if r.report.metadata_area is not None}
+        for name in ("used_bytes", "limit_bytes", "used_ratio"):
+            family = _gauge(f"volume_group_metadata_area_{name}")
+            for vg, area in areas.items():
+                family.add_metric([vg], {"used_bytes": area.used, "limit_bytes": area.limit,
+                                         "used_ratio": round(area.used_ratio, 4)}[name])
             yield family
         readable = [(m, read[m.lvm.vg]) for m in self.monitors if m.lvm.vg in read]
         yield from self._pools(readable)

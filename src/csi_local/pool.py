@@ -25,13 +25,21 @@ from typing import TYPE_CHECKING
 
 from csi_local import sizes
 from csi_local.classes import DeviceClass, DeviceClasses
-from csi_local.errors import NoRoom, PoolUnusable, UnknownDeviceClass, VolumeGroupMissing
+from csi_local.errors import (
+    NoRoom,
+    NoRoomForVolumes,
+    PoolUnusable,
+    UnknownDeviceClass,
+    VolumeGroupMissing,
+)
 from csi_local.held_vgs import HeldVolumeGroups
 from csi_local.locks import Locks, pool_key
 from csi_local.lvm import (
+    RECOMMENDED_METADATA_SIZE,
     CommittedMetadata,
     LogicalVolume,
     Lvm,
+    MetadataArea,
     VgReport,
     find_in_vgs,
     list_vgs,
@@ -42,6 +50,57 @@ if TYPE_CHECKING:
     from csi_local.runner import Runner
 
 log = logging.getLogger(__name__)
+
+# What one more thin LV or snapshot of either plugin adds to its VG's
+# metadata text, at most. Its section: LVM's fixed lines (about 450 bytes,
+# with numbers of 20 digits and a host name of 64 bytes) around a name of
+# 127 bytes at most and the plugins' tags, whose free text is bounded
+# (hex_tag: 512 bytes each; IDs 128): under 1,600 bytes in all. The change
+# also rewrites the text's description line, which names the command that
+# made it (the lvcreate with the same tags again; a removal's is short):
+# up to COMMAND_TEXT_MAX more. A volume with the CSI sidecar's PVC tags
+# adds about 500 bytes (README, "Sizes and capacity").
+LV_TEXT_MAX = 2560
+COMMAND_TEXT_MAX = 2560
+# dm-thin's device IDs are 24 bits; LVM gives a new thin LV the pool's
+# highest ID plus one and fails past this (lvm2's thin_manip.c), however
+# many IDs below are free.
+THIN_DEVICE_ID_MAX = (1 << 24) - 1
+# Where status and doctor warn that the metadata area is filling up.
+METADATA_AREA_WARN = 0.8
+
+
+def lvs_that_fit(area: MetadataArea) -> int:
+    """How many more thin LVs or snapshots the VG's metadata area surely takes,
+    each made by one command (the largest each plugin makes)."""
+    return max(0, (area.free - COMMAND_TEXT_MAX) // LV_TEXT_MAX)
+
+
+def metadata_area_problem(vg: str, area: MetadataArea | None, count: int = 1) -> str | None:
+    """Why `count` more LVs do not fit in VG `vg`'s metadata area, or None
+    (also when the area is not known: LVM itself then has the last word)."""
+    if area is None or lvs_that_fit(area) >= count:
+        return None
+    return (f"the metadata area of volume group {vg} is {100 * area.used_ratio:.1f}% full "
+            f"({area.used} of the {area.limit} bytes of text its smallest area, "
+            f"{area.size} bytes, holds), with room for {lvs_that_fit(area)} more volumes "
+            f"or snapshots, {count} needed; give the VG a bigger metadata area: "
+            f"`pvcreate --metadatasize {RECOMMENDED_METADATA_SIZE}` when preparing a PV, or "
+            "now add such a PV "
+            "(`vgextend`) and set the small area aside (`pvchange --metadataignore y` on "
+            "its PV) or move off it (`pvmove`, `vgreduce`); existing volumes keep working")
+
+
+def device_id_problem(pool_name: str, report: VgReport, count: int = 1) -> str | None:
+    """Why `count` more thin LVs cannot get a device ID in thin pool
+    `pool_name`, or None."""
+    top = max((lv.thin_id for lv in report.lvs if lv.pool == pool_name and lv.thin_id >= 0),
+              default=0)
+    if top + count <= THIN_DEVICE_ID_MAX:
+        return None
+    return (f"thin pool {pool_name} has given out device ID {top}, and LVM gives a new thin "
+            f"volume the highest ID plus one, up to {THIN_DEVICE_ID_MAX}: no room for {count} "
+            "more volumes or snapshots until the volume with the highest ID is deleted")
 
 
 @dataclass(frozen=True)
@@ -170,13 +229,33 @@ class Pool:
         problems = self.committed.problems(self.lvm.vg)
         return "; ".join(problems) if problems else None
 
-    def admit(self, report: VgReport, size: int) -> None:
-        """A new volume or snapshot of `size` bytes may be made: the pool is below
-        its high-water marks and has room (NoRoom otherwise). Inside `reserved()`."""
+    def count_problem(self, report: VgReport, count: int = 1) -> str | None:
+        """Why `count` more LVs cannot be made whatever their size (the VG's
+        metadata area, the pool's device IDs), or None."""
+        return (metadata_area_problem(self.lvm.vg, report.metadata_area, count)
+                or device_id_problem(self.lvm.pool, report, count))
+
+    def creation_problem(self, report: VgReport, count: int = 1) -> str | None:
+        """Why no new volume or snapshot may be made now, whatever its size (a
+        high-water mark, count_problem), or None: what GetCapacity reports 0 for."""
+        problem = self.fill_problem(report.find(self.lvm.pool))
+        if problem is not None:
+            return (f"{problem}; no new volumes or snapshots until it is extended or "
+                    "emptied (existing volumes keep working)")
+        return self.count_problem(report, count)
+
+    def admit(self, report: VgReport, size: int, count: int = 1) -> None:
+        """`count` new volumes or snapshots of `size` bytes in all may be made:
+        the pool is below its high-water marks and has room, and the VG's
+        metadata area and the pool's device IDs take them (NoRoom otherwise),
+        before LVM would fail part-way. Inside `reserved()`."""
         problem = self.fill_problem(report.find(self.lvm.pool))
         if problem is not None:
             raise NoRoom(f"{problem}; no new volumes or snapshots until it is extended or "
                          "emptied (existing volumes keep working)")
+        problem = self.count_problem(report, count)
+        if problem is not None:
+            raise NoRoomForVolumes(problem)
         self.require_room(report, size)
 
     def needs_extension(self, report: VgReport) -> bool:

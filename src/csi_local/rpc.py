@@ -77,6 +77,9 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.PoolUnusable: "FAILED_PRECONDITION",
     errors.NoRoom: "RESOURCE_EXHAUSTED",
+    # CreateVolume's and CreateSnapshot's "unable to provision": the node's
+    # room for another LV is gone, whatever its size.
+    errors.NoRoomForVolumes: "RESOURCE_EXHAUSTED",
     errors.SizeOutOfRange: "OUT_OF_RANGE",
     errors.LockBusy: "ABORTED",  # the spec's "operation pending for volume"
     errors.LockDirError: "FAILED_PRECONDITION",

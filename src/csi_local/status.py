@@ -43,8 +43,21 @@ from csi_local.dhv import tags as dhv_tags
 from csi_local.dhv.request import LV_PREFIX as DHV_PREFIX
 from csi_local.errors import LockDirError, StorageError
 from csi_local.locks import Locks
-from csi_local.lvm import CommittedMetadata, LogicalVolume, Lvm, VgReport, check_name
-from csi_local.pool import Pool, PoolPolicy
+from csi_local.lvm import (
+    CommittedMetadata,
+    LogicalVolume,
+    Lvm,
+    MetadataArea,
+    VgReport,
+    check_name,
+)
+from csi_local.pool import (
+    METADATA_AREA_WARN,
+    Pool,
+    PoolPolicy,
+    lvs_that_fit,
+    metadata_area_problem,
+)
 from csi_local.runner import ProcessRunner, Runner
 from csi_local.state import STATE_FILE, VolumeRecord, parse
 from csi_local.volumes import Condition
@@ -157,6 +170,18 @@ class Orphan:
 
 
 @dataclass(frozen=True)
+class MetadataAreaInfo:
+    """How full the VG's tightest metadata area is (lvm.MetadataArea)."""
+
+    size: int  # bytes, the smallest metadata area in use
+    limit: int  # the largest metadata text LVM writes there
+    used: int  # bytes of text the VG's metadata takes now
+    used_percent: float
+    lvs_that_fit: int  # more volumes or snapshots it surely takes (pool.lvs_that_fit)
+    problem: str | None = None  # why no more fit (pool.metadata_area_problem)
+
+
+@dataclass(frozen=True)
 class VolumeGroupInfo:
     name: str
     size: int
@@ -164,6 +189,16 @@ class VolumeGroupInfo:
     # Why its committed metadata cannot be believed (a PV missing, a copy
     # outdated or differing: see CommittedMetadata.check); () when it can.
     metadata_problems: tuple[str, ...] = ()
+    # None: LVM reported no metadata area in use.
+    metadata_area: MetadataAreaInfo | None = None
+
+
+def metadata_area_info(vg: str, area: MetadataArea | None) -> MetadataAreaInfo | None:
+    if area is None:
+        return None
+    return MetadataAreaInfo(area.size, area.limit, area.used,
+                            round(100 * area.used_ratio, 1), lvs_that_fit(area),
+                            metadata_area_problem(vg, area))
 
 
 @dataclass(frozen=True)
@@ -179,6 +214,9 @@ class PoolInfo:
     overprovision_ratio: float = 1.0
     fill_problem: str | None = None
     problem: str | None = None  # missing, not a thin pool
+    # Why no more volume fits whatever its size (its VG's metadata area, its
+    # device IDs: Pool.count_problem); GetCapacity reports 0 then.
+    count_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -299,7 +337,8 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
             continue
         reports.append(report)
         vg_info = VolumeGroupInfo(group.name, group.size, group.free,
-                                  committed.check(vg, ask_lvm=True))
+                                  committed.check(vg, ask_lvm=True),
+                                  metadata_area_info(vg, report.metadata_area))
         for c in members:
             pool_info, pool_lv, fill = _pool_info(pools[c.name], report)
             infos[c.name] = ClassInfo(c.name, c.name == classes.default, vg_info, pool_info)
@@ -366,7 +405,8 @@ def _pool_info(pool: Pool, report: VgReport) -> tuple[PoolInfo, LogicalVolume | 
                         problem=f"{pool.name} is not a thin pool"), None, None
     fill = pool.fill_problem(lv)
     return PoolInfo(pool.name, True, lv.size, lv.data_percent, lv.metadata_percent, lv.active,
-                    lv.health, pool.capacity(report).available, pool.ratio, fill), lv, fill
+                    lv.health, pool.capacity(report).available, pool.ratio, fill,
+                    count_problem=pool.count_problem(report)), lv, fill
 
 
 def _volume_info(lv: LogicalVolume, device_class: str | None,
@@ -464,7 +504,7 @@ def _pool_lines(vg: VolumeGroupInfo | None, pool: PoolInfo, error: str | None,
             "resolved)" for p in vg.metadata_problems]
     if pool.problem:
         out.append(f"{indent}Thin pool {pool.name}: PROBLEM: {pool.problem}")
-        return out
+        return out + _area_lines(vg, indent)
     state = "active" if pool.active else "NOT ACTIVE"
     out.append(f"{indent}Thin pool {pool.name}: size {human_size(pool.size)}, data "
                f"{_pct(pool.data_percent)}, metadata {_pct(pool.metadata_percent)}, "
@@ -474,6 +514,25 @@ def _pool_lines(vg: VolumeGroupInfo | None, pool: PoolInfo, error: str | None,
         out.append(f"{indent}  PROBLEM: thin pool health is {pool.health}")
     out.append(f"{indent}  WARNING: {pool.fill_problem}" if pool.fill_problem
                else f"{indent}  below its high-water marks")
+    if pool.count_problem:
+        out.append(f"{indent}  PROBLEM: no new volumes or snapshots: {pool.count_problem}")
+    return out + _area_lines(vg, indent)
+
+
+def _area_lines(vg: VolumeGroupInfo, indent: str) -> list[str]:
+    """The VG's metadata area: how full, and a warning above METADATA_AREA_WARN."""
+    area = vg.metadata_area
+    if area is None:
+        return []
+    out = [f"{indent}Metadata area of {vg.name}: {area.used_percent:.1f}% full, {area.used} "
+           f"of {area.limit} bytes of text (smallest area in use {human_size(area.size)}); "
+           f"room for at least {area.lvs_that_fit} more volumes or snapshots"]
+    if area.problem is not None:
+        out.append(f"{indent}  PROBLEM: {area.problem}")
+    elif area.used_percent >= 100 * METADATA_AREA_WARN:
+        out.append(f"{indent}  WARNING: above {100 * METADATA_AREA_WARN:g}% full: give the "
+                   "VG a bigger metadata area (pvcreate --metadatasize; docs/kubernetes.md, "
+                   "\"Prepare the nodes\")")
     return out
 
 

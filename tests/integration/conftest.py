@@ -71,13 +71,20 @@ class LoopVG:
         self.image.unlink(missing_ok=True)
 
 
-def make_vg(size: int = 4 << 30, pool_percent: int = 80, *, errorwhenfull: bool = True) -> LoopVG:
+def make_vg(size: int = 4 << 30, pool_percent: int = 80, *, errorwhenfull: bool = True,
+            metadatasize: str | None = None, dataalignment: str | None = None) -> LoopVG:
+    """`metadatasize`: the PV's metadata area (pvcreate --metadatasize; None:
+    LVM's default). pvcreate grows the area up to where the data starts,
+    aligned to `dataalignment` (LVM's default: 1 MiB)."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     name = f"csitest{uuid.uuid4().hex[:8]}"
     image = SCRATCH / f"{name}.img"
     with open(image, "wb") as f:
         f.truncate(size)
     loop = run("losetup", "--find", "--show", str(image)).stdout.strip()
+    if metadatasize is not None:
+        align = ["--dataalignment", dataalignment] if dataalignment else []
+        run("pvcreate", "--yes", "--metadatasize", metadatasize, *align, loop)
     run("vgcreate", "--yes", name, loop)
     run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
         "--name", "pool", name)

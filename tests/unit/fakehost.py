@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from csi_local import fsrules, mounts
+from csi_local import fsrules, lvm_metadata, mounts
 from csi_local import host as host_mod
 from csi_local.errors import CommandError
 from csi_local.host import Host
@@ -128,6 +128,11 @@ class FakeLv:
     uuid: str = ""  # lv_uuid, set when the LV is made
 
 
+def lv_text(lv: FakeLv) -> int:
+    """What an LV's section adds to its VG's metadata text in the fake."""
+    return 400 + len(lv.name) + len(lv.origin) + sum(len(t) + 4 for t in lv.tags)
+
+
 @dataclass
 class FakeVg:
     """One volume group: its extent size, size, whether it is there (a VG that
@@ -139,6 +144,16 @@ class FakeVg:
     size: int
     present: bool = True
     lvs: dict[str, FakeLv] = field(default_factory=dict)
+    # Its smallest metadata area in use (pvcreate's default), and the text
+    # the VG's metadata holds besides its LVs' sections.
+    mda_size: int = 1020 * 1024
+    mda_base_text: int = 1500
+
+    @property
+    def mda_text(self) -> int:
+        """The size of the VG's metadata text, roughly as LVM writes it: a
+        section per LV of about 400 bytes of LVM's own with its name and tags."""
+        return self.mda_base_text + sum(lv_text(lv) for lv in self.lvs.values())
 
     @property
     def pools(self) -> list[FakeLv]:
@@ -609,6 +624,8 @@ class FakeHost(Host):
             "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
             "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
             "vg_extent_size": lambda: str(self.vgs[lv.vg].extent),
+            "vg_mda_size": lambda: str(self.vgs[lv.vg].mda_size),
+            "vg_mda_free": lambda: str(self._mda_free(self.vgs[lv.vg])),
             "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
             "thin_id": lambda: str(lv.thin_id) if thin else "",
             "lv_uuid": lambda: lv.uuid,
@@ -616,6 +633,13 @@ class FakeHost(Host):
         if name not in values:
             raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
         return values[name]()
+
+    @staticmethod
+    def _mda_free(fvg: FakeVg) -> int:
+        """vg_mda_free as LVM reports it: what the largest text it writes
+        leaves, in whole sectors."""
+        room = lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text
+        return max(0, room) // 512 * 512
 
     @staticmethod
     def _vg_fail(vg: str, stdout: str = "") -> _Fail:
@@ -777,6 +801,11 @@ class FakeHost(Host):
         lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
                     pool_name, origin, content=content, readahead=readahead,
                     chunks=dict(src.chunks) if origin and src is not None else {})
+        text, limit = fvg.mda_text + lv_text(lv), lvm_metadata.max_text_size(fvg.mda_size)
+        if text > limit:  # as lvm2's _vg_write_raw refuses it, nothing made
+            raise _Fail(5, f"  VG {fvg.name} 9 metadata on /dev/fake ({text} bytes) exceeds "
+                           f"maximum metadata size ({limit} bytes)\n"
+                           f"  Failed to write VG {fvg.name}.\n")
         self._new_lv(fvg, lv)
         return f'  Logical volume "{lv.name}" created.\n'
 
@@ -850,7 +879,7 @@ class FakeHost(Host):
         return ""
 
     def _vgcreate(self, argv: Sequence[str]) -> str:
-        _, pos = _options(argv, (), {"--yes"})
+        opts, pos = _options(argv, {"--metadatasize"}, {"--yes"})
         vg, device = _one(pos, argv, 2)
         fvg = self.vgs.get(vg)
         if fvg is not None and fvg.present:
@@ -860,6 +889,8 @@ class FakeHost(Host):
             fvg = self.add_vg(vg, pool=None, present=False)
         fvg.size = dev.size // fvg.extent * fvg.extent
         fvg.present = True
+        if "--metadatasize" in opts:
+            fvg.mda_size = _size(opts["--metadatasize"][-1], argv)
         return f'  Volume group "{vg}" successfully created\n'
 
     def _vgchange(self, argv: Sequence[str]) -> str:

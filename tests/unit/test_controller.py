@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from csi_local import validation
+from csi_local import lvm_metadata, validation
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
@@ -29,7 +29,7 @@ from csi_local.config import DEFAULT_DRIVER_NAME
 from csi_local.controller import ControllerServicer
 from csi_local.locks import pool_key, volume_key
 from csi_local.lvm import LogicalVolume
-from csi_local.pool import PoolPolicy
+from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, THIN_DEVICE_ID_MAX, PoolPolicy
 from csi_local.state import AccessType, Publish, Staging
 from csi_local.volumes import Source, SourceKind
 from tests.unit.fakehost import FakeLv
@@ -122,6 +122,23 @@ def staged(vid: str = V, access: AccessType = AccessType.MOUNT) -> Setup:
 
 def published(vid: str = V) -> Setup:
     return lambda n: n.state.add_publish(vid, n.path("target"), Publish())
+
+
+def mda_left(free: int) -> Setup:
+    """The VG's metadata area with `free` bytes left for more text (LVM's own
+    refusal in the fake still comes only when a section does not fit)."""
+    def setup(n: Node) -> None:
+        fvg = n.host.vgs[n.host.vg]
+        fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - free
+    return setup
+
+
+def thin_id_at(top: int, vid: str = V) -> Setup:
+    """Volume `vid`, made with thin device ID `top` (LVM gives the next one top + 1)."""
+    def setup(n: Node) -> None:
+        add_volume(n, vid, GiB)
+        n.host.lv(vid).thin_id = top
+    return setup
 
 
 def pool_usage(data: float = 0.0, metadata: float = 0.0) -> Setup:
@@ -317,6 +334,19 @@ CREATE_ERRORS = [
         setup=chain(vol(), pool_usage(data=95.0)), ran="lvs"),
     row("restore-above-high-water", cv(snapshot=S), "RESOURCE_EXHAUSTED", "high-water mark",
         setup=chain(vol(), snap(), pool_usage(metadata=99.0)), ran="lvs"),
+    # No room for another LV in the VG's metadata area or the pool's device
+    # IDs, whatever the size: refused before lvcreate, LVM never fails half-way.
+    row("metadata-area-full", cv(), "RESOURCE_EXHAUSTED",
+        "the metadata area of volume group vg0 is", setup=mda_left(LV_TEXT_MAX), ran="lvs"),
+    row("metadata-area-full-names-the-fix", cv(), "RESOURCE_EXHAUSTED",
+        "pvcreate --metadatasize", setup=mda_left(0), ran="lvs"),
+    row("metadata-area-full-clone", cv(volume=V), "RESOURCE_EXHAUSTED", "metadata area",
+        setup=chain(vol(), mda_left(COMMAND_TEXT_MAX)), ran="lvs"),
+    row("metadata-area-full-restore", cv(snapshot=S), "RESOURCE_EXHAUSTED", "metadata area",
+        setup=chain(vol(), snap(), mda_left(100)), ran="lvs"),
+    row("thin-device-ids-used-up", cv(name="other"), "RESOURCE_EXHAUSTED",
+        f"has given out device ID {THIN_DEVICE_ID_MAX}",
+        setup=thin_id_at(THIN_DEVICE_ID_MAX), ran="lvs"),
     # Sources.
     row("source-snapshot-missing", cv(snapshot=S), "NOT_FOUND", f"snapshot '{S}' not found",
         ran="lvs"),
@@ -992,6 +1022,47 @@ def test_get_capacity_available(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert tools(n) == {"lvs"}
 
 
+@pytest.mark.parametrize(("setup", "zero"), [
+    pytest.param(mda_left(LV_TEXT_MAX + COMMAND_TEXT_MAX), False, id="one-more-fits"),
+    pytest.param(mda_left(LV_TEXT_MAX + COMMAND_TEXT_MAX - 1), True, id="metadata-area-full"),
+    pytest.param(thin_id_at(THIN_DEVICE_ID_MAX - 1), False, id="one-device-id-left"),
+    pytest.param(thin_id_at(THIN_DEVICE_ID_MAX), True, id="device-ids-used-up"),
+])
+def test_get_capacity_zero_when_no_volume_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               setup: Setup, zero: bool) -> None:
+    """GetCapacity is 0 exactly when CreateVolume refuses every size."""
+    n = make_node(tmp_path, monkeypatch)
+    setup(n)
+    code, reply = call(n.controller.GetCapacity, gc())
+    assert code == "OK", reply
+    assert (reply.available_capacity == 0) is zero
+    code, reply = call(n.controller.CreateVolume, cv(name="new", rng=(GiB, 0)))
+    assert code == ("RESOURCE_EXHAUSTED" if zero else "OK"), reply
+
+
+def test_create_volume_until_the_metadata_area_is_full(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Volumes are made until the VG's metadata area has room for no more:
+    then refused before lvcreate, never by LVM, and GetCapacity is 0 then."""
+    n = make_node(tmp_path, monkeypatch)
+    n.host.vgs["vg0"].mda_size = 64 * 1024
+    made = 0
+    while True:
+        n.host.calls.clear()
+        code, reply = call(n.controller.CreateVolume, cv(name=f"pvc-{made}", rng=(4 * MiB, 0)))
+        if code != "OK":
+            break
+        made += 1
+    assert code == "RESOURCE_EXHAUSTED" and "metadata area of volume group vg0" in reply
+    assert "lvcreate" not in tools(n)
+    assert made > 10
+    assert call(n.controller.GetCapacity, gc())[1].available_capacity == 0
+    # A deletion makes room again.
+    vid = next(name for name in n.host.lvs if name.startswith("csi-v-"))
+    assert call(n.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id=vid))[0] == "OK"
+    assert call(n.controller.GetCapacity, gc())[1].available_capacity > 0
+
+
 def test_get_capacity_above_the_high_water_mark(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     n = make_node(tmp_path, monkeypatch)
@@ -1172,6 +1243,11 @@ SNAPSHOT_ERRORS = [
     row("pool-above-high-water", cs(), "RESOURCE_EXHAUSTED",
         "above its high-water mark: data 91.0% full", setup=chain(vol(), pool_usage(91.0)),
         ran="lvs"),
+    row("metadata-area-full", cs(), "RESOURCE_EXHAUSTED",
+        "the metadata area of volume group vg0 is",
+        setup=chain(vol(), mda_left(LV_TEXT_MAX + COMMAND_TEXT_MAX - 1)), ran="lvs"),
+    row("thin-device-ids-used-up", cs(), "RESOURCE_EXHAUSTED", "device ID",
+        setup=thin_id_at(THIN_DEVICE_ID_MAX), ran="lvs"),
     row("pool-missing", cs(), "UNAVAILABLE", "thin pool pool0 not found", setup=vol(),
         ran="lvs", with_pool=False),
     row("vg-missing", cs(), "UNAVAILABLE", "volume group", setup=chain(vol(), vg_gone),

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from csi_local import dhv
+from csi_local import dhv, lvm_metadata
 from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
@@ -241,6 +241,12 @@ def deleted(vid: str) -> Setup:
 
 def snapshot_deleted(name: str = SNAP) -> Setup:
     return lambda d: d.plugin().snapshot_delete(name)
+
+
+def metadata_area_full(d: Dhv) -> None:
+    """The VG's metadata area with no room for one more LV (pool.lvs_that_fit)."""
+    fvg = d.host.vgs[VG]
+    fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - 1024
 
 
 def pool_percent(data: float) -> Setup:
@@ -508,6 +514,11 @@ REFUSALS = [
             pool_size=GiB),
     refusal("pool-above-high-water-mark", BY_ID, "above its high-water mark",
             chain(source(), pool_percent(95.0))),
+    # The same rule as the CSI plugin's (Pool.admit): no LV LVM would fail to record.
+    refusal("metadata-area-full", {}, "the metadata area of volume group vg0 is",
+            metadata_area_full),
+    refusal("metadata-area-full-clone", BY_ID, "pvcreate --metadatasize",
+            chain(source(), metadata_area_full)),
 ]
 
 
@@ -741,6 +752,8 @@ SNAPSHOT_REFUSALS = [
                  id="pool-without-room"),
     pytest.param(SRC, SNAP, "above its high-water mark", chain(source(), pool_percent(92.0)),
                  id="pool-above-high-water-mark"),
+    pytest.param(SRC, SNAP, "the metadata area of volume group vg0 is",
+                 chain(source(), metadata_area_full), id="metadata-area-full"),
     pytest.param("../x", SNAP, "DHV_VOLUME_ID '../x' is not a volume ID", source(),
                  id="invalid-volume-id"),
     pytest.param(SRC, "a/b", "snapshot name 'a/b' is not valid", source(), id="invalid-name"),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import doctor
+from csi_local import doctor, lvm_metadata
 from csi_local.cli import build_parser
 from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
 from csi_local.lvm import CommittedMetadata, Lvm, VgReport
@@ -119,7 +119,8 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
     assert list(checks) == [
         "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
         "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
-        "volume group vg0 metadata", "thin pool vg0/pool0", "thin pool zeroing",
+        "volume group vg0 metadata", "thin pool vg0/pool0",
+        "volume group vg0 metadata area", "thin pool device IDs", "thin pool zeroing",
         "thin pool fill", "thin pool metadata snapshot", "lvm.conf udev",
         "lvm.conf monitoring", "lvm shell profile", "state directory /var/lib/csi-local",
         "lock directory /run/lock/csi-local", "CSI socket",
@@ -139,7 +140,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("20 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("22 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -331,6 +332,33 @@ def test_fill(m: Machine, data: float, meta: float, status: str, words: str) -> 
     got = doctor.check_fill(lvm, report_pool)
     assert got.status == status and words in got.message
     assert (got.fix != "") == (status != OK)
+
+
+@pytest.mark.parametrize(("left", "status", "words"), [
+    pytest.param(None, OK, "room for", id="empty"),
+    pytest.param(0.15, WARN, "above 80%", id="above-80-percent"),
+    pytest.param(0.0, FAIL, "new volumes and snapshots are refused", id="full"),
+])
+def test_metadata_area(m: Machine, left: float | None, status: str, words: str) -> None:
+    """OK, a warning above 80 % of the largest text LVM writes, a failure
+    when no further volume fits; the fix names pvcreate --metadatasize."""
+    fvg = m.host.vgs["vg0"]
+    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    if left is not None:
+        fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
+    lvm = m.lvm()
+    got = doctor.check_metadata_area(lvm, lvm.report())
+    assert got.status == status and words in got.message, got
+    assert ("--metadatasize" in got.fix) == (status != OK)
+
+
+def test_device_ids(m: Machine) -> None:
+    lvm = m.lvm()
+    assert doctor.check_device_ids(lvm, lvm.report()).status == OK
+    m.host.add_lv("csi-v-x", 1 << 30)
+    m.host.lv("csi-v-x").thin_id = (1 << 24) - 1
+    got = doctor.check_device_ids(lvm, lvm.report())
+    assert got.status == FAIL and "device ID 16777215" in got.message
 
 
 # lvm.conf --------------------------------------------------------------------------
@@ -525,12 +553,14 @@ def test_every_class_is_checked(classes: Machine, listening: None) -> None:
     assert lvm_part == [
         f"configuration file {CONFIG}",
         "class fast: volume group vg0", "class fast: volume group vg0 metadata",
-        "class fast: thin pool vg0/pool0",
+        "class fast: thin pool vg0/pool0", "class fast: volume group vg0 metadata area",
+        "class fast: thin pool device IDs",
         "class fast: thin pool zeroing", "class fast: thin pool fill",
         "class fast: thin pool metadata snapshot",
         "class big: volume group vg-hdd", "class big: volume group vg-hdd metadata",
-        "class big: thin pool vg-hdd/pool",
-        "class big: thin pool zeroing", "class big: thin pool fill",
+        "class big: thin pool vg-hdd/pool", "class big: volume group vg-hdd metadata area",
+        "class big: thin pool device IDs", "class big: thin pool zeroing",
+        "class big: thin pool fill",
         "class big: thin pool metadata snapshot"]
     assert checks[f"configuration file {CONFIG}"].message == \
         "2 device class(es): fast, big; default fast"
@@ -546,7 +576,7 @@ def test_a_class_whose_volume_group_is_missing(classes: Machine, listening: None
     pool = checks["class big: thin pool vg-hdd/pool"]
     assert pool.status == FAIL and "volume group cannot be read" in pool.message
     assert "class big: thin pool fill" not in checks
-    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 6
+    assert [c.status for n, c in checks.items() if n.startswith("class fast: ")] == [OK] * 8
     assert doctor.exit_code(checks.values()) == 1
     out = io.StringIO()
     ns = build_parser().parse_args(["doctor", "--config", CONFIG, "--endpoint", ENDPOINT])

@@ -161,8 +161,13 @@ def test_demo_backing_commands(tmp_path: Path) -> None:
     loop = host.run(["losetup", "--find", "--show", str(backing)]).stdout.strip()
     assert host.run(["losetup", "--associated", str(backing)]).stdout.startswith(loop + ":")
     lvm.create_volume_group(loop)
+    # The demo's VG gets the metadata area the docs recommend, not LVM's default.
+    assert ("vgcreate", "--yes", "--metadatasize", "16m", "vg0", loop) in host.calls
+    assert lvm.report().metadata_area is None  # no LV yet: lvs reports no row
     lvm.activate_volume_group()
     lvm.create_thin_pool(80)
+    area = lvm.report().metadata_area
+    assert area is not None and area.size == 16 * MiB
     pool = lvm.thin_pool()
     assert pool.size == 2 * GiB * 80 // 100 // (4 * MiB) * (4 * MiB)
 

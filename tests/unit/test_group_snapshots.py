@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 
+from csi_local import lvm_metadata
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.group_controller import GroupControllerServicer
 from csi_local.groups import JOURNAL_PREFIX, GroupSnapshots
 from csi_local.identity import IdentityServicer
 from csi_local.locks import volume_key
+from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit.fakehost import DM_MAJOR, FakeLv
 from tests.unit.servicers import (
     THREE_CLASSES,
@@ -286,6 +288,13 @@ def pool_size(size: int) -> Setup:
     return setup
 
 
+def mda_room_for_one(lab: Lab) -> None:
+    """The VG's metadata area with room for one more LV, not two."""
+    fvg = lab.host.vgs["vg0"]
+    free = COMMAND_TEXT_MAX + LV_TEXT_MAX + LV_TEXT_MAX // 2
+    fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - free
+
+
 def pool_fill(data: float) -> Setup:
     def setup(lab: Lab) -> None:
         lab.host.lv("pool0").data_percent = data
@@ -315,6 +324,9 @@ CREATE_ERRORS = [
         setup=pool_size(3 * GiB)),
     row("pool-above-high-water-mark", cg("g", A, B), "RESOURCE_EXHAUSTED", "high-water mark",
         setup=pool_fill(95.0)),
+    # Room in the VG's metadata area for one member's LV, not both: neither is made.
+    row("metadata-area-room-for-one", cg("g", A, B), "RESOURCE_EXHAUSTED",
+        "room for 1 more volumes or snapshots, 2 needed", setup=mda_room_for_one),
     row("group-busy", cg("g", A, B), "ABORTED", "", busy=volume_key(G)),
     row("source-busy", cg("g", A, B), "ABORTED", "", busy=volume_key(B)),
 ]

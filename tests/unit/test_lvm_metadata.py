@@ -583,3 +583,23 @@ def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
     assert len(runner.calls) == 3  # read again: A still there, and still outdated
     (problem,) = reader.problems("vg-cap")
     assert a in problem and "outdated" in problem
+
+
+def test_the_metadata_area_from_the_pvs(runner: FakeRunner, tmp_path: Path) -> None:
+    """The size of each area that holds a copy, from its header; the VG's
+    tightest area with the committed text's size (what LVM counts against
+    max_text_size); an ignored area counts for nothing."""
+    _, size, _, length, _ = area()
+    a = _pv(tmp_path, "a.img", UUID_A, TEXT)
+    assert lm.read_copies(a).area_sizes == (size,)
+    runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A)]))
+    reader = CommittedMetadata(runner)
+    assert reader.metadata_area("vg-cap") is None  # not read yet
+    assert reader.volume_group("vg-cap") is not None
+    got = reader.metadata_area("vg-cap")
+    assert got is not None and (got.size, got.used) == (size, len(TEXT)) == (size, length)
+    assert got.limit == (size - 512) // 2 - 512 and got.free == got.limit - length
+    ignored = bytearray(Path(a).read_bytes())
+    ignored[MDA + 60:MDA + 64] = struct.pack("<I", lm.RAW_LOCN_IGNORED)
+    Path(a).write_bytes(_resealed_header(bytes(ignored[:len(HEAD)])) + bytes(ignored[len(HEAD):]))
+    assert lm.read_copies(a).area_sizes == ()

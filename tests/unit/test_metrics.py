@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from csi_local import lvm_metadata
 from csi_local import metrics as metrics_mod
 from csi_local import monitor as monitor_mod
 from csi_local import plugin as plugin_mod
@@ -114,6 +115,16 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     pool = node.host.lv("pool0")
     assert value(got, "csi_local_volume_group_free_bytes", volume_group="vg0") == \
         20 * GiB - pool.size - pool.metadata_size
+    # The VG's metadata area: what LVM reports of it (vg_mda_size, vg_mda_free).
+    fvg = node.host.vgs["vg0"]
+    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    used = limit - (limit - fvg.mda_text) // 512 * 512
+    assert value(got, "csi_local_volume_group_metadata_area_limit_bytes",
+                 volume_group="vg0") == limit
+    assert value(got, "csi_local_volume_group_metadata_area_used_bytes",
+                 volume_group="vg0") == used
+    assert value(got, "csi_local_volume_group_metadata_area_used_ratio",
+                 volume_group="vg0") == round(used / limit, 4)
     assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 10 * GiB
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
     assert value(got, "csi_local_thin_pool_data_percent", **POOL_LABELS) == 12.5
@@ -199,7 +210,8 @@ def test_a_missing_volume_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 0
     lvm_families = {"csi_local_volume_group_size_bytes", "csi_local_thin_pool_size_bytes",
                     "csi_local_thin_pool_available_bytes", "csi_local_volumes",
-                    "csi_local_volume_size_bytes", "csi_local_thin_pool_healthy"}
+                    "csi_local_volume_size_bytes", "csi_local_thin_pool_healthy",
+                    "csi_local_volume_group_metadata_area_used_ratio"}
     assert not names(got) & lvm_families
     # What needs no LVM is still there for alerts.
     assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 90

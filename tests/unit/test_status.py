@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from csi_local import state, status
+from csi_local import lvm_metadata, state, status
 from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser
 from csi_local.dhv import tags as dhv_tags
 from csi_local.lvm import hex_tag
+from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from csi_local.state import AccessType, Publish, Staging, VolumeRecord
 from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import (
@@ -99,9 +100,17 @@ def test_volumes_snapshots_and_where_they_are_used(node: Node) -> None:
 
     got = as_json(node.host, node.backend.config.state_dir, now)
 
+    area = got["volume_group"].pop("metadata_area")
     assert got["volume_group"] == {"name": "vg0", "size": 11 * GiB,
                                    "free": 11 * GiB - 10 * GiB - 8 * MiB,
                                    "metadata_problems": []}
+    fvg = node.host.vgs["vg0"]
+    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    used = limit - (limit - fvg.mda_text) // 512 * 512  # vg_mda_free: whole sectors
+    assert area == {"size": fvg.mda_size, "limit": limit, "used": used,
+                    "used_percent": round(100 * used / limit, 1),
+                    "lvs_that_fit": (limit - used - COMMAND_TEXT_MAX) // LV_TEXT_MAX,
+                    "problem": None}
     pool = got["thin_pool"]
     assert pool["name"] == "vg0/pool0" and pool["found"] and pool["active"]
     assert pool["size"] == 10 * GiB and pool["fill_problem"] is None
@@ -551,3 +560,25 @@ def test_the_configuration_file_from_the_environment(monkeypatch: pytest.MonkeyP
     ns = build_parser().parse_args(["status"])
     assert ns.config == str(classes_file) and ns.volume_group is None
     assert [c.name for c in status.node_classes(ns).classes] == ["fast", "big", "cold"]
+
+
+@pytest.mark.parametrize(("left", "says", "problem"), [
+    pytest.param(None, "room for at least", False, id="empty"),
+    pytest.param(0.1, "WARNING: above 80% full", False, id="above-80-percent"),
+    pytest.param(0.0, "PROBLEM: the metadata area of volume group vg0 is", True, id="full"),
+])
+def test_the_metadata_area(node: Node, left: float | None, says: str, problem: bool) -> None:
+    """How full the VG's metadata area is, a warning above 80 %, and when no
+    further volume fits the problem, on the VG and on the pool (text and JSON)."""
+    fvg = node.host.vgs["vg0"]
+    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    if left is not None:
+        fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
+    code, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
+    assert code == 0
+    assert "Metadata area of vg0: " in text and says in text, text
+    got = as_json(node.host, node.backend.config.state_dir, node.host.clock)
+    area = got["volume_group"]["metadata_area"]
+    assert (area["problem"] is not None) is problem
+    assert (got["thin_pool"]["count_problem"] is not None) is problem
+    assert (area["lvs_that_fit"] == 0) is problem
