@@ -40,7 +40,7 @@ pytestmark = pytest.mark.integration
 # Small enough to fill with a few dozen LVs. pvcreate extends the area up to
 # the start of the data, aligned to 1 MiB by default: a small alignment keeps
 # it small.
-SMALL, ALIGN = "16k", "32k"
+SMALL, ALIGN = "32k", "32k"
 MiB = 1 << 20
 _REFUSED = re.compile(r"\((\d+) bytes\) exceeds maximum metadata size \((\d+) bytes\)")
 
@@ -149,7 +149,8 @@ def test_create_volume_refuses_before_lvm_does(small_vg: LoopVG, plugin_factory:
     """CreateVolume until RESOURCE_EXHAUSTED: GetCapacity is 0 from then on
     (and not before), the refusal names the metadata area and its fix, nothing
     is half-made, LVM still takes the VG's metadata, a deletion makes room."""
-    plugin: PluginProcess = plugin_factory(target_vg=small_vg)
+    # Over-provisioned: the metadata area, not the pool's data, must be what runs out.
+    plugin: PluginProcess = plugin_factory("--overprovision-ratio", "100", target_vg=small_vg)
     made: list[str] = []
     while True:
         room = capacity(plugin)
