@@ -164,6 +164,8 @@ WEIGHTS = {
     "tests/integration/test_sanity_csi_local.py::test_sanity_against_csi_local[block]": 30,
     "tests/sanity_selftest/test_sanity_detects.py": 3,
     "tests/integration/test_bench.py": 40,
+    "tests/integration/test_doctor_lvm_view.py": 8,
+    "tests/integration/test_metadata_area.py": 10,
     "tests/integration/test_changed_blocks.py": 7,
     "tests/integration/test_crash.py": 8,
     "tests/integration/test_dhv_clones.py": 7,
