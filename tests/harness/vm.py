@@ -245,7 +245,9 @@ class Guest:
             # The guest's pytest output goes to a file the host can follow live.
             + shlex.join(inner) + f" > {work}/pytest.log 2>&1\n"
         )
-        memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "2G")
+        # 3G: the VGs' sparse files, the plugins' logs and /etc's writes all
+        # live in the guest's memory (tmpfs), half of it at most per file system.
+        memory = os.environ.get("CSI_LOCAL_VM_MEMORY", "3G")
         argv = [
             vng, "-r", self.kernel, "--disable-kvm", "--user", "root", "--memory", memory,
             "--cpus", cpus, "--rwdir", str(self.workdir),

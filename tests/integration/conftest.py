@@ -104,6 +104,24 @@ def unmount_under(root: Path) -> None:
             run("umount", "-l", point, check=False)
 
 
+# Where LVM archives each VG's metadata before a change (the host's lvm.conf:
+# kept for 30 days). In the test VM /etc is a copy-on-write layer in the
+# guest's memory, and the walk and the other tests make thousands of changes
+# a run: their archive files alone filled it (ENOSPC in the middle of a run).
+LVM_ARCHIVE = Path("/etc/lvm/archive")
+
+
+@pytest.fixture(autouse=True)
+def _lvm_archive_in_the_vm() -> Iterator[None]:
+    """After each test in the VM, the archive files it left: none of the
+    tests reads them (test_lvm_archive.py archives into a directory of its
+    own), and the host's /etc/lvm is never written (read-only in the guest)."""
+    yield
+    if os.environ.get("CSI_LOCAL_IN_VM") == "1" and LVM_ARCHIVE.is_dir():
+        for path in LVM_ARCHIVE.glob("*.vg"):
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def session_vg() -> Iterator[LoopVG]:
     vg = make_vg()
