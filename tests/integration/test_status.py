@@ -84,10 +84,17 @@ def test_status_and_doctor_on_a_real_node(plugin_factory: Any, vg: LoopVG) -> No
     got = json.loads(proc.stdout)
     real = lvs(vg)
     vgs = json.loads(run("vgs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o",
-                         "vg_size,vg_free", vg.name).stdout)["report"][0]["vg"][0]
-    # One PV, one metadata copy, nothing missing: no metadata problem.
+                         "vg_size,vg_free,vg_mda_size,vg_mda_free", vg.name).stdout
+                     )["report"][0]["vg"][0]
+    # One PV, one metadata copy, nothing missing: no metadata problem. The
+    # metadata area as LVM reports it (its free space in whole sectors).
+    area = got["volume_group"].pop("metadata_area")
     assert got["volume_group"] == {"name": vg.name, "size": int(vgs["vg_size"]),
                                    "free": int(vgs["vg_free"]), "metadata_problems": []}
+    assert area["size"] == int(vgs["vg_mda_size"]) and area["problem"] is None
+    left = area["limit"] - area["used"]
+    assert left - 512 < int(vgs["vg_mda_free"]) <= left
+    assert area["lvs_that_fit"] > 0
     pool = got["thin_pool"]
     assert pool["found"] and pool["active"] and pool["size"] == int(real[vg.pool]["lv_size"])
     assert pool["data_percent"] == pytest.approx(float(real[vg.pool]["data_percent"]))
