@@ -105,10 +105,10 @@ RUN apt-get update \
 #    without shared locks, two writers could update the same VG at once.
 COPY deploy/container/lvm.conf /etc/lvm/lvm.conf
 COPY --from=builder /opt/csi-local /opt/csi-local
-# The command profile of the plugin's lvm shell (csi_local/lvm_shell.py), in
+# The command profile of the plugin's lvm shell (csi_local/storage/lvm_shell.py), in
 # the image: the plugin then needs no write to /etc at run time.
 RUN /opt/csi-local/bin/python3 -c \
-      "from csi_local.lvm_shell import ensure_profile; ensure_profile('/etc/lvm/profile')"
+      "from csi_local.storage.lvm_shell import ensure_profile; ensure_profile('/etc/lvm/profile')"
 
 ENV PATH=/opt/csi-local/bin:$PATH \
     PYTHONUNBUFFERED=1 \

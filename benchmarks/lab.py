@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 
-from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
+from csi_local.host import mounts
 
 SCRATCH = Path("/run/csi-local-bench")
 ENV = {"LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}

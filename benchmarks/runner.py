@@ -32,18 +32,18 @@ import csi_local
 from benchmarks import measure
 from benchmarks.lab import SCRATCH, Lab, Plugin, run, timed
 from benchmarks.report import ExecRow, MiB, Results, Row
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.lvm import LV_FIELDS
+from csi_local.storage.lvm import LV_FIELDS
+from csi_local.volumes import naming as vols
 
 try:  # the very options the plugin formats with
-    from csi_local.fs import _MKFS
+    from csi_local.host.filesystems import _MKFS
 
     MKFS_EXT4 = list(_MKFS["ext4"])
 except (ImportError, KeyError):  # pragma: no cover - the plugin moved them
     MKFS_EXT4 = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1"]
 
-# The report the plugin reads (csi_local.lvm.Lvm.report): one `lvs` of the VG.
+# The report the plugin reads (csi_local.storage.lvm.Lvm.report): one `lvs` of the VG.
 LVS_REPORT = ["lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--config",
               'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size"]
 VOLUME_BYTES = 64 * MiB
@@ -53,7 +53,7 @@ FILLER_BYTES = 4 * MiB  # one extent: a thousand fit a small pool
 STORM_VG_BYTES = 2 << 30
 STORM_WRITES = 5 * MiB  # what mkfs.ext4 and a mount write on a 64 MiB volume
 IDLE_SETTLE = 15.0  # seconds after a start before the idle count
-SERVE_IMPORTS = "import csi_local.cli, csi_local.server"
+SERVE_IMPORTS = "import csi_local.cli, csi_local.csi.server"
 # What no plugin written in Python with grpc can go below: the interpreter, grpc
 # and the CSI stubs (protobuf).
 FLOOR_IMPORTS = "import grpc, csi_local._gen.csi_pb2_grpc"

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local.sizes import parse_size
+from csi_local.volumes.sizes import parse_size
 from sanity import csi_pb2, csi_pb2_grpc
 
 __all__ = ["parse_size"]  # re-exported: the suite's options take sizes

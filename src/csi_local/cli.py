@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from csi_local import __version__
-from csi_local.classes import load_classes
 from csi_local.config import (
     DEFAULT_CERT_WARNING_DAYS,
     DEFAULT_DRIVER_NAME,
@@ -24,9 +23,10 @@ from csi_local.config import (
     parse_size,
     socket_path,
 )
-from csi_local.fsrules import SUPPORTED_FS as FS_TYPES
-from csi_local.locks import DEFAULT_LOCK_DIR
+from csi_local.host.filesystem_rules import SUPPORTED_FS as FS_TYPES
+from csi_local.host.locks import DEFAULT_LOCK_DIR
 from csi_local.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from csi_local.volumes.device_classes import load_classes
 
 
 class _EnvDefault(argparse.Action):
@@ -200,7 +200,7 @@ def _days(text: str) -> int:
 
 
 def _lvm_name(text: str) -> str:
-    from csi_local.status import lvm_name
+    from csi_local.ops.status import lvm_name
 
     return lvm_name(text)
 
@@ -216,7 +216,7 @@ def _ratio(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from csi_local.status import parse_duration
+    from csi_local.ops.status import parse_duration
 
     try:
         return parse_duration(text)
@@ -360,18 +360,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "probe":
         return _probe(args.endpoint, args.timeout)
     if args.command == "status":
-        from csi_local import status
+        from csi_local.ops import status
 
         return status.main(args)
     if args.command == "doctor":
-        from csi_local import doctor
+        from csi_local.ops import doctor
 
         return doctor.main(args)
     try:
         config = config_from_args(args)
     except ConfigError as err:
         parser.error(str(err))
-    from csi_local.server import ServerError, serve
+    from csi_local.csi.server import ServerError, serve
 
     setup_logging(args.log_level, args.log_format)
     try:

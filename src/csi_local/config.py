@@ -7,19 +7,17 @@ import os
 import re
 from dataclasses import dataclass
 
-from csi_local.classes import DeviceClasses, single_class
-from csi_local.fsrules import SUPPORTED_FS
-from csi_local.locks import DEFAULT_LOCK_DIR
-from csi_local.lvm import check_name
-from csi_local.pool import PoolPolicy
-from csi_local.sizes import parse_size as _parse_size
+from csi_local.host.filesystem_rules import SUPPORTED_FS
+from csi_local.host.locks import DEFAULT_LOCK_DIR
+from csi_local.storage.lvm import check_name
+from csi_local.volumes.device_classes import DeviceClasses, single_class
+from csi_local.volumes.group_snapshots import DEFAULT_FREEZE_LIMIT as DEFAULT_FREEZE_LIMIT
+from csi_local.volumes.pool import PoolPolicy
+from csi_local.volumes.sizes import parse_size as _parse_size
 
 DEFAULT_DRIVER_NAME = "lvm.csi-local.dev"
 DEFAULT_ENDPOINT = "unix:///run/csi-local/csi.sock"
 DEFAULT_STATE_DIR = "/var/lib/csi-local"
-# Seconds a group snapshot may keep its members' file systems frozen: lvcreate
-# takes well under a second per member on real hardware.
-DEFAULT_FREEZE_LIMIT = 10.0
 # Days before a certificate's expiry from which doctor warns (cert-manager
 # renews 30 days before by default, so a warning means renewal is failing).
 DEFAULT_CERT_WARNING_DAYS = 14
@@ -81,7 +79,7 @@ class Config:
     endpoint: str
     node_id: str
     # One class by flags (--volume-group/--thin-pool), or device classes from
-    # a file (--config, csi_local.classes): exactly one of the two.
+    # a file (--config, csi_local.volumes.device_classes): exactly one of the two.
     volume_group: str = ""
     thin_pool: str = ""
     device_classes: DeviceClasses | None = None

@@ -4,7 +4,7 @@ The storage layer (lvm, fs, locks, host, pool, the volume layer) raises
 these. It does not know which RPC called it, so it does not choose the code:
 a full thin pool is RESOURCE_EXHAUSTED for CreateVolume but OUT_OF_RANGE for
 ControllerExpandVolume, and a missing volume group must never look like a
-missing volume. `csi_local.rpc` maps them, per RPC, in one table; the host
+missing volume. `csi_local.csi.rpc` maps them, per RPC, in one table; the host
 volume plugin reports their messages to Nomad. No grpc imports here: the
 host volume plugin must start fast.
 """

@@ -201,7 +201,7 @@ def snapshot_metadata_docs() -> list[dict[str, Any]]:
 
 
 # The shape of a device classes file (docs/device-classes.md); the plugin's own
-# parser (csi_local.classes) is the authority, this is the part tests can
+# parser (csi_local.volumes.device_classes) is the authority, this is the part tests can
 # check without it.
 CLASS_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 CLASS_KEYS = {"volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",

@@ -1,4 +1,4 @@
-"""csi_local.x509 and doctor's snapshot-metadata certificate check on
+"""csi_local.ops.x509 and doctor's snapshot-metadata certificate check on
 certificates made at test time by the host's openssl (`req -x509`, `ca` for
 chosen dates, and the commands of docs/snapshot-metadata.md): UTCTime and
 GeneralizedTime, RSA and EC keys, a chain (its first block, the leaf), and
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import doctor
-from csi_local.x509 import CertificateError, first_pem_certificate, pem_validity
+from csi_local.ops import doctor
+from csi_local.ops.x509 import CertificateError, first_pem_certificate, pem_validity
 from tests.deploy._deploy import REPO
 from tests.unit.conftest import FakeRunner
 

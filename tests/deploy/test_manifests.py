@@ -552,7 +552,7 @@ def test_device_classes_configmap_shape() -> None:
 def test_device_classes_configmap_parses_with_the_plugins_parser() -> None:
     """The plugin's own parser (the one that refuses a bad file at start) takes
     the example as it is."""
-    from csi_local.classes import parse_classes
+    from csi_local.volumes.device_classes import parse_classes
 
     parsed = parse_classes(_classes_text(), source="classes.toml")
     assert sorted(parsed.names) == ["big", "fast"]
@@ -1158,7 +1158,7 @@ def test_resizer_pod_runs_without_privileges() -> None:
         assert "add" not in sc["capabilities"]
     plugin = container(dep, "csi-local")
     env = _env(plugin)
-    from csi_local.locks import DEFAULT_LOCK_DIR
+    from csi_local.host.locks import DEFAULT_LOCK_DIR
 
     assert "CSI_LOCAL_LOCK_DIR" not in env
     writable = [env["CSI_ENDPOINT"]["value"].removeprefix("unix://"),

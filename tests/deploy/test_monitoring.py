@@ -34,7 +34,7 @@ def _exported() -> dict[str, set[str]]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from csi_local.metrics import FAMILIES, NAMESPACE, Metrics
+    from csi_local.ops.metrics import FAMILIES, NAMESPACE, Metrics
 
     metrics = Metrics(node="n")
     metrics.observe_rpc("CreateVolume", "OK", 0.1)

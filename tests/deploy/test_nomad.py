@@ -311,7 +311,7 @@ def _classes() -> dict[str, dict[str, Any]]:
 
 
 def test_classes_example_parses_with_the_plugins_parser() -> None:
-    from csi_local.classes import parse_classes
+    from csi_local.volumes.device_classes import parse_classes
 
     parsed = parse_classes(CLASSES_TOML.read_text(), source="classes.toml")
     assert sorted(parsed.names) == sorted(_classes())
@@ -442,7 +442,7 @@ def test_kill_timeout_within_the_clients_default_cap() -> None:
     """A Nomad client caps kill_timeout at its max_kill_timeout (30 s unless
     set), silently: the plugin job asks for no more, and the docs say how to
     raise both. The plugin's own grace for running RPCs fits in it."""
-    from csi_local.server import GRACE_SECONDS
+    from csi_local.csi.server import GRACE_SECONDS
 
     found = []
     for job_file in sorted(NOMAD_DIR.glob("*.nomad.hcl")):

@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
+from csi_local.host import mounts
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

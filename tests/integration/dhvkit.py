@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from csi_local import mounts
 from csi_local.dhv.request import lv_name_for
-from csi_local.lvm import LV_FIELDS, LogicalVolume, parse_lvs
+from csi_local.host import mounts
+from csi_local.storage.lvm import LV_FIELDS, LogicalVolume, parse_lvs
 from tests.integration.conftest import SCRATCH, LoopVG, run, unmount_under
 
 MIB = 1 << 20

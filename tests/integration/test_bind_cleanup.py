@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import mounts
 from csi_local.errors import CommandError, SyscallError
-from csi_local.fs import Filesystems
-from csi_local.host import Host
-from csi_local.runner import ProcessRunner
+from csi_local.host import mounts
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.runner import ProcessRunner
 from tests.integration.conftest import SCRATCH, run, unmount_under
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.thinmeta import MARK_PREFIX
+from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.integration.conftest import (
     SCRATCH,
     LoopVG,

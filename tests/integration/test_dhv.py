@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from csi_local import mounts
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.dhv.request import lv_name_for
-from csi_local.locks import Locks, pool_key
-from csi_local.lvm import LogicalVolume
+from csi_local.host import mounts
+from csi_local.host.locks import Locks, pool_key
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import naming as vols
 from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
     MIB,
@@ -69,7 +69,7 @@ def test_fingerprint_is_fast_and_light(dhv: Dhv) -> None:
                 if line.startswith("import time:")}
     assert "csi_local.dhv" in imported
     heavy = {m for m in imported if m.split(".")[0] in {"grpc", "google", "pyudev"}}
-    heavy |= {"csi_local.dhv.plugin", "csi_local.dhv.request", "csi_local.lvm",
+    heavy |= {"csi_local.dhv.plugin", "csi_local.dhv.request", "csi_local.storage.lvm",
               "csi_local.errors"} & imported
     assert not heavy, heavy
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from csi_local import mounts
 from csi_local.dhv.request import lv_name_for, snapshot_lv_name
-from csi_local.lvm import LogicalVolume
+from csi_local.host import mounts
+from csi_local.storage.lvm import LogicalVolume
 from tests.integration.conftest import LoopVG, make_vg, unmount_under
 from tests.integration.dhvkit import (
     MIB,

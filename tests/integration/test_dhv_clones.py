@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from csi_local import mounts
 from csi_local.dhv.request import lv_name_for, snapshot_lv_name
-from csi_local.lvm import LogicalVolume
+from csi_local.host import mounts
+from csi_local.storage.lvm import LogicalVolume
 from tests.integration.conftest import run
 from tests.integration.dhvkit import (
     MIB,

@@ -1,4 +1,4 @@
-"""csi_local.dm against the real device-mapper: what its ioctls say of thin
+"""csi_local.host.device_mapper against the real device-mapper: what its ioctls say of thin
 LVs and thin pools, checked against dmsetup and lvs, which ask the kernel the
 same questions by another road."""
 
@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from csi_local import dm
-from csi_local.dm import DmDevice
 from csi_local.errors import DmStatusUnusable
+from csi_local.host import device_mapper as dm
+from csi_local.host.device_mapper import DmDevice
 from tests.integration.conftest import SCRATCH, LoopVG, make_vg, run
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import doctor
-from csi_local.runner import ProcessRunner
+from csi_local.host.runner import ProcessRunner
+from csi_local.ops import doctor
 from tests.integration.conftest import SCRATCH, LoopVG
 
 pytestmark = pytest.mark.integration

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
-from csi_local import __version__, mounts
+from csi_local import __version__
 from csi_local._gen import csi_pb2 as pb
-from csi_local.fs import Filesystems
-from csi_local.host import Host
-from csi_local.lvm import Lvm
-from csi_local.runner import ProcessRunner
-from csi_local.sizes import round_up
+from csi_local.host import mounts
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.runner import ProcessRunner
+from csi_local.storage.lvm import Lvm
+from csi_local.volumes.sizes import round_up
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg
 
 pytestmark = pytest.mark.integration

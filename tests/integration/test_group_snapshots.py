@@ -21,9 +21,9 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
+from csi_local.volumes import naming as vols
 from tests.integration.conftest import PluginProcess, expect_code, run
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 from tests.integration.test_snapshots import restore

@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local import lvm_metadata
 from csi_local._gen import csi_pb2 as pb
-from csi_local.lvm import CommittedMetadata, LogicalVolume, Lvm
-from csi_local.runner import ProcessRunner
+from csi_local.host.runner import ProcessRunner
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import CommittedMetadata, LogicalVolume, Lvm
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
 from tests.integration.test_node import create, stage, unstage
 

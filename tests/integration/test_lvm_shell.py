@@ -19,9 +19,9 @@ import psutil
 import pytest
 
 from csi_local.errors import CommandError, StorageError
-from csi_local.lvm import LogicalVolume, Lvm, profile_dir
-from csi_local.lvm_shell import LvmShell
-from csi_local.runner import ProcessRunner
+from csi_local.host.runner import ProcessRunner
+from csi_local.storage.lvm import LogicalVolume, Lvm, profile_dir
+from csi_local.storage.lvm_shell import LvmShell, use_lvm_shell
 
 from .conftest import LoopVG, make_vg, run
 
@@ -32,14 +32,14 @@ MiB = 1 << 20
 @pytest.fixture
 def shell_runner() -> Iterator[ProcessRunner]:
     runner = ProcessRunner()
-    runner.use_lvm_shell(lambda: profile_dir(runner))
+    use_lvm_shell(runner, lambda: profile_dir(runner))
     yield runner
     runner.close()
 
 
 def _shell(runner: ProcessRunner) -> LvmShell:
-    assert runner.lvm_shell is not None
-    return runner.lvm_shell
+    assert isinstance(runner.shell, LvmShell)
+    return runner.shell
 
 
 def _sizes(vg: LoopVG) -> dict[str, tuple[int, str]]:
@@ -211,7 +211,7 @@ def test_a_shell_that_loses_its_framing_or_dies_fails_that_command_alone(
 
 def test_a_command_sent_to_a_shell_found_gone_goes_to_a_new_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from csi_local import lvm_shell
+    from csi_local.storage import lvm_shell
 
     shell = LvmShell(ProcessRunner().env, lambda: _fake_lvm(tmp_path, _FAKE),
                      lambda: str(tmp_path / "profile"))
@@ -238,7 +238,7 @@ def test_a_shell_that_cannot_start_leaves_commands_to_processes(
     # A profile directory that cannot be written (a read-only /etc).
     (tmp_path / "file").write_text("")
     runner = ProcessRunner()
-    runner.use_lvm_shell(lambda: str(tmp_path / "file" / "profile"))
+    use_lvm_shell(runner, lambda: str(tmp_path / "file" / "profile"))
     lvm = Lvm(runner, vg.name, vg.pool)
     lvm.create_thin("s7", 64 * MiB, [], read_back=False)
     shell = _shell(runner)
@@ -360,7 +360,7 @@ def test_the_shell_and_processes_make_the_same_changes_and_failures() -> None:
                        "\tthin_pool_autoextend_percent=0\n}\n")
     vgs = [make_vg(DIFF_VG, pool_percent=25), make_vg(DIFF_VG, pool_percent=25)]
     shell_runner, plain = ProcessRunner(), ProcessRunner()
-    shell_runner.use_lvm_shell(lambda: profile_dir(shell_runner))
+    use_lvm_shell(shell_runner, lambda: profile_dir(shell_runner))
     try:
         assert _shell(shell_runner).start(), _shell(shell_runner).disabled
         started = time.monotonic()
@@ -389,7 +389,7 @@ def test_the_shell_and_processes_make_the_same_changes_and_failures() -> None:
         assert "d-a" in names and not names & {"d-s", "d-c", "d-b"}, names
         # The shell ran the changes (not fallen back to processes); the other none.
         assert _shell(shell_runner).started == 1 and _shell(shell_runner).ran >= 20
-        assert plain.lvm_shell is None
+        assert plain.shell is None
     finally:
         shell_runner.close()
         for vg in vgs:

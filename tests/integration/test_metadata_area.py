@@ -20,12 +20,12 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local import lvm_metadata
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.lvm import CommittedMetadata, MetadataArea
-from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, lvs_that_fit
-from csi_local.runner import ProcessRunner
+from csi_local.host.runner import ProcessRunner
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import CommittedMetadata, MetadataArea
+from csi_local.volumes import naming as vols
+from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, lvs_that_fit
 from tests.integration.conftest import (
     LoopVG,
     PluginProcess,

@@ -46,15 +46,16 @@ from typing import Any
 
 import pytest
 
-from csi_local import status as status_mod
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
-from csi_local.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
-from csi_local.plugin import CsiPlugin
-from csi_local.pool import capacity_of
-from csi_local.rpc import status_of
-from csi_local.runner import ProcessRunner, Result
+from csi_local.csi.plugin import CsiPlugin
+from csi_local.csi.rpc import status_of
+from csi_local.host.runner import ProcessRunner, Result
+from csi_local.ops import status as status_mod
+from csi_local.storage.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
+from csi_local.storage.lvm_shell import LvmShell
+from csi_local.volumes import naming as vols
+from csi_local.volumes.pool import capacity_of
 from tests.integration.conftest import SCRATCH, mount_cap, run
 
 pytestmark = pytest.mark.integration
@@ -441,8 +442,8 @@ class Walk:
 
     def kill_the_shell(self) -> None:
         """The plugin's lvm shell killed while it runs the plugin's lvcreate."""
-        shell = self.plugin.runner.lvm_shell
-        assert shell is not None
+        shell = self.plugin.runner.shell
+        assert isinstance(shell, LvmShell)
         name = self.name("killed-")
         worker = threading.Thread(target=self.call,
                                   args=("CreateVolume", _create_request(name, 4 * MiB)))
@@ -541,7 +542,7 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
     plugin = CsiPlugin(config)
     walk = Walk(random.Random(seed), vg, disks, plugin)
     plugin.runner.observe = walk.clock.observe
-    plugin.runner.start_lvm_shell()
+    plugin.runner.start_shell()
     started = time.monotonic()
     ends: list[float] = []  # when each step's comparison ended
     try:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from csi_local.errors import CommandError
-from csi_local.runner import ProcessRunner
+from csi_local.host.runner import ProcessRunner
 
 pytestmark = pytest.mark.integration
 

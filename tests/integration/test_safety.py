@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import pytest
 
-from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
+from csi_local.host import mounts
 from tests.integration.conftest import (
     LoopVG,
     PluginProcess,

@@ -8,8 +8,8 @@ import time
 import grpc
 import pytest
 
-from csi_local import mounts
 from csi_local._gen import csi_pb2 as pb
+from csi_local.host import mounts
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 

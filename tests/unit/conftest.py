@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from csi_local.errors import CommandError
-from csi_local.runner import Result
+from csi_local.host.runner import Result
 
 
 class RealProcessForbidden(AssertionError):

@@ -46,12 +46,14 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from csi_local import fsrules, lvm_metadata, mounts
-from csi_local import host as host_mod
 from csi_local.errors import CommandError
-from csi_local.host import Host
-from csi_local.mounts import Mount
-from csi_local.runner import Result
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.host import kernel as host_mod
+from csi_local.host import mounts
+from csi_local.host.kernel import Host
+from csi_local.host.mounts import Mount
+from csi_local.host.runner import Result
+from csi_local.storage import vg_text as lvm_metadata
 
 try:
     from csi_local.errors import DeviceMissing

@@ -12,21 +12,22 @@ from typing import Any
 
 import pytest
 
-from csi_local import validation, volumes
 from csi_local._gen import csi_pb2 as pb
-from csi_local.backend import Backend
-from csi_local.classes import parse_classes
 from csi_local.config import Config
-from csi_local.controller import ControllerServicer
+from csi_local.csi import validation
+from csi_local.csi.controller_servicer import ControllerServicer
+from csi_local.csi.dependencies import Backend
+from csi_local.csi.node_servicer import NodeServicer
+from csi_local.csi.pagination import Paginator
+from csi_local.csi.rpc import RpcError, status_of
 from csi_local.errors import StorageError
-from csi_local.fs import Filesystems
-from csi_local.locks import Locks
-from csi_local.lvm import Lvm
-from csi_local.node import NodeServicer
-from csi_local.pagination import Paginator
-from csi_local.pool import Pool, PoolPolicy, Pools
-from csi_local.rpc import RpcError, status_of
-from csi_local.state import StateStore
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.locks import Locks
+from csi_local.nodestate.state_file import StateStore
+from csi_local.storage.lvm import Lvm
+from csi_local.volumes import naming as volumes
+from csi_local.volumes.device_classes import parse_classes
+from csi_local.volumes.pool import Pool, PoolPolicy, Pools
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VG, POOL = "vg0", "pool0"

@@ -33,7 +33,7 @@ import time:       500 |       4000 | site
 import time:      2000 |       2000 |     grpc._cython
 import time:       300 |       2300 |   grpc
 import time:        50 |         50 |   tiny
-import time:      1000 |       3350 | csi_local.server
+import time:      1000 |       3350 | csi_local.csi.server
 """
 
 
@@ -42,7 +42,7 @@ def test_import_costs_keep_the_tree_and_drop_the_cheap() -> None:
     assert [(r.module, r.depth) for r in rows][:3] == [("_io", 1), ("site", 0),
                                                        ("grpc._cython", 2)]
     shown = [(r.module, r.depth) for r in top_imports(rows, share=0.05)]
-    assert shown == [("site", 0), ("csi_local.server", 0), ("grpc", 1), ("grpc._cython", 2)]
+    assert shown == [("site", 0), ("csi_local.csi.server", 0), ("grpc", 1), ("grpc._cython", 2)]
 
 
 def test_tables_show_ratio_goal_and_what_is_missing() -> None:

@@ -1,4 +1,4 @@
-"""Device classes from the node configuration file (csi_local.classes), and how
+"""Device classes from the node configuration file (csi_local.volumes.device_classes), and how
 the plugin's configuration takes them.
 
 Every refusal names the file and the line of the offending key or table
@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from csi_local.classes import (
+from csi_local.cli import build_parser, config_from_args
+from csi_local.config import Config, ConfigError
+from csi_local.volumes.device_classes import (
     DEFAULT_CLASS,
     ClassConfigError,
     DeviceClass,
@@ -21,8 +23,6 @@ from csi_local.classes import (
     load_classes,
     parse_classes,
 )
-from csi_local.cli import build_parser, config_from_args
-from csi_local.config import Config, ConfigError
 
 SOURCE = "classes.toml"
 

@@ -5,11 +5,12 @@ import types
 import grpc
 import pytest
 
-from csi_local import errors, rpc
+from csi_local import errors
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser, config_from_args
 from csi_local.config import ConfigError, parse_size
-from csi_local.server import redact
+from csi_local.csi import rpc
+from csi_local.csi.server import redact
 
 BASE = ["serve", "--endpoint", "unix:///run/x.sock", "--node-id", "n1",
         "--volume-group", "vg0", "--thin-pool", "pool", "--state-dir", "/var/lib/x"]
@@ -184,13 +185,13 @@ def test_main_refuses_bad_environment_before_serving(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         env: str, bad: str) -> None:
     """Used to be a traceback (level) or a silent fall-back to text (format)."""
-    import csi_local.server
+    import csi_local.csi.server
     from csi_local.cli import main
 
     def serve(config: object) -> None:
         raise _Served
 
-    monkeypatch.setattr(csi_local.server, "serve", serve)
+    monkeypatch.setattr(csi_local.csi.server, "serve", serve)
     monkeypatch.setenv(env, bad)
     with pytest.raises(SystemExit) as exc:
         main(BASE)
@@ -203,7 +204,7 @@ def test_requests_are_rendered_only_when_debug_logging_is_on(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Rendering a request as text costs a copy and text_format on every RPC;
     at the default level nobody reads it."""
-    from csi_local import server
+    from csi_local.csi import server
 
     rendered: list[str] = []
     real = server.redact
@@ -214,10 +215,10 @@ def test_requests_are_rendered_only_when_debug_logging_is_on(
         lambda _: grpc.unary_unary_rpc_method_handler(lambda req, ctx: pb.ProbeResponse()),
         details)  # type: ignore[arg-type]
     assert handler is not None and handler.unary_unary is not None
-    with caplog.at_level(logging.INFO, logger="csi_local.server"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.server"):
         handler.unary_unary(pb.ProbeRequest(), None)
     assert rendered == []
-    with caplog.at_level(logging.DEBUG, logger="csi_local.server"):
+    with caplog.at_level(logging.DEBUG, logger="csi_local.csi.server"):
         handler.unary_unary(pb.ProbeRequest(), None)
     assert rendered == ["x"] and "Probe request: " in caplog.text
 

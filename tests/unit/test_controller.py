@@ -1,6 +1,6 @@
 """ControllerServicer, RPC by RPC, on a FakeHost: every error branch and the main replies.
 
-Each table row names one branch of csi_local/controller.py (or of the volume,
+Each table row names one branch of csi_local/csi/controller_servicer.py (or of the volume,
 pool, sizes and validation layers whose errors pass through it) and the code
 the CSI spec's error table gives it, as the server's interceptor would send
 it. Every row also checks what must not happen: which LVM tools ran (none at
@@ -21,17 +21,18 @@ from typing import Any
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from csi_local import lvm_metadata, validation
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import DEFAULT_DRIVER_NAME
-from csi_local.controller import ControllerServicer
-from csi_local.locks import pool_key, volume_key
-from csi_local.lvm import LogicalVolume
-from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, THIN_DEVICE_ID_MAX, PoolPolicy
-from csi_local.state import AccessType, Publish, Staging
-from csi_local.volumes import Source, SourceKind
+from csi_local.csi import validation
+from csi_local.csi.controller_servicer import ControllerServicer
+from csi_local.host.locks import pool_key, volume_key
+from csi_local.nodestate.state_file import AccessType, Publish, Staging
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import naming as vols
+from csi_local.volumes.naming import Source, SourceKind
+from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, THIN_DEVICE_ID_MAX, PoolPolicy
 from tests.unit.fakehost import FakeLv
 from tests.unit.servicers import (
     GiB,

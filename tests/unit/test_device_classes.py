@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.held_vgs import HELD_FILE, HeldVolumeGroups
-from csi_local.identity import IdentityServicer
-from csi_local.locks import pool_key
-from csi_local.volumes import Source, SourceKind
+from csi_local.csi.identity_servicer import IdentityServicer
+from csi_local.host.locks import pool_key
+from csi_local.volumes import naming as vols
+from csi_local.volumes.held_vgs import HELD_FILE, HeldVolumeGroups
+from csi_local.volumes.naming import Source, SourceKind
 from tests.unit.servicers import (
     GiB,
     MiB,

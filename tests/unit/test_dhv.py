@@ -18,17 +18,19 @@ from pathlib import Path
 import pytest
 
 import csi_local
-from csi_local import dhv, mounts, sizes
+from csi_local import dhv
 from csi_local.dhv import config as dhv_config
 from csi_local.dhv import install as dhv_install
 from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import request as dhv_request
-from csi_local.dhv import tags as dhv_tags
 from csi_local.dhv.request import DhvError, Request
 from csi_local.errors import SizeOutOfRange
-from csi_local.holders import VolumeUsers, volume_users
-from csi_local.lvm import LogicalVolume, parse_lvs
-from csi_local.runner import Result
+from csi_local.host import mounts
+from csi_local.host.holders import VolumeUsers, volume_users
+from csi_local.host.runner import Result
+from csi_local.storage.lvm import LogicalVolume, parse_lvs
+from csi_local.volumes import host_volume_names as dhv_tags
+from csi_local.volumes import sizes
 from tests.unit.conftest import FakeRunner
 
 VOL_ID = "e715fdf0-f8b7-a4bd-4565-f17e15b85f09"
@@ -210,13 +212,13 @@ def test_missing_config_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_tags_are_in_their_own_namespace() -> None:
     req = dhv_request.parse_request("create", create_env(DHV_VOLUME_NAME="my vol/ü"))
-    tags = dhv_tags.volume_tags(req, "xfs")
+    tags = dhv_tags.volume_tags(req.volume_id, req.volume_name, req.namespace, "xfs")
     assert all(t.startswith("csi-local-dhv.") for t in tags)
     assert not any(t.startswith("csi-local.") for t in tags)
     assert f"csi-local-dhv.id={VOL_ID}" in tags and "csi-local-dhv.fs=xfs" in tags
     name_tag = next(t for t in tags if t.startswith("csi-local-dhv.name="))
     assert dhv_tags.decode_hex_tag(name_tag.split("=", 1)[1]) == "my vol/ü"
-    from csi_local.lvm import check_tag
+    from csi_local.storage.lvm import check_tag
 
     for tag in tags:
         check_tag(tag)  # every tag is one LVM accepts

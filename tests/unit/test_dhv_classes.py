@@ -42,10 +42,10 @@ from csi_local.dhv.request import (
     parse_request,
     snapshot_lv_name,
 )
-from csi_local.dhv.tags import TAG_FS, TAG_SOURCE
 from csi_local.errors import LockBusy, StorageError, VolumeGroupMissing
-from csi_local.holders import VolumeUsers
-from csi_local.locks import Locks, pool_key
+from csi_local.host.holders import VolumeUsers
+from csi_local.host.locks import Locks, pool_key
+from csi_local.volumes.host_volume_names import TAG_FS, TAG_SOURCE
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB
 
 VG, POOL = "vg0", "pool0"  # class fast, the default

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from csi_local import dhv, lvm_metadata
+from csi_local import dhv
 from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
@@ -38,7 +38,12 @@ from csi_local.dhv.request import (
     parse_request,
     snapshot_lv_name,
 )
-from csi_local.dhv.tags import (
+from csi_local.errors import StorageError
+from csi_local.host.holders import VolumeUsers
+from csi_local.host.runner import Result
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import hex_tag
+from csi_local.volumes.host_volume_names import (
     TAG_FRESH,
     TAG_FS,
     TAG_GROW_FS,
@@ -51,10 +56,6 @@ from csi_local.dhv.tags import (
     TAG_SOURCE,
     TAG_SOURCE_NAME,
 )
-from csi_local.errors import StorageError
-from csi_local.holders import VolumeUsers
-from csi_local.lvm import hex_tag
-from csi_local.runner import Result
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB
 
 VG, POOL = "vg0", "pool0"

@@ -13,8 +13,15 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from csi_local import dm
-from csi_local.dm import (
+from csi_local.errors import (
+    DeviceMapperMissing,
+    DmReplyMalformed,
+    DmStatusUnusable,
+    PoolUnusable,
+    SyscallError,
+)
+from csi_local.host import device_mapper as dm
+from csi_local.host.device_mapper import (
     DM_ACTIVE_PRESENT_FLAG,
     DM_BUFFER_FULL_FLAG,
     DM_SUSPEND_FLAG,
@@ -22,13 +29,6 @@ from csi_local.dm import (
     DmDevice,
     PoolUsage,
     Target,
-)
-from csi_local.errors import (
-    DeviceMapperMissing,
-    DmReplyMalformed,
-    DmStatusUnusable,
-    PoolUnusable,
-    SyscallError,
 )
 
 HEADER = struct.Struct("=3I I I I i I I I Q 128s 129s 7s")

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import doctor, lvm_metadata
 from csi_local.cli import build_parser
-from csi_local.doctor import FAIL, OK, WARN, Check, Options, System
-from csi_local.lvm import CommittedMetadata, Lvm, VgReport
-from csi_local.lvm_shell import PROFILE, PROFILE_NAME
-from csi_local.runner import Result
-from csi_local.thinmeta import MARK_PREFIX
+from csi_local.host.runner import Result
+from csi_local.ops import doctor
+from csi_local.ops.doctor import FAIL, OK, WARN, Check, Options, System
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import CommittedMetadata, Lvm, VgReport
+from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
+from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_x509 import cert as x509_cert

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from csi_local import mounts
 from csi_local.errors import CommandError
-from csi_local.fs import Filesystems
-from csi_local.lvm import Lvm, find_in_vgs, list_vgs
+from csi_local.host import mounts
+from csi_local.host.filesystems import Filesystems
+from csi_local.storage.lvm import Lvm, find_in_vgs, list_vgs
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VOL = "csi-v-" + "a" * 32

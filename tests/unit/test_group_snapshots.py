@@ -1,8 +1,9 @@
 """GroupController over a FakeHost: group snapshots taken at one instant.
 
-The group layer (csi_local.groups) and its servicer (csi_local.group_controller),
-with the Controller and Node servicers of the same node, built as plugin.py
-builds them. What each test proves against the fake: the members LVM holds
+The group layer (csi_local.volumes.group_snapshots) and its servicer
+(csi_local.csi.group_controller_servicer), with the Controller and Node
+servicers of the same node, built as plugin.py builds them. What each test
+proves against the fake: the members LVM holds
 (names, origins, tags), the order of FIFREEZE, lvcreate --snapshot and FITHAW
 in `host.calls`, what is left frozen (`host.frozen`), and the take's journal
 files in the state directory. The kernel's side of the freeze (a real
@@ -23,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from csi_local import lvm_metadata
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.group_controller import GroupControllerServicer
-from csi_local.groups import JOURNAL_PREFIX, GroupSnapshots
-from csi_local.identity import IdentityServicer
-from csi_local.locks import volume_key
-from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
+from csi_local.csi.group_controller_servicer import GroupControllerServicer
+from csi_local.csi.identity_servicer import IdentityServicer
+from csi_local.host.locks import volume_key
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.volumes import naming as vols
+from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
+from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit.fakehost import DM_MAJOR, FakeLv
 from tests.unit.servicers import (
     THREE_CLASSES,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from csi_local.errors import CommandError, SyscallError
-from csi_local.host import (
+from csi_local.host.kernel import (
     MS_BIND,
     MS_DIRSYNC,
     MS_I_VERSION,

@@ -10,9 +10,9 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
-from csi_local.identity import IdentityServicer
-from csi_local.locks import Locks
-from csi_local.pool import Pools
+from csi_local.csi.identity_servicer import IdentityServicer
+from csi_local.host.locks import Locks
+from csi_local.volumes.pool import Pools
 from tests.unit.conftest import FakeRunner
 
 VG_MISSING = '  Volume group "vg0" not found\n  Cannot process volume group vg0\n'
@@ -43,7 +43,7 @@ def test_no_volume_group_is_ready_and_says_so(runner: FakeRunner,
     """A node without the VG must not fail its liveness probe forever."""
     runner.on(["lvs"], rc=5, stderr=VG_MISSING)
     ident = identity(runner)
-    with caplog.at_level(logging.INFO, logger="csi_local.identity"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.identity_servicer"):
         assert probe(ident) is True
         assert probe(ident) is True
     lines = [r.getMessage() for r in caplog.records]
@@ -67,7 +67,7 @@ def test_capabilities_only_copy_is_ready_without_volume_group(runner: FakeRunner
 
 def test_active_pool_is_ready(runner: FakeRunner, caplog: pytest.LogCaptureFixture) -> None:
     runner.on(["lvs"], stdout=pool_report("twi-aotz--"))
-    with caplog.at_level(logging.INFO, logger="csi_local.identity"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.identity_servicer"):
         assert probe(identity(runner)) is True
     assert [r.getMessage() for r in caplog.records] == ["probe: ready"]
     # One `lvs` selecting the thin pool: no vgs, no report of every volume.
@@ -85,7 +85,7 @@ def test_volume_group_without_a_usable_pool_is_not_ready(
         why: str) -> None:
     """A storage node that is broken or still coming up stays not ready."""
     runner.on(["lvs"], **lvs)  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="csi_local.identity"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.identity_servicer"):
         assert probe(identity(runner)) is False
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("probe: not ready") and why in line
@@ -101,7 +101,7 @@ def test_readiness_change_is_logged_again(runner: FakeRunner,
                                           caplog: pytest.LogCaptureFixture) -> None:
     runner.on(["lvs"], rc=5, stderr=VG_MISSING)
     ident = identity(runner)
-    with caplog.at_level(logging.INFO, logger="csi_local.identity"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.identity_servicer"):
         probe(ident)
         runner.replies.clear()
         runner.on(["lvs"], stdout=pool_report("twi-aotz--"))

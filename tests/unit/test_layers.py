@@ -1,7 +1,9 @@
-"""The layering the code promises, checked on its source: servicers above one
-shared volume layer, no servicer importing another, no transport types
-below the servicers, and lvm.py the only module that names an LVM command.
-A change that breaks a rule fails here, before any review."""
+"""The layering the code promises, checked on its source. One rule: the
+package is a stack of folders, and no module imports one from a folder above
+its own. Beside it, the homes that must stay single: LVM commands run only in
+storage/, the thin tools only in storage/thin_mappings, and transport types
+(grpc, protobuf, the generated stubs) appear only in csi/. A change that
+breaks a rule fails here, before any review."""
 
 from __future__ import annotations
 
@@ -10,17 +12,28 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import errors, rpc
+from csi_local import errors
+from csi_local.csi import rpc
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "csi_local"
-SERVICERS = {"csi_local.controller", "csi_local.node", "csi_local.identity",
-             "csi_local.snapshot_metadata", "csi_local.group_controller"}
-# The RPC edge: may use grpc, protobuf, the generated stubs and rpc's coded errors.
-EDGE = SERVICERS | {"csi_local.server", "csi_local.plugin", "csi_local.validation",
-                    "csi_local.pagination", "csi_local.rpc", "csi_local.cli",
-                    "csi_local.messages"}
-TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen", "csi_local.rpc",
-             "csi_local.validation")
+
+# Top to bottom. A module may import from its own floor or any floor below.
+# The root modules stand where their imports put them: the CLI on top, the
+# configuration between the front ends and the volume layer, errors and logs
+# at the bottom.
+FLOORS: list[set[str]] = [
+    {"cli", "__main__"},
+    {"csi", "dhv"},  # the two front ends; neither imports the other (below)
+    {"ops"},
+    {"config"},
+    {"nodestate"},
+    {"volumes"},
+    {"storage"},
+    {"host"},
+    {"errors", "logs", ""},  # "" is csi_local itself (__version__)
+]
+FRONT_ENDS = {"csi", "dhv"}
+TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen")
 LVM_COMMANDS = {"lvs", "vgs", "pvs", "lvcreate", "lvremove", "lvextend", "lvchange",
                 "vgcreate", "vgchange", "vgremove", "lvm", "lvmconfig"}
 THIN_TOOLS = {"dmsetup", "thin_dump", "thin_delta", "thin_ls", "thin_check"}
@@ -31,8 +44,7 @@ def _modules() -> dict[str, Path]:
     for path in SRC.rglob("*.py"):
         if "_gen" in path.parts:
             continue
-        rel = path.relative_to(SRC.parent).with_suffix("")
-        parts = list(rel.parts)
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -47,66 +59,82 @@ def _imports(path: Path) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+def _floor_name(module: str) -> str:
+    """csi_local.volumes.pool -> "volumes"; csi_local.config -> "config"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _floor(module: str) -> int:
+    name = _floor_name(module)
+    for i, floor in enumerate(FLOORS):
+        if name in floor:
+            return i
+    raise AssertionError(f"{module} stands on no floor: add its folder to FLOORS")
 
 
 MODULES = _modules()
 
 
-def test_the_module_list_is_real() -> None:
-    assert {"csi_local.lvm", "csi_local.pool", "csi_local.dhv.plugin"} <= set(MODULES)
+def test_every_module_stands_on_a_floor() -> None:
+    assert {"csi_local.storage.lvm", "csi_local.volumes.pool", "csi_local.dhv.plugin"} \
+        <= set(MODULES)
+    for name in MODULES:
+        _floor(name)
 
 
-@pytest.mark.parametrize("name", sorted(SERVICERS))
-def test_no_servicer_imports_another(name: str) -> None:
-    imported = _imports(MODULES[name])
-    others = {s for s in SERVICERS - {name}
-              if any(i == s or i.startswith(s + ".") for i in imported)}
-    assert not others, f"{name} imports {others}"
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_imports_from_a_floor_above_its_own(name: str) -> None:
+    mine = _floor(name)
+    ours = {i for i in _imports(MODULES[name])
+            if i.startswith("csi_local") and not i.startswith("csi_local._gen")}
+    above = {i for i in ours if _floor(i) < mine}
+    assert not above, f"{name} imports {sorted(above)} from above"
+    if _floor_name(name) in FRONT_ENDS:
+        other = FRONT_ENDS - {_floor_name(name)}
+        crossing = {i for i in ours if _floor_name(i) in other}
+        assert not crossing, f"{name} imports the other front end: {sorted(crossing)}"
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - EDGE))
-def test_no_transport_types_below_the_servicers(name: str) -> None:
-    imported = _imports(MODULES[name])
-    bad = {i for i in imported if i.startswith(TRANSPORT)}
-    bad |= {i for i in imported for s in SERVICERS if i == s or i.startswith(s + ".")}
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _floor_name(m) != "csi"
+                                        and _floor(m) >= _floor("csi_local.csi")))
+def test_transport_types_stay_in_the_csi_front_end(name: str) -> None:
+    """Below the CSI front end (and in the other front end) no grpc, protobuf
+    or generated stubs: storage errors carry no code, the edge chooses it."""
+    bad = {i for i in _imports(MODULES[name]) if i.startswith(TRANSPORT)}
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_both_plugins_stand_on_the_shared_layer() -> None:
-    # The CSI servicers get the pool, locks, fs and lvm through their Backend;
-    # the host volume plugin builds the same objects from the same modules.
-    shared = {"csi_local.pool", "csi_local.locks", "csi_local.fs", "csi_local.lvm"}
-    for servicer in ("csi_local.controller", "csi_local.node"):
-        assert "csi_local.backend" in _imports(MODULES[servicer]), servicer
-    for user in ("csi_local.backend", "csi_local.dhv.plugin"):
-        # The backend reaches LVM through the pools (one per device class).
-        wanted = shared - {"csi_local.lvm"} if user == "csi_local.backend" else shared
-        imported = _imports(MODULES[user])
-        assert {s for s in shared if any(i.startswith(s) for i in imported)} == wanted, user
-
-
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"csi_local.lvm"}))
-def test_only_lvm_py_names_an_lvm_command(name: str) -> None:
-    """An argv list starting with an LVM tool anywhere but lvm.py is a second
-    home for LVM; route it through Lvm."""
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+def _argv_heads(path: Path) -> list[tuple[int, str]]:
+    heads = []
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.List) and node.elts:
             first = node.elts[0]
-            if isinstance(first, ast.Constant) and first.value in LVM_COMMANDS:
-                pytest.fail(f"{name}:{node.lineno} runs {first.value}")
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                heads.append((node.lineno, first.value))
+    return heads
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"csi_local.thinmeta"}))
-def test_only_thinmeta_py_reads_pool_metadata(name: str) -> None:
-    """dmsetup and thin-provisioning-tools have one home too: the metadata
-    snapshot they need must be reserved and released in one place."""
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
-        if isinstance(node, ast.List) and node.elts:
-            first = node.elts[0]
-            if isinstance(first, ast.Constant) and first.value in THIN_TOOLS:
-                pytest.fail(f"{name}:{node.lineno} runs {first.value}")
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _floor_name(m) != "storage"))
+def test_only_storage_runs_lvm_or_the_thin_tools(name: str) -> None:
+    """An argv list starting with an LVM tool outside storage/ is a second
+    home for LVM; route it through storage.lvm.Lvm."""
+    for line, head in _argv_heads(MODULES[name]):
+        if head in LVM_COMMANDS | THIN_TOOLS:
+            pytest.fail(f"{name}:{line} runs {head}")
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("csi_local.storage")
+                                        and m != "csi_local.storage.thin_mappings"))
+def test_only_thin_mappings_reads_pool_metadata(name: str) -> None:
+    """The metadata snapshot dmsetup and thin-provisioning-tools need must be
+    reserved and released in one place."""
+    for line, head in _argv_heads(MODULES[name]):
+        if head in THIN_TOOLS:
+            pytest.fail(f"{name}:{line} runs {head}")
 
 
 def test_storage_errors_carry_no_code() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import locks as locks_mod
 from csi_local.errors import LockBusy
-from csi_local.locks import Locks
+from csi_local.host import locks as locks_mod
+from csi_local.host.locks import Locks
 
 
 def _wait_for(cond: object, what: str) -> None:

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import lvm as lvm_mod
-from csi_local import volumes as vols
 from csi_local.errors import LvNotFound, VolumeGroupMissing
-from csi_local.lvm import Lvm, parse_lvs, parse_vgs
+from csi_local.storage import lvm as lvm_mod
+from csi_local.storage.lvm import Lvm, parse_lvs, parse_vgs
+from csi_local.volumes import naming as vols
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"

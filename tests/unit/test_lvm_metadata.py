@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from csi_local import dm
-from csi_local import lvm_metadata as lm
-from csi_local.dm import DmDevice
 from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnusable
-from csi_local.lvm import CommittedMetadata, VolumeGroup
+from csi_local.host import device_mapper as dm
+from csi_local.host.device_mapper import DmDevice
+from csi_local.storage import vg_text as lm
+from csi_local.storage.lvm import CommittedMetadata, VolumeGroup
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from csi_local import lvm_shell
-from csi_local.lvm_shell import PROFILE, ensure_profile, line, outcome
+from csi_local.storage import lvm_shell
+from csi_local.storage.lvm_shell import PROFILE, ensure_profile, line, outcome
 
 
 @pytest.mark.parametrize(("argv", "taken"), [

@@ -19,21 +19,21 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from csi_local import lvm_metadata
-from csi_local import metrics as metrics_mod
-from csi_local import monitor as monitor_mod
-from csi_local import plugin as plugin_mod
-from csi_local import runner as runner_mod
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser, config_from_args
 from csi_local.config import Config, ConfigError, parse_listen_address
+from csi_local.csi import plugin as plugin_mod
+from csi_local.csi.server import ErrorInterceptor
 from csi_local.errors import CommandError
-from csi_local.lvm import CommittedMetadata
-from csi_local.metrics import MetadataCollector, Metrics, serve_metrics
-from csi_local.monitor import PoolMonitor
-from csi_local.pool import PoolPolicy
-from csi_local.runner import ProcessRunner
-from csi_local.server import ErrorInterceptor
+from csi_local.host import runner as runner_mod
+from csi_local.host.runner import ProcessRunner
+from csi_local.ops import metrics as metrics_mod
+from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import CommittedMetadata
+from csi_local.volumes import pool_monitor as monitor_mod
+from csi_local.volumes.pool import PoolPolicy
+from csi_local.volumes.pool_monitor import PoolMonitor
 from tests.unit.servicers import (
     THREE_CLASSES,
     GiB,
@@ -714,17 +714,17 @@ def _reachable(start: str) -> set[str]:
 
 
 @pytest.mark.parametrize("start", ["csi_local.dhv", "csi_local.dhv.plugin",
-                                   "csi_local.runner", "csi_local.config"])
+                                   "csi_local.host.runner", "csi_local.config"])
 def test_the_host_volume_plugin_never_loads_metrics(start: str) -> None:
     reached = _reachable(start)
-    assert "csi_local.runner" in _reachable("csi_local.dhv.plugin")
-    bad = {m for m in reached if m.startswith("prometheus_client") or m == "csi_local.metrics"}
+    assert "csi_local.host.runner" in _reachable("csi_local.dhv.plugin")
+    bad = {m for m in reached if m.startswith("prometheus_client") or m == "csi_local.ops.metrics"}
     assert not bad, f"{start} reaches {sorted(bad)}"
 
 
 def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from csi_local import server as server_mod
+    from csi_local.csi import server as server_mod
 
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
     monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import mounts
+from csi_local.host import mounts
 
 SAMPLE = """\
 22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw

@@ -1,6 +1,6 @@
 """NodeServicer, RPC by RPC, on a FakeHost: every error branch and the main replies.
 
-Each table row names one branch of csi_local/node.py (or of the volume, file-system,
+Each table row names one branch of csi_local/csi/node_servicer.py (or of the volume, file-system,
 pool and validation layers whose errors pass through it) and the code the CSI
 spec's error table gives it, as the server's interceptor would send it. Every
 row states exactly which tools ran, and what it may change among the LVs, the
@@ -24,13 +24,14 @@ from typing import Any, cast
 
 import pytest
 
-from csi_local import state, validation
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
-from csi_local.fs import Usage
-from csi_local.locks import pool_key, volume_key
-from csi_local.rpc import status_of
-from csi_local.state import AccessType, Publish, Staging, StateStore
+from csi_local.csi import validation
+from csi_local.csi.rpc import status_of
+from csi_local.host.filesystems import Usage
+from csi_local.host.locks import pool_key, volume_key
+from csi_local.nodestate import state_file as state
+from csi_local.nodestate.state_file import AccessType, Publish, Staging, StateStore
+from csi_local.volumes import naming as vols
 from tests.unit.servicers import (
     GiB,
     MiB,
@@ -118,7 +119,7 @@ def state_writes() -> int:
 
 
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
-    monkeypatch.setattr("csi_local.state.write_atomic", StateWrites())
+    monkeypatch.setattr("csi_local.nodestate.state_file.write_atomic", StateWrites())
     n = make_node(tmp_path, monkeypatch)
     monkeypatch.setattr(n.backend.fs, "usage", FakeUsage())
     return n

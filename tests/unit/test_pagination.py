@@ -1,7 +1,7 @@
 import pytest
 
-from csi_local.pagination import Paginator
-from csi_local.rpc import Aborted
+from csi_local.csi.pagination import Paginator
+from csi_local.csi.rpc import Aborted
 
 
 def walk(p: Paginator, items: list[str], n: int) -> list[str]:

@@ -17,10 +17,10 @@ from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import parse_request
 from csi_local.errors import NoRoom
-from csi_local.locks import Locks
-from csi_local.lvm import LogicalVolume, Lvm
-from csi_local.monitor import PoolMonitor
-from csi_local.pool import Pool, PoolPolicy
+from csi_local.host.locks import Locks
+from csi_local.storage.lvm import LogicalVolume, Lvm
+from csi_local.volumes.pool import Pool, PoolPolicy
+from csi_local.volumes.pool_monitor import PoolMonitor
 from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import GiB, MiB, Node, call, make_node, mount_cap
 

@@ -1,12 +1,12 @@
 import tempfile
 
-from csi_local import mounts
-from csi_local.host import Host
-from csi_local.locks import Locks
-from csi_local.lvm import Lvm
-from csi_local.pool import Pool, Pools
-from csi_local.recovery import rebuild_state
-from csi_local.state import Publish, Staging
+from csi_local.host import mounts
+from csi_local.host.kernel import Host
+from csi_local.host.locks import Locks
+from csi_local.nodestate.recovery import rebuild_state
+from csi_local.nodestate.state_file import Publish, Staging
+from csi_local.storage.lvm import Lvm
+from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 
 VOL = "csi-v-" + "a" * 32

@@ -16,11 +16,14 @@ from typing import Any
 
 import pytest
 
-from csi_local import fsrules, mounts, validation
 from csi_local._gen import csi_pb2 as pb
-from csi_local.backend import Backend
 from csi_local.config import Config
-from csi_local.controller import ControllerServicer
+from csi_local.csi import validation
+from csi_local.csi.controller_servicer import ControllerServicer
+from csi_local.csi.dependencies import Backend
+from csi_local.csi.node_servicer import NodeServicer
+from csi_local.csi.pagination import Paginator
+from csi_local.csi.rpc import InvalidArgument, status_of
 from csi_local.dhv.request import DhvError, parse_mount_options
 from csi_local.errors import (
     CommandError,
@@ -29,16 +32,15 @@ from csi_local.errors import (
     MountOptionError,
     VolumeGroupMissing,
 )
-from csi_local.fs import Filesystems
-from csi_local.host import Host
-from csi_local.locks import Locks
-from csi_local.lvm import Lvm
-from csi_local.node import NodeServicer
-from csi_local.pagination import Paginator
-from csi_local.pool import Pool, Pools
-from csi_local.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
-from csi_local.rpc import InvalidArgument, status_of
-from csi_local.state import Publish, StateStore
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.host import mounts
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.locks import Locks
+from csi_local.nodestate.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
+from csi_local.nodestate.state_file import Publish, StateStore
+from csi_local.storage.lvm import Lvm
+from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 
 VOL = "csi-v-" + "c" * 32

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
+from csi_local.csi.server import ErrorInterceptor
 from csi_local.errors import NoRoom
-from csi_local.server import ErrorInterceptor
 
 
 class _Aborted(Exception):
@@ -49,7 +49,7 @@ def test_a_stream_that_fails_part_way_ends_with_its_code_after_what_it_sent(
         raise NoRoom("the pool is full")
 
     observed: list[tuple[str, str]] = []
-    with caplog.at_level(logging.INFO, logger="csi_local.server"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.server"):
         assert _stream(two_then_full, observed) == ("RESOURCE_EXHAUSTED", "the pool is full")
     assert observed == [("GetMetadataDelta", "RESOURCE_EXHAUSTED")]
     assert "GetMetadataDelta -> RESOURCE_EXHAUSTED after 2 messages: the pool is full" \
@@ -64,7 +64,7 @@ def test_a_bug_in_a_stream_is_internal_with_its_traceback_in_the_log(
         raise KeyError("a bug")
 
     observed: list[tuple[str, str]] = []
-    with caplog.at_level(logging.INFO, logger="csi_local.server"):
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.server"):
         code, _message = _stream(broken, observed)
     assert code == "INTERNAL"
     assert observed == [("GetMetadataDelta", "INTERNAL")]

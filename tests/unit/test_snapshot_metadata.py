@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.cbt import ChangedBlocks
-from csi_local.dm import dm_name
+from csi_local.csi.rpc import RpcError, status_of
+from csi_local.csi.snapshot_metadata_servicer import DEFAULT_MAX_RESULTS, SnapshotMetadataServicer
 from csi_local.errors import StorageError
-from csi_local.rpc import RpcError, status_of
-from csi_local.snapshot_metadata import DEFAULT_MAX_RESULTS, SnapshotMetadataServicer
-from csi_local.thinmeta import MARK_PREFIX, ThinMetadata
+from csi_local.host.device_mapper import dm_name
+from csi_local.storage.thin_mappings import MARK_PREFIX, ThinMetadata
+from csi_local.volumes.changed_blocks import ChangedBlocks
 from tests.unit.servicers import (
     POOL,
     THREE_CLASSES,

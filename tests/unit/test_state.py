@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from csi_local import state as st
-from csi_local.state import Publish, Staging, StateLocked, StateStore, VolumeRecord
+from csi_local.nodestate import state_file as st
+from csi_local.nodestate.state_file import Publish, Staging, StateLocked, StateStore, VolumeRecord
 
 
 def test_missing_means_empty(tmp_path: Path) -> None:

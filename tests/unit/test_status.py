@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
-from csi_local import lvm_metadata, state, status
-from csi_local import volumes as vols
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser
-from csi_local.dhv import tags as dhv_tags
-from csi_local.lvm import hex_tag
-from csi_local.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
-from csi_local.state import AccessType, Publish, Staging, VolumeRecord
+from csi_local.nodestate import state_file as state
+from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
+from csi_local.ops import status
+from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage.lvm import hex_tag
+from csi_local.volumes import host_volume_names as dhv_tags
+from csi_local.volumes import naming as vols
+from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import (
     THREE_CLASSES,

@@ -1,8 +1,8 @@
 import pytest
 
-from csi_local import validation
 from csi_local._gen import csi_pb2 as pb
-from csi_local.rpc import InvalidArgument, OutOfRange, ResourceExhausted
+from csi_local.csi import validation
+from csi_local.csi.rpc import InvalidArgument, OutOfRange, ResourceExhausted
 
 MiB = 1 << 20
 EXTENT = 4 * MiB

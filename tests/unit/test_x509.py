@@ -1,4 +1,4 @@
-"""csi_local.x509's DER reader on hand-made encodings: the path to the
+"""csi_local.ops.x509's DER reader on hand-made encodings: the path to the
 validity, its two time forms, and every refusal (BER lengths, truncation,
 trailing bytes, other tags, malformed times). Certificates made by openssl
 are read in tests/deploy/test_certificates.py (unit tests start no process)."""
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from csi_local.x509 import CertificateError, first_pem_certificate, pem_validity, validity
+from csi_local.ops.x509 import CertificateError, first_pem_certificate, pem_validity, validity
 
 
 def tlv(tag: int, content: bytes) -> bytes:

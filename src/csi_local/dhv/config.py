@@ -3,7 +3,7 @@ written by `csi-local-dhv install`. No processes, no LVM.
 
 The pools come one of two ways: `volume_group` and `thin_pool` (one device
 class, named `default`, as the CSI plugin's flags make it), or `classes_file`,
-the CSI plugin's device classes file (TOML, csi_local.classes), whose classes
+the CSI plugin's device classes file (TOML, csi_local.volumes.device_classes), whose classes
 that set no `overprovision_ratio` or `default_fs_type` get this file's
 `overprovision_ratio` and `fs_type`.
 """
@@ -15,13 +15,18 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from csi_local import fsrules
-from csi_local.classes import ClassConfigError, DeviceClasses, load_classes, single_class
 from csi_local.dhv.request import DhvError
-from csi_local.locks import DEFAULT_LOCK_DIR
-from csi_local.lvm import check_name
-from csi_local.pool import PoolPolicy
-from csi_local.sizes import parse_size as _parse_size
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.locks import DEFAULT_LOCK_DIR
+from csi_local.storage.lvm import check_name
+from csi_local.volumes.device_classes import (
+    ClassConfigError,
+    DeviceClasses,
+    load_classes,
+    single_class,
+)
+from csi_local.volumes.pool import PoolPolicy
+from csi_local.volumes.sizes import parse_size as _parse_size
 
 PLUGIN_ID = "csi-local-dhv"
 CONFIG_SUFFIX = ".json"
@@ -44,7 +49,7 @@ class PluginConfig:
     # host volumes without a capacity check, so this plugin must refuse too.
     pool_data_limit_percent: float = 90.0
     pool_metadata_limit_percent: float = 90.0
-    # The CSI plugin's device classes file (TOML, csi_local.classes; absolute).
+    # The CSI plugin's device classes file (TOML, csi_local.volumes.device_classes; absolute).
     classes_file: str = ""
     # The device classes, read once (from classes_file) when the configuration is.
     classes: DeviceClasses = field(init=False, repr=False, compare=False)

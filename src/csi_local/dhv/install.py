@@ -9,11 +9,11 @@ import json
 import os
 import sys
 
-from csi_local.atomic import write_atomic
 from csi_local.dhv.config import DEFAULT_TIMEOUT, PLUGIN_ID, PluginConfig, parse_size
 from csi_local.dhv.request import DhvError
-from csi_local.fsrules import SUPPORTED_FS
-from csi_local.locks import DEFAULT_LOCK_DIR
+from csi_local.host.atomic_files import write_atomic
+from csi_local.host.filesystem_rules import SUPPORTED_FS
+from csi_local.host.locks import DEFAULT_LOCK_DIR
 
 SHIM = """\
 #!{python} -I

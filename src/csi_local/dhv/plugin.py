@@ -25,7 +25,6 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 
-from csi_local import fsrules, sizes
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import (
     DhvError,
@@ -34,7 +33,17 @@ from csi_local.dhv.request import (
     lv_name_for,
     snapshot_lv_name,
 )
-from csi_local.dhv.tags import (
+from csi_local.errors import VolumeGroupMissing
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.holders import VolumeUsers, volume_users
+from csi_local.host.kernel import Host
+from csi_local.host.locks import Locks, volume_key
+from csi_local.host.mounts import Mount
+from csi_local.host.runner import ProcessRunner, Result, Runner
+from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
+from csi_local.volumes import sizes
+from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
     KIND_VOLUME,
     TAG_FRESH,
@@ -52,15 +61,7 @@ from csi_local.dhv.tags import (
     snapshot_tags,
     volume_tags,
 )
-from csi_local.errors import VolumeGroupMissing
-from csi_local.fs import Filesystems
-from csi_local.holders import VolumeUsers, volume_users
-from csi_local.host import Host
-from csi_local.locks import Locks, volume_key
-from csi_local.lvm import LogicalVolume, Lvm, VgReport, hex_tag
-from csi_local.mounts import Mount
-from csi_local.pool import Pool, Pools
-from csi_local.runner import ProcessRunner, Result, Runner
+from csi_local.volumes.pool import Pool, Pools
 
 log = logging.getLogger("csi_local.dhv")
 
@@ -266,7 +267,8 @@ class HostVolumePlugin:
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size, minimum=fsrules.min_size(fs_type),
         )
-        return pool.create_thin(report, req.lv_name, size, volume_tags(req, fs_type))
+        tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
+        return pool.create_thin(report, req.lv_name, size, tags)
 
     def _new_clone(self, pool: Pool, req: Request, params: Parameters,
                    report: VgReport) -> tuple[LogicalVolume, str]:
@@ -303,7 +305,8 @@ class HostVolumePlugin:
         # Admitted at the size it will have once grown to capacity_min.
         final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
         pool.admit(report, final)
-        tags = volume_tags(req, fs_type, _source_ref(source), new_fsid=fs_type == "btrfs")
+        tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type,
+                           _source_ref(source), new_fsid=fs_type == "btrfs")
         if kind == "volume":
             # Its name too: a repeated create may name the source either way.
             tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")

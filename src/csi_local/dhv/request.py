@@ -21,13 +21,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from csi_local import fsrules
-from csi_local.classes import check_class_name
 from csi_local.errors import MountOptionError
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.volumes.device_classes import check_class_name
+from csi_local.volumes.host_volume_names import LV_PREFIX, SNAPSHOT_LV_PREFIX
 
 OPERATIONS = ("fingerprint", "create", "delete")
-LV_PREFIX = "dhv-"
-SNAPSHOT_LV_PREFIX = "dhv-snap-"
 PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode",
               "device_class")
 ATTACHMENT_MODES = ("file-system", "block-device")

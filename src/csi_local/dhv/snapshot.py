@@ -17,12 +17,12 @@ import sys
 import time
 from typing import NoReturn, TextIO
 
-from csi_local.classes import check_class_name
 from csi_local.dhv.config import PLUGIN_ID, load_config
 from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import DhvError, check_snapshot_name, check_volume_id
-from csi_local.dhv.tags import TAG_FS, TAG_SNAPSHOT, TAG_SOURCE
-from csi_local.lvm import LogicalVolume
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes.device_classes import check_class_name
+from csi_local.volumes.host_volume_names import TAG_FS, TAG_SNAPSHOT, TAG_SOURCE
 
 
 class _Parser(argparse.ArgumentParser):

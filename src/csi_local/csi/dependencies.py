@@ -1,0 +1,30 @@
+"""What the CSI servicers stand on, handed to them in one piece.
+
+Everything that touches the node is an object here (LVM through its runner,
+file systems, the kernel's mount table, the state file, the locks), so a
+unit test builds a Backend over a fake host and runs the servicers without
+LVM; `csi_local.csi.plugin` builds the real one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from csi_local.config import Config
+from csi_local.csi.pagination import Paginator
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.locks import Locks
+from csi_local.nodestate.state_file import StateStore
+from csi_local.volumes.pool import Pools
+
+
+@dataclass
+class Backend:
+    config: Config
+    pools: Pools  # one per device class
+    fs: Filesystems
+    host: Host
+    state: StateStore
+    locks: Locks
+    paginator: Paginator

@@ -1,0 +1,130 @@
+"""Wires one CSI plugin process together: runner, LVM, pool, file systems, the
+host, locks, state, and the CSI services (Identity, Controller, Node and
+SnapshotMetadata and GroupController)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from csi_local.config import Config
+from csi_local.csi.controller_servicer import ControllerServicer
+from csi_local.csi.dependencies import Backend
+from csi_local.csi.group_controller_servicer import GroupControllerServicer
+from csi_local.csi.identity_servicer import IdentityServicer
+from csi_local.csi.node_servicer import NodeServicer
+from csi_local.csi.pagination import Paginator
+from csi_local.csi.snapshot_metadata_servicer import SnapshotMetadataServicer
+from csi_local.errors import StorageError
+from csi_local.host.atomic_files import write_atomic
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.locks import Locks
+from csi_local.host.runner import ProcessRunner
+from csi_local.nodestate.recovery import rebuild_state, reconcile_state
+from csi_local.nodestate.state_file import StateStore, VolumeRecord
+from csi_local.storage.lvm import CommittedMetadata, backup_dir, profile_dir
+from csi_local.storage.lvm_shell import use_lvm_shell
+from csi_local.volumes.changed_blocks import ChangedBlocks
+from csi_local.volumes.group_snapshots import GroupSnapshots
+from csi_local.volumes.held_vgs import HeldVolumeGroups
+from csi_local.volumes.pool import Pools
+from csi_local.volumes.pool_monitor import PoolMonitor
+
+if TYPE_CHECKING:
+    from csi_local.ops.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def _token_key(state_dir: str) -> bytes:
+    """A key for page tokens that outlives restarts of the plugin."""
+    path = os.path.join(state_dir, "token.key")
+    try:
+        with open(path, encoding="ascii") as f:
+            key = bytes.fromhex(f.read().strip())
+        if len(key) == 32:
+            return key
+    except (FileNotFoundError, ValueError):
+        pass
+    key = os.urandom(32)
+    write_atomic(path, key.hex())
+    return key
+
+
+class CsiPlugin:
+    """The CSI plugin of one node: its backend and its three servicers."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        # Metrics only when asked for (--metrics-address): then the runner, the
+        # state store and the pool monitor report to them.
+        self.metrics: Metrics | None = None
+        if config.metrics_address:
+            from csi_local.ops.metrics import Metrics
+
+            self.metrics = Metrics(node=config.node_id)
+        metrics = self.metrics
+        runner = ProcessRunner(timeout=config.command_timeout,
+                               observe=metrics.observe_command if metrics else None)
+        if config.lvm_shell:
+            use_lvm_shell(runner, lambda: profile_dir(runner))
+        self.runner = runner
+        host = Host()
+        locks = Locks(config.lock_dir)
+        pools = Pools(config.classes, runner, locks, config.pool_policy,
+                      committed=CommittedMetadata(runner),
+                      held_vgs=HeldVolumeGroups(config.state_dir, lambda: backup_dir(runner)))
+
+        def rebuild() -> dict[str, VolumeRecord]:
+            if metrics is not None:
+                metrics.state_rebuilt()
+            return rebuild_state(pools, host)
+
+        state = StateStore(config.state_dir, rebuild=rebuild,
+                           reconcile=lambda records: reconcile_state(pools, host, records))
+        try:
+            pools.note_volume_groups()
+        except StorageError as err:  # LVM not answering: every missing VG counts as held
+            log.warning("cannot tell which volume groups are here: %s", err)
+        # One monitor per class's pool: each reads its own VG and extends its pool.
+        self.monitors = [
+            PoolMonitor(pool.lvm, pool, config.pool_monitor_interval,
+                        on_extend=metrics.extend_observer(pool.class_name) if metrics else None)
+            for pool in pools
+        ]
+        if metrics is not None:
+            metrics.watch(self.monitors)
+        self.backend = Backend(
+            config=config, pools=pools,
+            fs=Filesystems(runner, host), host=host, state=state, locks=locks,
+            paginator=Paginator(_token_key(config.state_dir)),
+        )
+        self.identity = IdentityServicer(config, pools)
+        self.controller = ControllerServicer(self.backend)
+        self.node = NodeServicer(self.backend)
+        changed = ChangedBlocks(pools, locks, config.state_dir)
+        # A metadata snapshot held by a reader that died with the last process
+        # would stay held (and make every metadata change copy on write); one
+        # that another program holds is reported and left alone.
+        changed.release_leftovers()
+        self.snapshot_metadata = SnapshotMetadataServicer(changed)
+        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir,
+                                freeze_limit=config.group_freeze_timeout)
+        # A take killed mid-way leaves file systems frozen (the kernel keeps
+        # them so when the freezer dies) and a group without all its members.
+        groups.recover()
+        self.group_controller = GroupControllerServicer(self.backend, groups)
+
+    def start(self) -> None:
+        for monitor in self.monitors:
+            monitor.start()
+        # Serving already: the shell starts beside the first calls, not before.
+        self.runner.start_shell()
+
+    def close(self) -> None:
+        for monitor in self.monitors:
+            monitor.stop()
+        self.backend.state.close()
+        self.runner.close()

@@ -1,0 +1,192 @@
+"""Request fields to plain values. Everything a command will see is checked here first.
+
+The RPC edge: this module knows the protobuf types and raises the RPC's own
+errors (INVALID_ARGUMENT, OUT_OF_RANGE); what it returns is plain Python,
+so nothing below the servicers sees a transport type.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from csi_local._gen import csi_pb2 as pb
+from csi_local.csi.rpc import InvalidArgument, OutOfRange, ResourceExhausted
+from csi_local.errors import MountOptionError, SizeOutOfRange
+from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.filesystem_rules import SUPPORTED_FS
+from csi_local.nodestate.state_file import AccessType
+from csi_local.volumes import sizes
+
+Mode = pb.VolumeCapability.AccessMode.Mode
+SINGLE_NODE_MODES = frozenset({
+    pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
+    pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY,
+    pb.VolumeCapability.AccessMode.SINGLE_NODE_SINGLE_WRITER,
+    pb.VolumeCapability.AccessMode.SINGLE_NODE_MULTI_WRITER,
+})
+READ_ONLY_MODES = frozenset({pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY})
+# Keys the CO adds on its own (Kubernetes' external-provisioner and -snapshotter).
+CO_PARAMETER_PREFIXES = ("csi.storage.k8s.io/",)
+DEFAULT_SIZE = 1 << 30
+MAX_PATH = 4096
+MAX_ID_BYTES = 128
+# System trees no staging or target path may lie in (or resolve into).
+FORBIDDEN_TREES = ("/dev", "/proc", "/sys", "/etc")
+
+
+@dataclass(frozen=True)
+class Capability:
+    access_type: AccessType
+    fs_type: str  # "" for block; resolved to the default otherwise
+    mount_flags: tuple[str, ...]
+    mode: int
+
+    @property
+    def read_only_mode(self) -> bool:
+        return self.mode in READ_ONLY_MODES
+
+
+def required(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is required")
+    return value
+
+
+def object_id(value: str, field: str) -> str:
+    """A volume or snapshot ID as a CO sends it, checked before any lock, path
+    or command sees it: at most 128 bytes (the spec's limit), no NUL, no
+    control characters, no "/" and not "." or "..", so that no ID can ever
+    name a path outside the directory it is joined to."""
+    required(value, field)
+    if (len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES or value in (".", "..")
+            or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+        raise InvalidArgument(f"{field} {value[:140]!r} is not a valid ID")
+    return value
+
+
+def lexical_path(value: str, field: str) -> str:
+    """An absolute, normalised path with no NUL, "..", or oversize (no file-system look-up)."""
+    required(value, field)
+    if "\x00" in value or len(value) > MAX_PATH:
+        raise InvalidArgument(f"{field} is not a valid path")
+    if not os.path.isabs(value):
+        raise InvalidArgument(f"{field} must be an absolute path, not {value!r}")
+    if ".." in value.split("/"):
+        raise InvalidArgument(f"{field} must not contain '..'")
+    return os.path.normpath(value)
+
+
+def path(value: str, field: str) -> str:
+    """A staging or target path, as the kernel will see it.
+
+    mount(8) follows symlinks while the mount table shows resolved paths, so
+    a path is used resolved: symlinked parents (a /var/lib/kubelet that is a
+    link, say) resolve, and mounts and their bookkeeping agree. A path that is
+    itself a symlink is refused, as is anything that resolves into /dev, /proc,
+    /sys or /etc, or to "/": a CO never hands those, an attacker would.
+    """
+    lexical = lexical_path(value, field)
+    if os.path.islink(lexical):
+        raise InvalidArgument(f"{field} {lexical} is a symbolic link; refusing to use it")
+    real = os.path.realpath(lexical)
+    if real == "/" or any(real == p or real.startswith(p + "/") for p in FORBIDDEN_TREES):
+        raise InvalidArgument(f"{field} {lexical} resolves to {real}, where volumes are "
+                              "never mounted")
+    return real
+
+
+def fs_available(fs_type: str) -> bool:
+    return shutil.which(f"mkfs.{fs_type}", path="/usr/sbin:/usr/bin:/sbin:/bin") is not None
+
+
+def capability(cap: pb.VolumeCapability, default_fs: str) -> Capability:
+    """One capability, or INVALID_ARGUMENT saying what is unsupported."""
+    unsupported = capability_problem(cap, default_fs)
+    if unsupported:
+        raise InvalidArgument(unsupported)
+    kind = cap.WhichOneof("access_type")
+    mode = cap.access_mode.mode
+    if kind == "block":
+        return Capability(AccessType.BLOCK, "", (), mode)
+    fs_type = cap.mount.fs_type or default_fs
+    return Capability(AccessType.MOUNT, fs_type, tuple(cap.mount.mount_flags), mode)
+
+
+def capability_problem(cap: pb.VolumeCapability, default_fs: str) -> str | None:
+    """Why this plugin cannot serve `cap`, or None."""
+    kind = cap.WhichOneof("access_type")
+    if kind is None:
+        return "volume capability needs an access type (mount or block)"
+    if not cap.HasField("access_mode") or cap.access_mode.mode == 0:
+        return "volume capability needs an access mode"
+    mode = cap.access_mode.mode
+    if mode not in SINGLE_NODE_MODES:
+        name = pb.VolumeCapability.AccessMode.Mode.Name(mode)
+        return f"access mode {name} is not supported: volumes are local to one node"
+    if kind == "mount":
+        fs_type = cap.mount.fs_type or default_fs
+        if fs_type not in SUPPORTED_FS:
+            return f"fs type {fs_type!r} is not supported (use one of {', '.join(SUPPORTED_FS)})"
+        if not fs_available(fs_type):
+            return f"fs type {fs_type!r} is not supported on this node: mkfs.{fs_type} is missing"
+        try:
+            fsrules.check(cap.mount.mount_flags)
+        except MountOptionError as err:
+            return f"mount flag refused: {err.message}"
+    return None
+
+
+def capabilities(caps: Sequence[pb.VolumeCapability], default_fs: str) -> list[Capability]:
+    if not caps:
+        raise InvalidArgument("volume_capabilities is required")
+    return [capability(c, default_fs) for c in caps]
+
+
+def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[str, str]:
+    """Plugin parameters; CO-added keys pass, unknown keys are INVALID_ARGUMENT."""
+    own: dict[str, str] = {}
+    for key, value in params.items():
+        if key.startswith(CO_PARAMETER_PREFIXES):
+            continue
+        if key not in allowed:
+            raise InvalidArgument(f"unknown parameter {key!r}")
+        own[key] = value
+    return own
+
+
+def size_for(
+    rng: pb.CapacityRange | None, extent: int, *, minimum: int = 0, default: int = DEFAULT_SIZE
+) -> int:
+    """The size to make for a capacity range (sizes.size_for's rule);
+    OUT_OF_RANGE when the range cannot be met."""
+    req = rng.required_bytes if rng is not None else 0
+    lim = rng.limit_bytes if rng is not None else 0
+    if req < 0 or lim < 0:
+        raise InvalidArgument("capacity_range bytes must not be negative")
+    try:
+        return sizes.size_for(req, lim, extent, default=default, minimum=minimum)
+    except SizeOutOfRange as err:
+        raise OutOfRange(err.message) from None
+
+
+def in_range(size: int, rng: pb.CapacityRange | None) -> bool:
+    if rng is None:
+        return True
+    if rng.required_bytes and size < rng.required_bytes:
+        return False
+    return not (rng.limit_bytes and size > rng.limit_bytes)
+
+
+def topology_allows(req: pb.TopologyRequirement | None, key: str, node_id: str) -> None:
+    """RESOURCE_EXHAUSTED when the requisite topology excludes this node."""
+    if req is None or not req.requisite:
+        return
+    for topo in req.requisite:
+        if topo.segments.get(key) == node_id:
+            return
+    raise ResourceExhausted(
+        f"requisite topology excludes this node ({key}={node_id}): volumes are local"
+    )

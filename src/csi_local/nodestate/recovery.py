@@ -1,0 +1,176 @@
+"""Node state after a restart: rebuilt from the mount table when the state file
+is lost, reconciled with it when the file survived.
+
+Only what a CO asked for is recorded. A device of ours can be mounted in
+places no CO request made: kubelet binds a block volume's device under
+`.../volumeDevices/<pv>/dev/<pod-uid>` to keep it attached, a subPath is a
+bind of a subdirectory, and after a reboot nothing is mounted at all. Such
+mounts must never count as publishes, or NodeUnstageVolume and DeleteVolume
+would be refused forever. So mounts are attributed by the staging and target
+path shapes of the known COs (kubelet, Nomad), and only for paths of no known
+shape by mount order (the first mount of the device is the staging mount).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import replace
+
+from csi_local.errors import StorageError
+from csi_local.host.kernel import Host
+from csi_local.host.mounts import Mount, mount_node
+from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import naming as vols
+from csi_local.volumes.pool import Pools
+
+log = logging.getLogger(__name__)
+
+# kubelet (pkg/volume/csi): staging and publish paths of file-system volumes,
+# staging and publish paths of block volumes, and kubelet's own binds.
+_K8S_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/(?!volumeDevices/)[^/]+/[^/]+/globalmount$")
+_K8S_PUBLISH = re.compile(r"/pods/[^/]+/volumes/kubernetes\.io~csi/[^/]+/mount$")
+_K8S_BLOCK_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/staging/[^/]+$")
+_K8S_BLOCK_PUBLISH = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/publish/[^/]+/[^/]+$")
+# kubelet's own: the device bound under volumeDevices/<pv>/dev/<pod-uid>, the
+# pod's volumeDevices links, and subPath binds. Never a CO request to us.
+_K8S_OWN = re.compile(
+    r"/plugins/kubernetes\.io/csi/volumeDevices/(?!staging/|publish/)[^/]+/dev/[^/]+$"
+    r"|/pods/[^/]+/volumeDevices/"
+    r"|/pods/[^/]+/volume-subpaths/"
+)
+# Nomad (client/pluginmanager/csimanager): <mount dir>/staging/[<namespace>/]<volume>/<usage>
+# and <mount dir>/per-alloc/<alloc id>/<volume>/<usage>.
+_NOMAD_STAGE = re.compile(r"/staging/(?:[^/]+/)?[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+$")
+_NOMAD_PUBLISH = re.compile(r"/per-alloc/[^/]+/[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+$")
+
+STAGING, PUBLISH, FOREIGN, UNKNOWN = "staging", "publish", "foreign", "unknown"
+
+
+def classify(path: str, *, block_node: bool, volume_id: str) -> str:
+    """What a mount of one of our devices at `path` is, by its path's shape.
+
+    `block_node`: the mount is the device node bound onto a file (block access).
+    """
+    if _K8S_OWN.search(path):
+        return FOREIGN
+    if block_node:
+        parent = os.path.dirname(path)
+        if os.path.basename(path) == volume_id:
+            return STAGING  # our own shape: <staging dir>/<volume id>
+        if _K8S_BLOCK_STAGE.search(parent) or _NOMAD_STAGE.search(parent):
+            return FOREIGN  # another file in a staging directory is not ours
+        if _K8S_BLOCK_PUBLISH.search(path) or _NOMAD_PUBLISH.search(path):
+            return PUBLISH
+        return UNKNOWN
+    if _K8S_STAGE.search(path) or _NOMAD_STAGE.search(path):
+        return STAGING
+    if _K8S_PUBLISH.search(path) or _NOMAD_PUBLISH.search(path):
+        return PUBLISH
+    return UNKNOWN
+
+
+def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord | None:
+    staging: Staging | None = None
+    pubs: dict[str, Publish] = {}
+    unknown: list[tuple[Mount, bool]] = []
+    for m in found:
+        block_node = mount_node(m) is not None  # the device node bound onto a file
+        if not block_node and m.root != "/":
+            continue  # a bind of a subdirectory (a subPath): never a CO request to us
+        kind = classify(m.mount_point, block_node=block_node, volume_id=lv.name)
+        if kind == STAGING and staging is None:
+            staging = _staging(m, block_node)
+        elif kind == PUBLISH:
+            pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
+        elif kind == UNKNOWN:
+            unknown.append((m, block_node))
+    # Paths of no known shape (a test CO, csi-sanity): the first mount of the
+    # device, in mount order, is the staging mount; later ones are publishes.
+    for m, block_node in unknown:
+        if staging is None and not block_node:
+            staging = _staging(m, block_node)
+        elif staging is not None:
+            pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
+    if staging is None and not pubs:
+        return None
+    return VolumeRecord(lv.name, staging, pubs)
+
+
+def _staging(m: Mount, block_node: bool) -> Staging:
+    if block_node:
+        return Staging(path=os.path.dirname(m.mount_point), access_type=AccessType.BLOCK)
+    return Staging(path=m.mount_point, access_type=AccessType.MOUNT, fs_type=m.fs_type,
+                   flags_known=False)
+
+
+def _csi_lvs(pools: Pools) -> tuple[list[LogicalVolume], list[str]] | None:
+    """The CSI volumes of every class, and the VGs that are missing."""
+    try:
+        found, missing = pools.listing()
+    except StorageError as err:
+        log.error("cannot list LVs to recover the node state: %s", err.message)
+        return None
+    if missing:
+        log.error("volume group %s not found: the state of its volumes cannot be recovered "
+                  "or checked", ", ".join(missing))
+    return [lv for pool, lv in found if pool is not None and vols.is_csi_volume(lv)], missing
+
+
+def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
+    """Staging and publish records recovered from the kernel's mount table."""
+    table = host.mounts()
+    listed = _csi_lvs(pools)
+    lvs = listed[0] if listed is not None else []
+    records: dict[str, VolumeRecord] = {}
+    for lv in lvs:
+        if lv.kernel_major < 0:
+            continue
+        rec = _record_from_mounts(lv, host.mounts_of(lv.kernel_major, lv.kernel_minor, table))
+        if rec is not None:
+            records[lv.name] = rec
+    return records
+
+
+def reconcile_state(pools: Pools, host: Host,
+                    records: dict[str, VolumeRecord]) -> dict[str, VolumeRecord]:
+    """The records of a surviving state file, less what is no longer mounted.
+
+    After a reboot (or an unmount behind the plugin's back) a record may name
+    a staging or publish that is gone; kept, it would refuse DeleteVolume and
+    NodeUnstageVolume forever. A record is kept only while the volume's
+    device is still mounted where it says. When LVM cannot be read the
+    records are kept as they are: nothing can be verified, and nothing is lost.
+    """
+    table = host.mounts()
+    listed = _csi_lvs(pools)
+    if listed is None:
+        return records
+    lvs, missing = listed
+    by_name = {lv.name: lv for lv in lvs}
+    out: dict[str, VolumeRecord] = {}
+    for vid, rec in records.items():
+        lv = by_name.get(vid)
+        if lv is None and missing:
+            out[vid] = rec  # perhaps in the missing VG: nothing can be verified
+            continue
+        if lv is None or lv.kernel_major < 0:
+            continue  # the LV is gone or inactive: nothing of it can be mounted
+
+        def mounted(path: str, lv: LogicalVolume = lv) -> bool:
+            return any(host.shows_device(m, lv.kernel_major, lv.kernel_minor)
+                       for m in host.mounts_at(path, table))
+
+        staging = rec.staging
+        if staging is not None:
+            where = (os.path.join(staging.path, vid) if staging.access_type is AccessType.BLOCK
+                     else staging.path)
+            if not mounted(where):
+                staging = None
+        pubs = {t: p for t, p in rec.publishes.items() if mounted(t)}
+        kept = replace(rec, staging=staging, publishes=pubs)
+        if not kept.empty:
+            out[vid] = kept
+    return out

@@ -1,0 +1,372 @@
+"""A thin pool's block mappings, read from a metadata snapshot of the pool:
+the only module that runs dmsetup and thin-provisioning-tools.
+
+The kernel's thin pool keeps, for every thin device, which chunk of the
+device maps which chunk of the pool's data. That is exactly what
+changed-block tracking needs: a snapshot's allocated chunks are its
+mappings, and two snapshots of one volume differ exactly where their
+mappings differ (a chunk written after the first snapshot was copied on
+write, so it maps another data chunk; a discarded chunk is unmapped).
+
+The metadata of a live pool changes under a reader, so the tools read a
+metadata snapshot: `reserve_metadata_snap` (the kernel commits its
+transaction and keeps a read-only copy of the btree roots), the read, and
+`release_metadata_snap`. The pool holds at most one; while it is held,
+every metadata change is copied on write, so it is held only for the read.
+Other programs (thin_dump or thin_delta run by an administrator, a backup
+tool) reserve it too, and the kernel does not say who did: a durable mark in
+the state directory records the one this plugin reserves, and only that one
+is ever released by it.
+
+Numbers are in the pool's chunks here (thin_delta and thin_dump speak in
+them); bytes are the caller's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from csi_local.errors import (
+    CommandError,
+    MappingToolsMissing,
+    MetadataSnapshotHeld,
+    MetadataUnavailable,
+    StorageError,
+)
+from csi_local.host import device_mapper as dm
+from csi_local.host.atomic_files import sync_directory, write_atomic
+from csi_local.host.device_mapper import dm_name
+
+if TYPE_CHECKING:
+    import xml.etree.ElementTree as ET
+
+    from csi_local.host.runner import Runner
+
+log = logging.getLogger(__name__)
+
+SECTOR = 512
+# The mark of a metadata snapshot this plugin reserves, in its state directory,
+# one per pool; its phases.
+MARK_PREFIX = "metadata-snap."
+RESERVING, HELD, RELEASING = "reserving", "held", "releasing"
+# thin_delta's kinds of run: "same" is shared by both devices; the others
+# differ (overwritten, only in the base: discarded, only in the target: new).
+_CHANGED = ("different", "left_only", "right_only")
+
+
+@dataclass(frozen=True)
+class Run:
+    """`length` chunks from chunk `begin`."""
+
+    begin: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Runs of chunks, sorted and merged, and the pool's chunk size in bytes."""
+
+    chunk_size: int
+    runs: tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What a mark records: the phase, and the root once the snapshot is held."""
+
+    phase: str
+    root: int | None
+
+
+class Holder(enum.Enum):
+    """Who holds a pool's metadata snapshot."""
+
+    NONE = "none"
+    PLUGIN = "plugin"  # the one this plugin's mark names: left by a killed reader
+    UNSURE = "unsure"  # a mark of a reserve or release under way: perhaps ours
+    OTHER = "other"  # no mark: another program's (thin_dump, a backup tool)
+
+
+def holder_text(holder: Holder) -> str:
+    """What a held snapshot is, said to an administrator."""
+    return {
+        Holder.NONE: "no metadata snapshot is held",
+        Holder.PLUGIN: "a metadata snapshot csi-local reserved is held (left by a reader "
+                       "that was killed; its next start releases it)",
+        Holder.UNSURE: "a metadata snapshot is held that csi-local may have reserved when it "
+                       "was killed (its mark records a reserve or release under way), or "
+                       "another program reserved since: csi-local does not release it. If no "
+                       "thin_dump, thin_delta or backup tool is reading, release it with "
+                       "dmsetup message <pool device> 0 release_metadata_snap",
+        Holder.OTHER: "a metadata snapshot is held by another program (thin_dump, "
+                      "thin_delta, a backup tool), which csi-local never releases",
+    }[holder]
+
+
+def _root(field: str) -> int | None:
+    """The held metadata root of `dmsetup status` ("-": none held)."""
+    if field == "-":
+        return None
+    return int(field) if field.isdigit() else -1  # held, at a root not read
+
+
+def merge(runs: list[Run]) -> tuple[Run, ...]:
+    """Sorted, with touching or overlapping runs joined."""
+    out: list[Run] = []
+    for run in sorted(runs, key=lambda r: r.begin):
+        if run.length <= 0:
+            continue
+        if out and run.begin <= out[-1].begin + out[-1].length:
+            last = out[-1]
+            end = max(last.begin + last.length, run.begin + run.length)
+            out[-1] = Run(last.begin, end - last.begin)
+        else:
+            out.append(run)
+    return tuple(out)
+
+
+def _superblock(xml: str, tool: str) -> ET.Element:
+    # Imported here: only changed-block tracking reads XML, and the serve
+    # path's start-up should not pay for the parser (TCG: 0.1-0.2 s).
+    import xml.etree.ElementTree as ET
+
+    try:
+        # The text is what a root-run tool printed from the pool's own metadata,
+        # not input from a caller; expat resolves no external entities.
+        root = ET.fromstring(xml)  # noqa: S314
+    except ET.ParseError as err:
+        raise StorageError(f"{tool} printed what is not its XML: {err}") from None
+    if root.tag != "superblock":
+        raise StorageError(f"{tool} printed <{root.tag}>, not <superblock>")
+    return root
+
+
+def _chunk_size(root: ET.Element, tool: str) -> int:
+    sectors = int(root.get("data_block_size", "0"))
+    if sectors <= 0:
+        raise StorageError(f"{tool}: no data_block_size in its superblock")
+    return sectors * SECTOR
+
+
+def parse_dump(xml: str, dev_id: int) -> Mapping:
+    """The mapped chunks of thin device `dev_id`, from `thin_dump --dev-id`."""
+    root = _superblock(xml, "thin_dump")
+    device = next((d for d in root.iter("device") if d.get("dev_id") == str(dev_id)), None)
+    if device is None:
+        raise StorageError(f"thin device {dev_id} is not in the pool's metadata")
+    runs = []
+    for m in device:
+        if m.tag == "single_mapping":
+            runs.append(Run(int(m.get("origin_block", "0")), 1))
+        elif m.tag == "range_mapping":
+            runs.append(Run(int(m.get("origin_begin", "0")), int(m.get("length", "0"))))
+    return Mapping(_chunk_size(root, "thin_dump"), merge(runs))
+
+
+def parse_delta(xml: str) -> Mapping:
+    """The chunks two thin devices map differently, from `thin_delta` (not
+    --verbose): overwritten, discarded (only in the first) and new (only in
+    the second)."""
+    root = _superblock(xml, "thin_delta")
+    runs = [
+        Run(int(e.get("begin", "0")), int(e.get("length", "0")))
+        for diff in root.iter("diff") for e in diff if e.tag in _CHANGED
+    ]
+    return Mapping(_chunk_size(root, "thin_delta"), merge(runs))
+
+
+def _not_installed(err: CommandError) -> bool:
+    return err.returncode == 127
+
+
+class ThinMetadata:
+    """Reads the mappings of one thin pool's devices (`vg`/`pool`)."""
+
+    def __init__(self, runner: Runner, vg: str, pool: str, mark_dir: str) -> None:
+        self.runner = runner
+        self.vg = vg
+        self.pool = pool
+        self.mark_dir = mark_dir  # the plugin's state directory
+
+    @property
+    def metadata_device(self) -> str:
+        return f"/dev/mapper/{dm_name(self.vg, self.pool)}_tmeta"
+
+    def _run(self, argv: list[str]) -> str:
+        try:
+            return self.runner.run(argv).stdout
+        except CommandError as err:
+            if _not_installed(err):
+                raise MappingToolsMissing(
+                    f"{argv[0]} is not installed (dmsetup and thin-provisioning-tools are "
+                    "needed for changed-block tracking)") from None
+            raise
+
+    def _pool_target(self) -> tuple[str, list[str]]:
+        """(dm name, `dmsetup status` fields) of the pool's thin-pool target.
+
+        With a thin volume active, LVM stacks the pool as "<vg>-<pool>-tpool"
+        (the thin-pool target) under a linear "<vg>-<pool>"; with none, the
+        pool alone is "<vg>-<pool>". Which one holds the target is read, not
+        assumed.
+        """
+        base = dm_name(self.vg, self.pool)
+        for name in (f"{base}-tpool", base):
+            try:
+                fields = self._run(["dmsetup", "status", name]).split()
+            except CommandError:
+                continue
+            if len(fields) > 6 and fields[2] == "thin-pool":
+                return name, fields
+        raise MetadataUnavailable(f"thin pool {self.vg}/{self.pool} is not active")
+
+    def held_root(self) -> int | None:
+        """The root block of the metadata snapshot the pool holds now; None
+        when none is held. MetadataUnavailable when the pool is not active."""
+        try:
+            usage = dm.pool_usage(self.vg, self.pool)
+        except (StorageError, OSError):
+            usage = None  # the kernel could not be asked by ioctl: dmsetup is
+        if usage is not None and (usage.metadata_snapshot_root is not None
+                                  or not usage.metadata_snapshot_held):
+            return usage.metadata_snapshot_root
+        _name, fields = self._pool_target()
+        return _root(fields[6])
+
+    def _message(self, name: str, message: str) -> None:
+        self._run(["dmsetup", "message", name, "0", message])
+
+    # The mark: what this plugin has reserved ---------------------------------
+
+    @property
+    def mark_path(self) -> str:
+        return os.path.join(self.mark_dir, MARK_PREFIX + dm_name(self.vg, self.pool))
+
+    def _mark(self, phase: str, root: int | None = None) -> None:
+        write_atomic(self.mark_path, json.dumps(
+            {"vg": self.vg, "pool": self.pool, "phase": phase, "root": root}))
+
+    def _unmark(self) -> None:
+        try:
+            os.unlink(self.mark_path)
+        except FileNotFoundError:
+            return
+        sync_directory(self.mark_dir)
+
+    def mark(self) -> Mark | None:
+        """What the mark says (None: no mark); an unreadable mark reads as a
+        reservation under way (the one state in which nothing is released)."""
+        try:
+            with open(self.mark_path, encoding="utf-8") as f:
+                entry = json.load(f)
+            phase, root = str(entry["phase"]), entry["root"]
+            return Mark(phase, root if isinstance(root, int) else None)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return Mark(RESERVING, None)
+
+    def holder(self) -> Holder:
+        """Who holds the pool's metadata snapshot, by the mark and the kernel."""
+        root = self.held_root()
+        if root is None:
+            return Holder.NONE
+        mark = self.mark()
+        if mark is None:
+            return Holder.OTHER
+        if mark.phase == HELD:
+            # A held snapshot keeps its root: another root is not the one marked.
+            return Holder.PLUGIN if mark.root == root and root >= 0 else Holder.OTHER
+        return Holder.UNSURE
+
+    def release_leftover(self) -> Holder:
+        """At start-up: release the metadata snapshot this plugin recorded
+        taking (and did not release: it was killed), and nothing else.
+
+        The mark is written before the reserve and says which root was
+        reserved once it is held (see snapshot()). Only a mark that names the
+        root the pool holds now is proof: a mark of a reserve or a release
+        under way when the plugin died cannot tell its own snapshot from one
+        another program reserved since, so that one is left, and reported.
+        Returns who held it (Holder.PLUGIN: released now); the mark goes when
+        nothing is held any more, when it names another root than the one
+        held, or once the plugin's own is released.
+        """
+        holder = self.holder()
+        if holder in (Holder.NONE, Holder.OTHER):
+            self._unmark()  # it names no snapshot held now (if there is one)
+        elif holder is Holder.PLUGIN:
+            name, _fields = self._pool_target()
+            self._message(name, "release_metadata_snap")
+            self._unmark()
+        return holder
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """The pool's metadata snapshot, held for the block and always released.
+
+        The caller serialises (one per pool). A snapshot held by anyone else
+        (an administrator's thin_dump, a backup tool) is theirs: never
+        released here, MetadataSnapshotHeld (UNAVAILABLE: retry later).
+
+        A mark in the state directory, written (fsync'd) before the reserve
+        and removed after the release, records the reservation, so that a
+        plugin killed in between releases its own at the next start and only
+        its own: "reserving" before the reserve, "held" with the root the
+        kernel reports once it is held, "releasing" before the release.
+        """
+        name, fields = self._pool_target()
+        if (root := _root(fields[6])) is not None:
+            raise self._held_elsewhere(root)
+        self._mark(RESERVING)
+        try:
+            self._message(name, "reserve_metadata_snap")
+        except CommandError as err:
+            if "busy" in err.stderr.lower():
+                # Reserved by another program since the status: none of ours.
+                self._unmark()
+                raise self._held_elsewhere(None) from None
+            raise  # the mark stays: the reserve may have been made (a timeout)
+        root = None
+        try:
+            root = self.held_root()
+            if root is not None and root >= 0:
+                self._mark(HELD, root)  # else the mark proves nothing: left as it is
+            yield
+        finally:
+            try:
+                self._mark(RELEASING, root)
+            except OSError as err:
+                log.error("cannot update the metadata snapshot mark %s: %s",
+                          self.mark_path, err)
+            self._message(name, "release_metadata_snap")
+            self._unmark()
+
+    def _held_elsewhere(self, root: int | None) -> MetadataSnapshotHeld:
+        at = f" (root block {root})" if root is not None and root >= 0 else ""
+        return MetadataSnapshotHeld(
+            f"thin pool {self.vg}/{self.pool}'s metadata snapshot is held by another "
+            f"program{at}, and a pool has only one: csi-local never releases one it did "
+            "not take. Retry when that program is done (dmsetup status shows the held "
+            "root; `dmsetup message <pool device> 0 release_metadata_snap` frees one that "
+            "nothing reads)")
+
+    def allocated(self, dev_id: int) -> Mapping:
+        """The chunks thin device `dev_id` maps; inside `snapshot()`."""
+        out = self._run(["thin_dump", "--metadata-snap", "--dev-id", str(dev_id),
+                         self.metadata_device])
+        return parse_dump(out, dev_id)
+
+    def delta(self, base_id: int, target_id: int) -> Mapping:
+        """The chunks thin devices `base_id` and `target_id` map differently;
+        inside `snapshot()`."""
+        out = self._run(["thin_delta", "--metadata-snap", "--snap1", str(base_id),
+                         "--snap2", str(target_id), self.metadata_device])
+        return parse_delta(out)

@@ -1,0 +1,183 @@
+"""Changed-block tracking of CSI snapshots: the byte ranges of a snapshot that
+hold data, and the byte ranges that differ between two snapshots of one
+volume. Below the SnapshotMetadata servicer; the pool's mappings are read by
+thinmeta.py, and the snapshots found by volumes.py.
+
+A thin snapshot's mappings are frozen when it is taken (csi-local never
+activates a snapshot object, so nothing writes to it), so the ranges are
+exact at the pool's chunk size: a chunk is reported when a write touched it,
+never because a neighbour changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from csi_local.errors import (
+    CommandError,
+    LvNotFound,
+    MetadataUnavailable,
+    OffsetPastEnd,
+    SnapshotsNotComparable,
+)
+from csi_local.host.locks import Locks, metadata_key
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.storage.thin_mappings import Holder, Mapping, ThinMetadata, holder_text
+from csi_local.volumes.naming import (
+    Source,
+    get_snapshot,
+    is_csi_snapshot,
+    is_snapshot_id,
+    source_of,
+)
+from csi_local.volumes.pool import Pool, Pools
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Extent:
+    """`length` bytes from byte `offset`."""
+
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """What a snapshot's (or a pair's) mappings say, in bytes: the volume's
+    capacity and the extents, sorted, merged, inside the capacity."""
+
+    capacity: int
+    extents: tuple[Extent, ...]
+
+    def starting_at(self, offset: int) -> list[Extent]:
+        """The extents that end after `offset`, the first cut to start at it (a
+        resumed stream goes on exactly where the last one stopped)."""
+        out = []
+        for e in self.extents:
+            if e.end <= offset:
+                continue
+            out.append(Extent(offset, e.end - offset) if e.offset < offset else e)
+        return out
+
+
+def to_extents(mapping: Mapping, capacity: int) -> tuple[Extent, ...]:
+    """Chunk runs as byte extents; the last chunk may reach past the volume's
+    end (a capacity that is not a multiple of the chunk size) and is cut there."""
+    out = []
+    for run in mapping.runs:
+        offset = run.begin * mapping.chunk_size
+        end = min((run.begin + run.length) * mapping.chunk_size, capacity)
+        if end > offset:
+            out.append(Extent(offset, end - offset))
+    return tuple(out)
+
+
+class ChangedBlocks:
+    def __init__(self, pools: Pools, locks: Locks, state_dir: str) -> None:
+        self.pools = pools
+        self.locks = locks
+        self.state_dir = state_dir  # where the marks of held metadata snapshots are
+
+    def _reader(self, pool: Pool) -> ThinMetadata:
+        return ThinMetadata(pool.lvm.runner, pool.lvm.vg, pool.lvm.pool, self.state_dir)
+
+    def _read(self, pool: Pool, read: Callable[[ThinMetadata], Mapping]) -> Mapping:
+        """`read` inside the pool's metadata snapshot, taken and released here;
+        its readers take turns (the kernel keeps one per pool)."""
+        meta = self._reader(pool)
+        with self.locks.hold(metadata_key(pool.lvm.vg, pool.lvm.pool)), meta.snapshot():
+            return read(meta)
+
+    def allocated(self, snapshot_id: str, starting_offset: int = 0) -> BlockMap:
+        """The ranges of the snapshot that hold data; LvNotFound for an unknown
+        one, OffsetPastEnd for a `starting_offset` past its end (both before
+        anything is read)."""
+        pool, lv = get_snapshot(self.pools, snapshot_id)
+        _check_offset(starting_offset, lv)
+        _thin_id(lv)
+        mapping = self._read(pool, lambda meta: meta.allocated(lv.thin_id))
+        return BlockMap(lv.size, to_extents(mapping, lv.size))
+
+    def delta(self, base_id: str, target_id: str, starting_offset: int = 0) -> BlockMap:
+        """The ranges where `target_id` differs from `base_id`: written over,
+        written new, or discarded since the base. Both must be snapshots of one
+        volume, the target not older than the base."""
+        names = [n for n in dict.fromkeys((base_id, target_id)) if is_snapshot_id(n)]
+        found = self.pools.locate(*names) if names else {}  # both from one `lvs`
+        base_pool, base = _snapshot(found, base_id)
+        _target_pool, target = _snapshot(found, target_id)
+        origin, target_origin = source_of(base), source_of(target)
+        if origin is None or origin != target_origin or (base.vg, base.pool) != (
+                target.vg, target.pool):
+            raise SnapshotsNotComparable(
+                f"snapshots {base_id} and {target_id} are not of the same volume "
+                f"({_of(origin)} and {_of(target_origin)})")
+        if target.created < base.created:
+            raise SnapshotsNotComparable(
+                f"the target snapshot {target_id} is older than the base {base_id}: the "
+                "target must be the later one")
+        _check_offset(starting_offset, target)
+        _thin_id(base)
+        _thin_id(target)
+        mapping = self._read(base_pool, lambda meta: meta.delta(base.thin_id, target.thin_id))
+        return BlockMap(target.size, to_extents(mapping, target.size))
+
+    def release_leftovers(self) -> None:
+        """At start-up: release the metadata snapshot a reader of this plugin
+        left held when it was killed (the kernel keeps it until told; while
+        held, every metadata change is copied on write), and only that one
+        (thinmeta's mark says which). One held by another program is theirs:
+        reported, never released. Best effort: a pool that is not active is
+        checked at the next start."""
+        for pool in self.pools:
+            meta = self._reader(pool)
+            where = f"{pool.lvm.vg}/{pool.lvm.pool}"
+            try:
+                with self.locks.hold(metadata_key(pool.lvm.vg, pool.lvm.pool), timeout=5.0):
+                    holder = meta.release_leftover()
+            except (MetadataUnavailable, CommandError) as err:
+                log.debug("thin pool %s: no held metadata snapshot checked: %s", where, err)
+                continue
+            except Exception:
+                log.exception("checking thin pool %s for a held metadata snapshot failed",
+                              where)
+                continue
+            if holder is Holder.PLUGIN:
+                log.warning("released the metadata snapshot of thin pool %s that this plugin "
+                            "reserved (left by a reader that did not finish)", where)
+            elif holder is not Holder.NONE:
+                log.warning("thin pool %s: %s; left held. Changed-block reads of this pool "
+                            "fail with UNAVAILABLE until it is released", where,
+                            holder_text(holder))
+
+def _snapshot(found: dict[str, tuple[Pool, LogicalVolume]],
+              snapshot_id: str) -> tuple[Pool, LogicalVolume]:
+    """The CSI snapshot `snapshot_id` among what one `lvs` found (as get_snapshot)."""
+    hit = found.get(snapshot_id)
+    if hit is None or not is_csi_snapshot(hit[1]):
+        raise LvNotFound(f"snapshot {snapshot_id!r} not found")
+    return hit
+
+
+def _of(origin: Source | None) -> str:
+    return f"of volume {origin.id}" if origin is not None else "of no known volume"
+
+
+def _check_offset(offset: int, lv: LogicalVolume) -> None:
+    # Equal to the size is the end of a finished stream, resumed: nothing more.
+    if offset > lv.size:
+        raise OffsetPastEnd(f"starting_offset {offset} is past the end of the snapshot "
+                            f"({lv.size} bytes)")
+
+
+def _thin_id(lv: LogicalVolume) -> None:
+    if lv.thin_id < 0:
+        raise MetadataUnavailable(f"LVM reports no thin device ID for {lv.vg}/{lv.name}")
