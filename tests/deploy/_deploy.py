@@ -131,10 +131,12 @@ def one(kind: str, name: str) -> dict[str, Any]:
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
 
 
 def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    c: dict[str, Any]
     for c in pod_spec(workload)["containers"]:
         if c["name"] == name:
             return c

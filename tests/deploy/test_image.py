@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -50,18 +51,24 @@ def _run(args: list[str], timeout: float, check: bool = True) -> subprocess.Comp
     return r
 
 
+@dataclass(frozen=True)
+class Build:
+    seconds: float
+    log: str
+
+
 @pytest.fixture(scope="module")
-def build() -> dict[str, object]:
+def build() -> Build:
     _require_tools()
     start = time.monotonic()
     r = _run([str(REPO / "scripts" / "build-image"), "-t", TAG], timeout=BUILD_BUDGET_S * 2)
     elapsed = time.monotonic() - start
     print(r.stdout[-1500:])
-    return {"seconds": elapsed, "log": r.stdout}
+    return Build(seconds=elapsed, log=r.stdout)
 
 
 @pytest.fixture(scope="module")
-def ctr(build: dict[str, object]) -> Iterator[str]:
+def ctr(build: Build) -> Iterator[str]:
     name = _run(["buildah", *STORAGE, "from", "--pull-never", TAG], timeout=300).stdout.strip()
     try:
         yield name
@@ -75,9 +82,9 @@ def run_in(ctr: str, *cmd: str, timeout: float = 120,
                 timeout=timeout, check=check)
 
 
-def test_build_within_budget(build: dict[str, object]) -> None:
-    assert build["seconds"] < BUILD_BUDGET_S, f"build took {build['seconds']:.0f}s"
-    assert "==> timings:" in str(build["log"])
+def test_build_within_budget(build: Build) -> None:
+    assert build.seconds < BUILD_BUDGET_S, f"build took {build.seconds:.0f}s"
+    assert "==> timings:" in build.log
 
 
 def test_image_config() -> None:
@@ -215,7 +222,7 @@ def test_the_image_ships_no_conformance_suite(ctr: str) -> None:
     assert r.stdout.strip() == "True", r.stdout
 
 
-def test_oci_labels_of_the_built_image(build: dict[str, object]) -> None:
+def test_oci_labels_of_the_built_image(build: Build) -> None:
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

@@ -192,7 +192,8 @@ def _env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _field_ref(c: dict[str, Any], name: str) -> str:
-    return _env(c)[name]["valueFrom"]["fieldRef"]["fieldPath"]
+    path: str = _env(c)[name]["valueFrom"]["fieldRef"]["fieldPath"]
+    return path
 
 
 def _mounts(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -202,7 +203,8 @@ def _mounts(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _host_path(workload: dict[str, Any], volume_name: str) -> str:
     for v in pod_spec(workload)["volumes"]:
         if v["name"] == volume_name:
-            return v["hostPath"]["path"]
+            path: str = v["hostPath"]["path"]
+            return path
     raise AssertionError(f"no hostPath volume {volume_name}")
 
 

@@ -454,7 +454,7 @@ class VmItem(pytest.Item):
             return str(excinfo.value)
         return str(super().repr_failure(excinfo))
 
-    def reportinfo(self) -> tuple[str, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, f"[vm] {self.name}"
 
 
@@ -474,8 +474,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     vmrun = VmRun([i.nodeid for i in integration])
     for index, item in enumerate(items):
         if item.get_closest_marker("integration"):
-            stand_in = VmItem.from_parent(item.parent, name=item.name, vmrun=vmrun)
-            stand_in._nodeid = item.nodeid  # keep the exact id, parametrisation included
+            assert item.parent is not None, item.nodeid  # a test always has its module
+            # nodeid: keep the exact id, parametrisation included
+            stand_in = VmItem.from_parent(item.parent, name=item.name, nodeid=item.nodeid,
+                                          vmrun=vmrun)
             for marker in {m.name: m for m in item.iter_markers()}.values():
                 stand_in.add_marker(marker.name)
             items[index] = stand_in

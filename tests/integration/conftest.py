@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import pytest
@@ -34,6 +34,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 SCRATCH = Path("/run/csi-local-tests")
+# An access mode as the generated stubs type it (an int at run time).
+AccessModeValue: TypeAlias = pb.VolumeCapability.AccessMode.Mode.ValueType
 
 
 def run(*argv: str, check: bool = True,
@@ -347,14 +349,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def mount_cap(fs_type: str = "ext4", flags: tuple[str, ...] = (),
-              mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+              mode: AccessModeValue = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
+              ) -> pb.VolumeCapability:
     return pb.VolumeCapability(
         mount=pb.VolumeCapability.MountVolume(fs_type=fs_type, mount_flags=list(flags)),
         access_mode=pb.VolumeCapability.AccessMode(mode=mode),
     )
 
 
-def block_cap(mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER) -> pb.VolumeCapability:
+def block_cap(mode: AccessModeValue = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
+              ) -> pb.VolumeCapability:
     return pb.VolumeCapability(
         block=pb.VolumeCapability.BlockVolume(),
         access_mode=pb.VolumeCapability.AccessMode(mode=mode),

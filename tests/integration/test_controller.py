@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import subprocess
+from typing import Any
 
 import grpc
 import pytest
@@ -18,10 +19,11 @@ RPC = pb.ControllerServiceCapability.RPC
 KEY = "topology.lvm.csi-local.dev/node"
 
 
-def create(p: PluginProcess, name: str, size: int = 16 * MiB, **kw: object) -> pb.Volume:
+def create(p: PluginProcess, name: str, size: int = 16 * MiB,
+           cap: pb.VolumeCapability | None = None, **kw: Any) -> pb.Volume:
     req = pb.CreateVolumeRequest(
         name=name, capacity_range=pb.CapacityRange(required_bytes=size),
-        volume_capabilities=[kw.pop("cap", mount_cap())], **kw,  # type: ignore[arg-type]
+        volume_capabilities=[mount_cap() if cap is None else cap], **kw,
     )
     return p.controller.CreateVolume(req).volume
 

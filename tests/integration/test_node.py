@@ -110,8 +110,9 @@ def test_publish_flags_keep_those_of_the_staging_mount(plugin: PluginProcess) ->
     publish(plugin, vid, staging, ro, mount_cap(), readonly=True)
     publish(plugin, vid, staging, nx, mount_cap(flags=("noexec",)))
     seen = {t: (m.options if (m := mounts.top_mount(t)) else None) for t in (ro, nx)}
-    assert seen[ro] is not None and {"ro", "nosuid", "nodev", "noatime"} <= seen[ro], seen
-    assert seen[nx] is not None and {"rw", "noexec", "nosuid", "nodev", "noatime"} <= seen[nx]
+    ro_options, nx_options = seen[ro], seen[nx]
+    assert ro_options is not None and {"ro", "nosuid", "nodev", "noatime"} <= ro_options, seen
+    assert nx_options is not None and {"rw", "noexec", "nosuid", "nodev", "noatime"} <= nx_options
     with pytest.raises(OSError) as info:
         open(f"{ro}/nope", "w")
     assert info.value.errno == errno.EROFS

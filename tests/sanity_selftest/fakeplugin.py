@@ -236,6 +236,18 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def __init__(self, s: State) -> None:
         self.s = s
 
+    # Not offered (no PUBLISH_UNPUBLISH_VOLUME or MODIFY_VOLUME capability):
+    # UNIMPLEMENTED, as the generated base class answers, spelled out because
+    # the typed stubs declare every method abstract.
+    def ControllerPublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(Code.UNIMPLEMENTED, "ControllerPublishVolume is not supported")
+
+    def ControllerUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(Code.UNIMPLEMENTED, "ControllerUnpublishVolume is not supported")
+
+    def ControllerModifyVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(Code.UNIMPLEMENTED, "ControllerModifyVolume is not supported")
+
     def ControllerGetCapabilities(self, request: Any, context: Any) -> Any:
         t = csi_pb2.ControllerServiceCapability
         return csi_pb2.ControllerGetCapabilitiesResponse(capabilities=[
