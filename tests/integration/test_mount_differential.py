@@ -1,6 +1,6 @@
 """The plugin's mounts against mount(8)'s, option set by option set (issue 30).
 
-The plugin mounts with mount(2) itself (host.mount_call, host.remount_flags)
+The plugin mounts with mount(2) itself (host.kernel.mount_call and remount_flags)
 where it knows the call mount(8) would make. Each row here stages and
 publishes a volume through the plugin (read-write and read-only), then mounts
 the same device with mount(8) and the same options (and `ro` last for the
@@ -8,8 +8,8 @@ read-only publish), and compares the mountinfo lines field by field: the
 mount's options and the file system's (super) options. The outcome is compared
 too: an option set mount(8) refuses must fail the stage, one it takes must not.
 
-Any difference fails, unless the README documents it: DOCUMENTED below names
-each such difference and the README text that explains it.
+Any difference fails, unless docs/architecture.md documents it: DOCUMENTED
+below names each such difference and the text that explains it.
 
 One plugin and one volume per file system serve every row (stage, publish,
 compare, unpublish, unstage), to keep the emulated VM's time low.
@@ -35,12 +35,12 @@ MiB = 1 << 20
 SIZES = {"ext4": 32 * MiB, "xfs": 300 * MiB, "btrfs": 128 * MiB}
 SE_CONTEXT = 'context="system_u:object_r:container_file_t:s0:c10,c20"'
 
-# Differences from mount(8) that the README documents, by (line, field, option):
+# Differences from mount(8) that docs/architecture.md documents, by (line, field, option):
 # the plugin's line shows the option where mount(8)'s does not ("+") or the
-# reverse ("-"). The value names the README text.
-README_RO_PUBLISH = ("README.md, How it works, Mount options: \"A read-only publish is a "
+# reverse ("-"). The value names the text.
+README_RO_PUBLISH = ("docs/architecture.md, Mount options: \"A read-only publish is a "
                      "read-only bind of the read-write staged file system\"")
-README_NOUUID = "README.md, How it works, Mount options and Snapshots: xfs is mounted with nouuid"
+README_NOUUID = "docs/architecture.md, Mount options and Snapshots: xfs is mounted with nouuid"
 DOCUMENTED: dict[tuple[str, str, str], str] = {
     # mount(8) -o ...,ro mounts the file system itself read-only; a read-only
     # publish only makes its bind read-only (other publishes may write).
