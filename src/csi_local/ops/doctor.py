@@ -37,17 +37,9 @@ from csi_local.host.locks import DEFAULT_LOCK_DIR
 from csi_local.host.runner import ProcessRunner, Runner, resolve
 from csi_local.ops.status import human_size, read_only_pool
 from csi_local.ops.x509 import CertificateError, pem_validity
-from csi_local.storage.lvm import (
-    RECOMMENDED_METADATA_SIZE,
-    CommittedMetadata,
-    LogicalVolume,
-    Lvm,
-    VgReport,
-    lvm_version,
-    physical_volumes,
-    profile_dir,
-    read_config,
-)
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import RECOMMENDED_METADATA_SIZE, LogicalVolume, Lvm, VgReport
+from csi_local.storage.lvm_config import lvm_version, physical_volumes, profile_dir, read_config
 from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.storage.thin_mappings import Holder, ThinMetadata, holder_text
 from csi_local.volumes.device_classes import ClassConfigError, load_classes
@@ -382,7 +374,7 @@ def _pct(p: float | None) -> str:
 
 
 def read_lvm_settings(system: System) -> dict[str, str] | str:
-    """{"udev_sync": "1", ...} (lvm.read_config), or why it could not be read."""
+    """{"udev_sync": "1", ...} (lvm_config.read_config), or why it could not be read."""
     try:
         return read_config(system.runner, LVM_SETTINGS)
     except StorageError as err:

@@ -35,8 +35,8 @@ from csi_local.errors import LockDirError, StorageError
 from csi_local.host.locks import Locks
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.nodestate.state_file import STATE_FILE, VolumeRecord, parse
+from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import (
-    CommittedMetadata,
     LogicalVolume,
     Lvm,
     MetadataArea,
