@@ -17,7 +17,8 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import mounts
 from csi_local.host.runner import ProcessRunner
-from csi_local.storage.lvm import Lvm, backup_dir
+from csi_local.storage.lvm import Lvm
+from csi_local.storage.lvm_config import backup_dir
 from csi_local.volumes import device_classes as classes_mod
 from tests.integration.conftest import (
     SCRATCH,

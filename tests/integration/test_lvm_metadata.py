@@ -16,7 +16,8 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host.runner import ProcessRunner
 from csi_local.storage import vg_text as lvm_metadata
-from csi_local.storage.lvm import CommittedMetadata, LogicalVolume, Lvm
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import LogicalVolume, Lvm
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
 from tests.integration.test_node import create, stage, unstage
 

@@ -20,7 +20,8 @@ import pytest
 
 from csi_local.errors import CommandError, StorageError
 from csi_local.host.runner import ProcessRunner
-from csi_local.storage.lvm import LogicalVolume, Lvm, profile_dir
+from csi_local.storage.lvm import LogicalVolume, Lvm
+from csi_local.storage.lvm_config import profile_dir
 from csi_local.storage.lvm_shell import LvmShell, use_lvm_shell
 
 from .conftest import LoopVG, make_vg, run

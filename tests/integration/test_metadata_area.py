@@ -23,7 +23,8 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host.runner import ProcessRunner
 from csi_local.storage import vg_text as lvm_metadata
-from csi_local.storage.lvm import CommittedMetadata, MetadataArea
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import MetadataArea
 from csi_local.volumes import naming as vols
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, lvs_that_fit
 from tests.integration.conftest import (

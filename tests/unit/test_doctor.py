@@ -20,7 +20,8 @@ from csi_local.host.runner import Result
 from csi_local.ops import doctor
 from csi_local.ops.doctor import FAIL, OK, WARN, Check, Options, System
 from csi_local.storage import vg_text as lvm_metadata
-from csi_local.storage.lvm import CommittedMetadata, Lvm, VgReport
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import Lvm, VgReport
 from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.unit.conftest import FakeRunner

@@ -18,7 +18,8 @@ from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnus
 from csi_local.host import device_mapper as dm
 from csi_local.host.device_mapper import DmDevice
 from csi_local.storage import vg_text as lm
-from csi_local.storage.lvm import CommittedMetadata, VolumeGroup
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import VolumeGroup
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"

@@ -30,7 +30,7 @@ from csi_local.host.runner import ProcessRunner
 from csi_local.ops import metrics as metrics_mod
 from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
 from csi_local.storage import vg_text as lvm_metadata
-from csi_local.storage.lvm import CommittedMetadata
+from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
 from csi_local.volumes.pool import PoolPolicy
 from csi_local.volumes.pool_monitor import PoolMonitor

@@ -49,7 +49,8 @@ from prometheus_client.registry import Collector
 from csi_local import __version__
 from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
-from csi_local.storage.lvm import CommittedMetadata, LogicalVolume
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
 from csi_local.volumes.pool import capacity_of
 from csi_local.volumes.pool_monitor import PoolMonitor, Reading

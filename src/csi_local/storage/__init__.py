@@ -1,7 +1,10 @@
 """LVM: the only folder that runs or reads it.
 
-The LVM commands and their reports, the VG metadata text read off the PVs
-(the committed view), the long-lived lvm shell, and the thin pool's block
+lvm: the LVM commands on a VG and its LVs, and their reports. lvm_config:
+how this host's LVM is set up (settings, profile and backup directories, the
+PVs it sees). vg_text: the VG's metadata text parsed off a PV; committed_vg:
+the VG as committed on all its PVs, answering for `lvs` without a process.
+lvm_shell: the long-lived lvm shell. thin_mappings: the thin pool's block
 mappings read from a metadata snapshot. Stands on host/ for processes and
 device-mapper.
 """

@@ -418,7 +418,7 @@ def _joined(text: str, note: str) -> str:
 def use_lvm_shell(runner: ProcessRunner, profile_dir: Callable[[], str]) -> LvmShell:
     """Attach an lvm shell to `runner`: from now on it runs what the shell can
     take. `profile_dir` says where LVM reads command profiles
-    (storage.lvm.profile_dir). Wired in at plugin assembly."""
+    (storage.lvm_config.profile_dir). Wired in at plugin assembly."""
     shell = LvmShell(runner.env, lambda: resolve("lvm"), profile_dir)
     runner.attach_shell(shell)
     return shell

@@ -12,7 +12,7 @@ committed version or the next, never a mix: the checksums prove which. This
 is what `lvs --readonly` does (it reads the disks without LVM's locks).
 
 A VG's metadata is on several PVs, and a PV may hold two copies: which one
-is the VG's is decided by the caller (lvm.CommittedMetadata) from all of
+is the VG's is decided by the caller (committed_vg.CommittedMetadata) from all of
 them, by their seqno, as LVM decides it (read_copies, text_head).
 
 Only reading is done here, and any doubt gives None (the caller asks `lvs`):

@@ -31,9 +31,9 @@ from csi_local.errors import (
     VolumeGroupMissing,
 )
 from csi_local.host.locks import Locks, pool_key
+from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import (
     RECOMMENDED_METADATA_SIZE,
-    CommittedMetadata,
     LogicalVolume,
     Lvm,
     MetadataArea,
