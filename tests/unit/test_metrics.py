@@ -733,7 +733,11 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        config = _config(tmp_path, metrics_address=f"127.0.0.1:{busy.getsockname()[1]}")
+        # No lvm shell: serve() starts one in the background (runner.start_shell),
+        # and the close that follows the refused port does not wait for that
+        # start, which would run lvmconfig after this test (no process here).
+        config = _config(tmp_path, metrics_address=f"127.0.0.1:{busy.getsockname()[1]}",
+                         lvm_shell=False)
         with pytest.raises(server_mod.ServerError, match="cannot serve metrics"):
             server_mod.serve(config)
     assert not Path(config.socket).exists()
