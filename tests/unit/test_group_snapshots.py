@@ -833,15 +833,23 @@ def test_group_device_class_other_than_a_sources(classes: Lab) -> None:
 # the freeze window's own limit ------------------------------------------------------------
 
 
+def until_thawed(lab: Lab, seconds: float) -> None:
+    """Wait until nothing is frozen, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while lab.host.frozen and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def slow(lab: Lab, monkeypatch: pytest.MonkeyPatch, vid: str, seconds: float,
          seen: list[set[tuple[int, int]]]) -> None:
-    """lvcreate of `vid`'s member takes `seconds` (LVM waiting for its VG lock);
-    `seen` gets what is frozen when it returns."""
+    """lvcreate of `vid`'s member takes up to `seconds` (LVM waiting for its VG
+    lock), and returns as soon as nothing is frozen any more (the limit's thaw
+    came first); `seen` gets what is frozen when it returns."""
     real = lab.host.run
 
     def run(argv: Any, **kwargs: Any) -> Any:
         if argv[0] == "lvcreate" and "--snapshot" in argv and member(vid) in argv:
-            time.sleep(seconds)
+            until_thawed(lab, seconds)
             out = real(argv, **kwargs)
             seen.append(set(lab.host.frozen))
             return out
@@ -884,7 +892,7 @@ def test_a_slow_freeze_past_the_limit_thaws_it_too(
 
     def freeze(path: str) -> None:
         if path == pb_:
-            time.sleep(0.6)
+            until_thawed(lab, 0.6)  # A thawed by the timer meanwhile
         real(path)
 
     monkeypatch.setattr(lab.host, "freeze", freeze)

@@ -8,6 +8,7 @@ breaks a rule fails here, before any review."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path) -> set[str]:
+@functools.cache  # each file parsed once per run, not once per test that reads it
+def _imports(path: Path) -> frozenset[str]:
     """Every module `path` imports, at any depth of the file (lazy imports too)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -59,7 +61,7 @@ def _imports(path: Path) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-    return found
+    return frozenset(found)
 
 
 def _floor_name(module: str) -> str:

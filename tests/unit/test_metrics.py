@@ -5,6 +5,7 @@ the promise that the host volume plugin never loads any of it."""
 from __future__ import annotations
 
 import ast
+import functools
 import socket
 import threading
 import time
@@ -682,7 +683,8 @@ def test_the_serve_flag_and_its_environment(tmp_path: Path,
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _imports_of(module: str) -> set[str]:
+@functools.cache  # each module parsed once per run, not once per start that reaches it
+def _imports_of(module: str) -> frozenset[str]:
     """Modules `module` imports (lazy ones too), csi_local ones resolved to files."""
     base = SRC.joinpath(*module.split("."))
     path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
@@ -696,7 +698,7 @@ def _imports_of(module: str) -> set[str]:
                 sub = f"{node.module}.{alias.name}"
                 if SRC.joinpath(*sub.split(".")).with_suffix(".py").exists():
                     found.add(sub)
-    return found
+    return frozenset(found)
 
 
 def _reachable(start: str) -> set[str]:
