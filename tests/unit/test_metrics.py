@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import ast
 import functools
+import signal
 import socket
+import subprocess
 import threading
 import time
 import types
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -33,9 +35,10 @@ from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.storage.lvm import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
-from csi_local.volumes.pool import PoolPolicy
+from csi_local.volumes.pool import PoolPolicy, Pools
 from csi_local.volumes.pool_monitor import PoolMonitor
 from tests.unit.servicers import (
+    NO_CONTEXT,
     THREE_CLASSES,
     GiB,
     MiB,
@@ -91,7 +94,7 @@ def create(node: Node, name: str, size: int = GiB,
            parameters: dict[str, str] | None = None) -> pb.Volume:
     return node.controller.CreateVolume(pb.CreateVolumeRequest(
         name=name, capacity_range=pb.CapacityRange(required_bytes=size),
-        volume_capabilities=[mount_cap()], parameters=parameters), None).volume
+        volume_capabilities=[mount_cap()], parameters=parameters), NO_CONTEXT).volume
 
 
 # the collector -------------------------------------------------------------------
@@ -104,7 +107,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     data = create(node, "pvc-data", GiB, PVC)
     plain = create(node, "pvc-plain", 512 * MiB)
     node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
-        name="snap", source_volume_id=data.volume_id), None)
+        name="snap", source_volume_id=data.volume_id), NO_CONTEXT)
     node.host.lv("pool0").data_percent = 12.5
     node.host.lv("pool0").metadata_percent = 3.25
     node.host.lv(data.volume_id).data_percent = 40.0
@@ -137,7 +140,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     # Volumes and the snapshot count against the pool, over-provisioned 2x.
     provisioned = GiB + 512 * MiB + GiB
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **POOL_LABELS) == provisioned
-    capacity = node.controller.GetCapacity(pb.GetCapacityRequest(), None)
+    capacity = node.controller.GetCapacity(pb.GetCapacityRequest(), NO_CONTEXT)
     assert capacity.available_capacity == 20 * GiB - provisioned
     assert value(got, "csi_local_thin_pool_available_bytes", **POOL_LABELS) == \
         capacity.available_capacity
@@ -279,7 +282,7 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
     big = create(node, "pvc-big", 2 * GiB, {"deviceClass": "big"})
     cold = create(node, "pvc-cold", 512 * MiB, {"deviceClass": "cold"})
     node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
-        name="snap", source_volume_id=big.volume_id), None)
+        name="snap", source_volume_id=big.volume_id), NO_CONTEXT)
     node.host.lv("pool", vg="vg-hdd").data_percent = 30.0
     lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
 
@@ -385,10 +388,11 @@ def _through_interceptor(interceptor: ErrorInterceptor, method: str,
     """Call `fn` as the server would, through the interceptor: the code sent."""
     details = types.SimpleNamespace(method=f"/csi.v1.Controller/{method}")
     handler = interceptor.intercept_service(
-        lambda _: grpc.unary_unary_rpc_method_handler(fn), details)  # type: ignore[arg-type]
+        lambda _: grpc.unary_unary_rpc_method_handler(fn),
+        cast(grpc.HandlerCallDetails, details))
     assert handler is not None and handler.unary_unary is not None
     try:
-        handler.unary_unary(request, _Context())
+        handler.unary_unary(request, cast(grpc.ServicerContext, _Context()))
     except _Aborted as aborted:
         return str(aborted)
     return "OK"
@@ -467,7 +471,7 @@ class _FakePopen:
 
 
 def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
     monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
 
     def resolve(tool: str) -> str:
@@ -501,7 +505,7 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
 
 def test_a_failing_command_observer_never_fails_a_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
     monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
     monkeypatch.setattr(runner_mod, "resolve", lambda tool: f"/usr/sbin/{tool}")
 
@@ -526,7 +530,7 @@ def _config(tmp_path: Path, **kw: Any) -> Config:
 def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No LVM: the state rebuild and reconciliation are stood in for.
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
     monkeypatch.setattr(CommittedMetadata, "check", lambda self, vg, **kw: ())  # no pvs
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
@@ -605,7 +609,7 @@ def test_every_series_names_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
     process's, from the node ID the plugin is started with."""
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
         assert plugin.metrics is not None
@@ -729,9 +733,9 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     from csi_local.csi import server as server_mod
 
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
-    monkeypatch.setattr(server_mod.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -759,9 +763,10 @@ def test_metadata_consistency_gauge_per_vg() -> None:
             return self.problems
 
     registry = CollectorRegistry()
-    registry.register(MetadataCollector({  # type: ignore[dict-item]
-        "vg-ok": Reader(()),
-        "vg-bad": Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",))}))
+    registry.register(MetadataCollector({
+        "vg-ok": cast(CommittedMetadata, Reader(())),
+        "vg-bad": cast(CommittedMetadata,
+                       Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",)))}))
     got = {s.labels["volume_group"]: s.value
            for m in registry.collect() for s in m.samples}
     assert got == {"vg-ok": 1, "vg-bad": 0}
