@@ -162,15 +162,16 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     node, _, metrics = watched(tmp_path, monkeypatch)
-    fake_field = node.host._field
+    fake_row = node.host._row
 
-    def field(lv: Any, name: str, argv: Any) -> str:
-        if name == "lv_health_status" and lv.kind == "pool":
-            return "out_of_data"
-        return fake_field(lv, name, argv)
+    def row(lv: Any, fields: Any, argv: Any) -> dict[str, str]:
+        out = fake_row(lv, fields, argv)
+        if "lv_health_status" in out and lv.kind == "pool":
+            out["lv_health_status"] = "out_of_data"
+        return out
 
     healthy = scrape(metrics)
-    monkeypatch.setattr(node.host, "_field", field)
+    monkeypatch.setattr(node.host, "_row", row)
     monkeypatch.setattr(metrics_mod.PoolCollector, "_reading",
                         lambda self, group: group[0].latest(max_age=0))
     got = scrape(metrics)

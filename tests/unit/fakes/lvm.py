@@ -283,7 +283,8 @@ class FakeLvm(Host):
             return f"twi-{a}{o}tz--"
         return f"Vwi-{a}{o}tz-{'k' if lv.skip else '-'}"
 
-    def _field(self, lv: FakeLv, name: str, argv: Sequence[str]) -> str:
+    def _row(self, lv: FakeLv, fields: Sequence[str], argv: Sequence[str]) -> dict[str, str]:
+        """The LV's report row: `fields`, each as `lvs` prints it."""
         thin = lv.kind == "thin"
         values: dict[str, Callable[[], str]] = {
             "lv_name": lambda: lv.name, "vg_name": lambda: lv.vg,
@@ -303,9 +304,12 @@ class FakeLvm(Host):
             "thin_id": lambda: str(lv.thin_id) if thin else "",
             "lv_uuid": lambda: lv.uuid,
         }
-        if name not in values:
-            raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
-        return values[name]()
+        row = {}
+        for name in fields:
+            if name not in values:
+                raise AssertionError(f"FakeHost does not report field {name!r} in {argv!r}")
+            row[name] = values[name]()
+        return row
 
     @staticmethod
     def _mda_free(fvg: FakeVg) -> int:
@@ -385,7 +389,7 @@ class FakeLvm(Host):
             rows = sorted((lv for fvg in found for lv in fvg.lvs.values()
                            if names is None or lv.name in names),
                           key=lambda lv: (lv.vg, lv.name))
-        lv_rows = [{f: self._field(lv, f, argv) for f in fields} for lv in rows]
+        lv_rows = [self._row(lv, fields, argv) for lv in rows]
         out = json.dumps({"report": [{"lv": lv_rows}]}, indent=4) + "\n"
         if missing:
             # LVM reports the VGs it found, then fails for the others.
