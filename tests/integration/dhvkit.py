@@ -4,6 +4,9 @@ Nomad's client runs it (the executable, `$1` the operation, an environment
 holding nothing but the DHV_* variables), or the way an operator runs its
 `snapshot` command (an empty environment).
 
+How a request is built and its reply read is tests/dhvharness.py's, shared
+with the unit tests; this module runs it: the executable, on real LVM.
+
 A test module takes the `dhv` fixture by importing `dhv_fixture` (registered
 under the name `dhv`, so test arguments named `dhv` shadow nothing)."""
 
@@ -25,21 +28,16 @@ import pytest
 from csi_local.dhv.request import lv_name_for
 from csi_local.host import mounts
 from csi_local.storage.lvm import LV_FIELDS, LogicalVolume, parse_lvs
+from tests.dhvharness import Nomad, Result, failed, ok, reply
 from tests.integration.conftest import SCRATCH, LoopVG, run, unmount_under
+
+__all__ = ["MIB", "Dhv", "Result", "all_lvs", "dhv_fixture", "failed", "mounted_device",
+           "new_id", "ok", "reply"]
 
 MIB = 1 << 20
 # `csi-local-dhv install`, through this interpreter (the console script's own #!)
 INSTALL = [sys.executable, "-c", "import sys; from csi_local.dhv import main; sys.exit(main())",
            "install"]
-
-
-@dataclass
-class Result:
-    rc: int
-    out: dict[str, Any]
-    stdout: str
-    stderr: str
-    seconds: float
 
 
 @dataclass
@@ -78,27 +76,13 @@ class Dhv:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["plugin"] == self.exe
 
-    def env(self, op: str, volume_id: str, *, cap_min: int = 0, cap_max: int = 0,
-            params: dict[str, str] | None = None, name: str = "scratch",
-            namespace: str = "default") -> dict[str, str]:
+    @property
+    def nomad(self) -> Nomad:
+        return Nomad(str(self.volumes_dir), str(self.plugin_dir))
+
+    def env(self, op: str, volume_id: str, **kw: Any) -> dict[str, str]:
         """The variables Nomad's client sets (client/hostvolumemanager), nothing else."""
-        env = {
-            "DHV_OPERATION": op,
-            "DHV_VOLUMES_DIR": str(self.volumes_dir),
-            "DHV_PLUGIN_DIR": str(self.plugin_dir),
-            "DHV_NODE_POOL": "default",
-            "DHV_NAMESPACE": namespace,
-            "DHV_VOLUME_NAME": name,
-            "DHV_VOLUME_ID": volume_id,
-            "DHV_NODE_ID": "5c1f2c8e-5a43-43a1-9c1b-1f2ad1b0c0de",
-            "DHV_PARAMETERS": json.dumps(params) if params else "null",
-        }
-        if op == "create":
-            env["DHV_CAPACITY_MIN_BYTES"] = str(cap_min)
-            env["DHV_CAPACITY_MAX_BYTES"] = str(cap_max)
-        else:
-            env["DHV_CREATED_PATH"] = self.path(volume_id)
-        return env
+        return self.nomad.env(op, volume_id, **kw)
 
     def popen(self, op: str, volume_id: str, **kw: Any) -> subprocess.Popen[str]:
         return subprocess.Popen([self.exe, op], env=self.env(op, volume_id, **kw),
@@ -108,7 +92,7 @@ class Dhv:
         started = time.monotonic()
         proc = subprocess.run([self.exe, op], env=self.env(op, volume_id, **kw),
                               capture_output=True, text=True, check=False, timeout=120)
-        return _result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+        return reply(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
     def snapshot_run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`csi-local-dhv snapshot ARGS...` as an operator runs it: the executable in
@@ -121,10 +105,10 @@ class Dhv:
         """`snapshot ARGS...` that answers one JSON object (create, delete, list --json)."""
         started = time.monotonic()
         proc = self.snapshot_run(*args)
-        return _result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+        return reply(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
     def path(self, volume_id: str) -> str:
-        return str(self.volumes_dir / volume_id)
+        return self.nomad.path(volume_id)
 
     def lvs(self) -> list[LogicalVolume]:
         """The LVs of the session's VG but its pool (those of any other class's
@@ -139,26 +123,6 @@ def all_lvs(vg: LoopVG) -> list[LogicalVolume]:
     out = run("lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
               "-o", LV_FIELDS, vg.name).stdout
     return parse_lvs(out)
-
-
-def _result(rc: int, stdout: str, stderr: str, seconds: float) -> Result:
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    assert len(lines) == 1, f"stdout must be one JSON object, got {stdout!r} (stderr {stderr!r})"
-    return Result(rc, json.loads(lines[0]), stdout, stderr, seconds)
-
-
-def ok(res: Result) -> dict[str, Any]:
-    assert res.rc == 0, f"exit {res.rc}: {res.stdout} {res.stderr}"
-    return res.out
-
-
-def failed(res: Result, *fragments: str) -> str:
-    assert res.rc != 0, f"expected a failure, got {res.stdout}"
-    message = res.out["error"]
-    assert isinstance(message, str)
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 @pytest.fixture(name="dhv")

@@ -26,13 +26,13 @@ from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
     MIB,
     Dhv,
-    _result,
     all_lvs,
     dhv_fixture,  # noqa: F401 - the `dhv` fixture
     failed,
     mounted_device,
     new_id,
     ok,
+    reply,
 )
 
 pytestmark = pytest.mark.integration
@@ -175,7 +175,7 @@ def test_concurrent_creates_of_one_volume(dhv: Dhv) -> None:
     results = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=120)
-        results.append(_result(proc.returncode, stdout, stderr, 0.0))
+        results.append(reply(proc.returncode, stdout, stderr, 0.0))
     assert ok(results[0]) == ok(results[1])
     assert [lv.name for lv in dhv.lvs()] == [lv_name_for(vid)]
     assert len(mounts.mounts_at(dhv.path(vid))) == 1
@@ -223,7 +223,7 @@ def test_shares_the_pool_lock_with_the_csi_plugin(dhv: Dhv) -> None:
         time.sleep(4)
         assert proc.poll() is None and dhv.lv(vid) is None  # waiting for the pool's lock
     stdout, stderr = proc.communicate(timeout=120)
-    ok(_result(proc.returncode, stdout, stderr, 0.0))
+    ok(reply(proc.returncode, stdout, stderr, 0.0))
     assert dhv.lv(vid) is not None
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from csi_local.errors import CommandError
 from csi_local.host.runner import Result
+from csi_local.storage.lvm import CommittedMetadata
 
 
 class RealProcessForbidden(AssertionError):
@@ -27,6 +28,28 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(os, "execve", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
     yield
+
+
+@pytest.fixture(autouse=True)
+def no_commit_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CommittedMetadata.check reads a VG up to `attempts` times, pausing between
+    reads for LVM to commit a change to each PV in turn. A fake host has no PV
+    the reader can read, so every status, doctor or metrics report would wait
+    out those pauses in real time: the reads are still made, without the wait."""
+    kwdefaults = CommittedMetadata.check.__kwdefaults__
+    assert kwdefaults is not None and "pause" in kwdefaults
+    monkeypatch.setitem(kwdefaults, "pause", 0.0)
+
+
+@pytest.fixture(autouse=True)
+def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fsync costs milliseconds on a real disk and proves nothing here: no unit
+    test can observe durability (the crash tests in the VM kill -9 real writers).
+    The descriptor must still be an open one."""
+    def fsync(fd: int) -> None:
+        os.fstat(fd)  # EBADF as fsync would
+
+    monkeypatch.setattr(os, "fsync", fsync)
 
 
 @dataclass

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
@@ -135,6 +136,11 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
     root = tmp_path / "co"
     root.mkdir()
     return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
+
+
+# The servicers never use their context (errors are raised, the interceptor sends
+# them): a direct call passes none.
+NO_CONTEXT = cast(grpc.ServicerContext, None)
 
 
 def call(fn: Callable[[Any, Any], Any], request: Any) -> tuple[str, Any]:

@@ -1,6 +1,7 @@
 import logging
 import re
 import types
+from typing import Any, TypeVar, cast
 
 import grpc
 import pytest
@@ -11,6 +12,9 @@ from csi_local.cli import build_parser, config_from_args
 from csi_local.config import ConfigError, parse_size
 from csi_local.csi import rpc
 from csi_local.csi.server import redact
+from tests.unit.servicers import NO_CONTEXT
+
+T = TypeVar("T")
 
 BASE = ["serve", "--endpoint", "unix:///run/x.sock", "--node-id", "n1",
         "--volume-group", "vg0", "--thin-pool", "pool", "--state-dir", "/var/lib/x"]
@@ -64,7 +68,7 @@ def test_parse_size() -> None:
         parse_size("lots")
 
 
-def _all_subclasses(cls: type) -> list[type]:
+def _all_subclasses(cls: type[T]) -> list[type[T]]:
     out = [cls]
     for sub in cls.__subclasses__():
         out += _all_subclasses(sub)
@@ -78,11 +82,12 @@ def test_every_error_maps_to_a_grpc_status() -> None:
     # must be listed.
     for cls in _all_subclasses(rpc.RpcError):
         assert isinstance(grpc.StatusCode[cls.code], grpc.StatusCode)
-    for cls in _all_subclasses(errors.StorageError):
-        assert cls in rpc.CODES, f"{cls.__name__} has no status code in rpc.CODES"
-        assert isinstance(grpc.StatusCode[rpc.CODES[cls]], grpc.StatusCode)
-    for (_method, cls), code in rpc.PER_RPC.items():
-        assert cls in rpc.CODES and isinstance(grpc.StatusCode[code], grpc.StatusCode)
+    for storage_cls in _all_subclasses(errors.StorageError):
+        assert storage_cls in rpc.CODES, \
+            f"{storage_cls.__name__} has no status code in rpc.CODES"
+        assert isinstance(grpc.StatusCode[rpc.CODES[storage_cls]], grpc.StatusCode)
+    for (_method, mapped), code in rpc.PER_RPC.items():
+        assert mapped in rpc.CODES and isinstance(grpc.StatusCode[code], grpc.StatusCode)
 
 
 def test_secrets_never_reach_the_log() -> None:
@@ -208,18 +213,22 @@ def test_requests_are_rendered_only_when_debug_logging_is_on(
 
     rendered: list[str] = []
     real = server.redact
-    monkeypatch.setattr(server, "redact", lambda req: rendered.append("x") or real(req))
+    def redact(req: Any) -> str:
+        rendered.append("x")
+        return real(req)
+
+    monkeypatch.setattr(server, "redact", redact)
     interceptor = server.ErrorInterceptor()
     details = types.SimpleNamespace(method="/csi.v1.Identity/Probe")
     handler = interceptor.intercept_service(
         lambda _: grpc.unary_unary_rpc_method_handler(lambda req, ctx: pb.ProbeResponse()),
-        details)  # type: ignore[arg-type]
+        cast(grpc.HandlerCallDetails, details))
     assert handler is not None and handler.unary_unary is not None
     with caplog.at_level(logging.INFO, logger="csi_local.csi.server"):
-        handler.unary_unary(pb.ProbeRequest(), None)
+        handler.unary_unary(pb.ProbeRequest(), NO_CONTEXT)
     assert rendered == []
     with caplog.at_level(logging.DEBUG, logger="csi_local.csi.server"):
-        handler.unary_unary(pb.ProbeRequest(), None)
+        handler.unary_unary(pb.ProbeRequest(), NO_CONTEXT)
     assert rendered == ["x"] and "Probe request: " in caplog.text
 
 

@@ -11,10 +11,8 @@ or retagged. The success tests check the replies and the LVs behind them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +45,7 @@ from tests.unit.servicers import (
     nothing,
     vol_id,
 )
+from tests.unit.table import Case, Table, row
 
 Mode = pb.VolumeCapability.AccessMode
 RPC = pb.ControllerServiceCapability.RPC
@@ -155,23 +154,6 @@ def pool_usage(data: float = 0.0, metadata: float = 0.0) -> Setup:
 # the row runner -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Case:
-    request: Any
-    code: str
-    says: str  # a piece of the error message that names the branch ("" for OK rows)
-    setup: Setup
-    ran: frozenset[str]  # exactly the tools that ran during the call
-    busy: str  # a lock key held by "another operation" during the call
-    node: dict[str, Any] = field(default_factory=dict)
-
-
-def row(id: str, request: Any, code: str, says: str = "", *, setup: Setup = nothing,
-        ran: str = "", busy: str = "", **node: Any) -> Any:
-    return pytest.param(Case(request, code, says, setup, frozenset(ran.split()), busy, node),
-                        id=id)
-
-
 def lv_state(n: Node) -> dict[str, tuple[int, frozenset[str], bool]]:
     return {name: (lv.size, frozenset(lv.tags), lv.active) for name, lv in n.host.lvs.items()}
 
@@ -180,24 +162,19 @@ def tools(n: Node) -> set[str]:
     return {c[0] for c in n.host.calls}
 
 
+# Every row, OK ones too, leaves the LVs as they were: an LV created, removed,
+# grown or retagged fails it.
+TABLE = Table[Node](
+    send=lambda n, method, request: call(getattr(n.controller, method), request),
+    host=lambda n: n.host, locks=lambda n: n.backend.locks,
+    kept=lambda n: {"lvs": lv_state(n)})
+
+
 def run_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
             case: Case) -> tuple[Node, Any]:
     """Run one row: the code, the message, the tools that ran, and no LV changed."""
-    n = make_node(tmp_path, monkeypatch, **case.node)
-    case.setup(n)
-    before = lv_state(n)
-    n.host.calls.clear()
-    with contextlib.ExitStack() as stack:
-        if case.busy:
-            n.backend.locks.timeout = 0.02  # the busy lock's wait; its length is not the point
-            stack.enter_context(n.backend.locks.hold(case.busy))
-        code, answer = call(getattr(n.controller, method), case.request)
-    assert code == case.code, answer
-    if code != "OK":
-        assert case.says in answer, answer
-    assert tools(n) == case.ran, n.host.calls
-    assert lv_state(n) == before, "an LV was created, removed, grown or retagged"
-    return n, answer
+    n = make_node(tmp_path, monkeypatch, **case.world)
+    return n, TABLE.run(n, case, method)
 
 
 # requests ---------------------------------------------------------------------------

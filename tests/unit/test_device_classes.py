@@ -19,10 +19,9 @@ things landed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from csi_local.host.locks import pool_key
 from csi_local.volumes import naming as vols
 from csi_local.volumes.held_vgs import HELD_FILE, HeldVolumeGroups
 from csi_local.volumes.naming import Source, SourceKind
+from tests.unit import table
 from tests.unit.servicers import (
     GiB,
     MiB,
@@ -44,6 +44,7 @@ from tests.unit.servicers import (
     mount_cap,
     vol_id,
 )
+from tests.unit.table import Case
 
 DEFAULT = "fast"
 V, V2, NEW = vol_id("vol"), vol_id("vol2"), vol_id("new")
@@ -441,30 +442,12 @@ def validated(message: str) -> Check:
 # the row runner -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Case:
-    method: str
-    request: Any  # a request, or World -> request
-    code: str
-    says: str
-    setup: Step
-    ran: dict[str, frozenset[str]]  # by layout: exactly the tools that ran
-    busy: str  # the class whose pool lock another operation holds
-    check: Check | None
-    only: str  # the one layout the row applies to ("": both)
-    node: dict[str, Any] = field(default_factory=dict)
-
-
 def row(id: str, method: str, request: Any, code: str, says: str = "", *,
-        setup: Step = nothing, ran: str | dict[str, str] = "", busy: str = "",
-        check: Check | None = None, only: str = "", xfail: str = "", **node: Any) -> Any:
-    """`ran`: the tools, or {layout: the tools} where the layouts differ. `xfail`: a
-    defect of src/ still open, why the row fails (strict: it must fail)."""
-    by = ran if isinstance(ran, dict) else dict.fromkeys(LAYOUTS, ran)
-    marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
-    return pytest.param(Case(method, request, code, says, setup,
-                             {k: frozenset(v.split()) for k, v in by.items()}, busy, check,
-                             only, node), id=id, marks=marks)
+        setup: Step = nothing, **kw: Any) -> Any:
+    """A row of the kit's, its RPC named first (the tables mix Controller and
+    Node). `ran`: the tools, or {layout: the tools} where the layouts differ;
+    `only`: the one layout the row applies to."""
+    return table.row(id, request, code, says, setup=setup, method=method, **kw)
 
 
 def lv_state(n: Node) -> dict[tuple[str, str], tuple[int, frozenset[str], bool, str]]:
@@ -474,34 +457,24 @@ def lv_state(n: Node) -> dict[tuple[str, str], tuple[int, frozenset[str], bool, 
 
 def by_layout(rows: list[Any]) -> list[Any]:
     """Each row once per layout it applies to."""
-    out = []
-    for p in rows:
-        case = p.values[0]
-        for layout in LAYOUTS:
-            if case.only in ("", layout):
-                out.append(pytest.param(case, layout, id=f"{p.id}/{layout}", marks=p.marks))
-    return out
+    return table.by_variant(rows, list(LAYOUTS))
+
+
+def send(w: World, method: str, request: Any) -> tuple[str, Any]:
+    servicer = w.n.controller if hasattr(w.n.controller, method) else w.n.node
+    return call(getattr(servicer, method), request)
+
+
+# An error row leaves the LVs as they were; an OK row's check says what it made.
+# A busy row holds the pool lock of the class it names.
+TABLE = table.Table[World](
+    send=send, host=lambda w: w.n.host, locks=lambda w: w.n.backend.locks,
+    kept=lambda w: {"lvs": lv_state(w.n)}, ok_changes="lvs",
+    busy_key=lambda w, cls: pool_key(*w.layout.pools[cls]))
 
 
 def run_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case, layout: str) -> None:
-    w = build(tmp_path, monkeypatch, layout, **case.node)
-    case.setup(w)
-    before = lv_state(w.n)
-    w.n.host.calls.clear()
-    servicer = w.n.controller if hasattr(w.n.controller, case.method) else w.n.node
-    request = case.request(w) if callable(case.request) else case.request
-    with contextlib.ExitStack() as stack:
-        if case.busy:
-            w.n.backend.locks.timeout = 0.02
-            stack.enter_context(w.n.backend.locks.hold(pool_key(*w.layout.pools[case.busy])))
-        code, answer = call(getattr(servicer, case.method), request)
-    assert code == case.code, answer
-    if code != "OK":
-        assert case.says in answer, answer
-        assert lv_state(w.n) == before, "an LV was created, removed, grown or retagged"
-    assert {c[0] for c in w.n.host.calls} == case.ran[layout], w.n.host.calls
-    if case.check is not None:
-        case.check(w, answer)
+    TABLE.run(build(tmp_path, monkeypatch, layout, **case.world), case, variant=layout)
 
 
 # CreateVolume -------------------------------------------------------------------------

@@ -6,11 +6,9 @@ forbids them)."""
 from __future__ import annotations
 
 import ast
-import io
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from csi_local.host.runner import Result
 from csi_local.storage.lvm import LogicalVolume, parse_lvs
 from csi_local.volumes import host_volume_names as dhv_tags
 from csi_local.volumes import sizes
+from tests.dhvharness import run_main
 from tests.unit.conftest import FakeRunner
 
 VOL_ID = "e715fdf0-f8b7-a4bd-4565-f17e15b85f09"
@@ -250,17 +249,8 @@ def test_grow_target() -> None:
 # --- the executable's entry point ---------------------------------------------------
 
 
-def run_main(argv: list[str], monkeypatch: pytest.MonkeyPatch,
-             env: dict[str, str] | None = None) -> tuple[int, str]:
-    out = io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
-    monkeypatch.setattr(os, "environ", dict(env or {}))
-    return dhv.main(argv), out.getvalue()
-
-
 def test_fingerprint_prints_a_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    rc, out = run_main(["/plugins/csi-local-dhv", "fingerprint"], monkeypatch,
+    rc, out, _ = run_main(["/plugins/csi-local-dhv", "fingerprint"], monkeypatch,
                        {"DHV_OPERATION": "fingerprint"})
     assert rc == 0
     version = json.loads(out)["version"]
@@ -285,18 +275,18 @@ def test_unknown_parameter_fails_with_json_before_any_work(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "csi-local-dhv.json").write_text('{"volume_group":"vg","thin_pool":"p"}')
     env = create_env(DHV_PLUGIN_DIR=str(tmp_path), DHV_PARAMETERS='{"colour":"red"}')
-    rc, out = run_main([str(tmp_path / "csi-local-dhv"), "create"], monkeypatch, env)
+    rc, out, _ = run_main([str(tmp_path / "csi-local-dhv"), "create"], monkeypatch, env)
     assert rc == 1
     assert "unknown parameter" in json.loads(out)["error"]
 
 
 def test_unknown_operation(monkeypatch: pytest.MonkeyPatch) -> None:
-    rc, out = run_main(["csi-local-dhv", "resize"], monkeypatch)
+    rc, out, _ = run_main(["csi-local-dhv", "resize"], monkeypatch)
     assert rc == 1 and "unknown operation" in json.loads(out)["error"]
 
 
 def test_install_writes_shim_and_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    rc, out = run_main(["csi-local-dhv", "install", "--plugin-dir", str(tmp_path),
+    rc, out, _ = run_main(["csi-local-dhv", "install", "--plugin-dir", str(tmp_path),
                         "--volume-group", "vg0", "--thin-pool", "pool", "--fs-type", "xfs",
                         "--python", "/usr/bin/python3"], monkeypatch)
     assert rc == 0, out

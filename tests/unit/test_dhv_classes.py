@@ -17,7 +17,6 @@ pool, or vg0/pool1; xfs by default, ratio 2.0, lvcreate --readahead 256).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import sys
@@ -28,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from csi_local import dhv
 from csi_local.dhv import config as dhv_config
 from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import snapshot as dhv_snapshot
@@ -36,16 +34,16 @@ from csi_local.dhv.config import PluginConfig, parse_config
 from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import (
     DhvError,
-    Request,
     lv_name_for,
     parse_parameters,
-    parse_request,
     snapshot_lv_name,
 )
 from csi_local.errors import LockBusy, StorageError, VolumeGroupMissing
 from csi_local.host.holders import VolumeUsers
 from csi_local.host.locks import Locks, pool_key
 from csi_local.volumes.host_volume_names import TAG_FS, TAG_SOURCE
+from tests.dhvharness import Nomad, run, run_main
+from tests.unit.dhvnode import DhvNode
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB
 
 VG, POOL = "vg0", "pool0"  # class fast, the default
@@ -79,49 +77,16 @@ readahead = 256
 
 
 @dataclass
-class Node:
+class Node(DhvNode):
     """One node with two classes: its fake host, the plugin's configuration."""
 
-    host: FakeHost
-    config: PluginConfig
-    root: Path
     layout: str
+    cap_min = SIZE
 
     @property
     def pools(self) -> dict[str, tuple[str, str]]:
         """{class: (VG, thin pool)}"""
         return {FAST: (VG, POOL), BIG: LAYOUTS[self.layout]}
-
-    @property
-    def volumes_dir(self) -> str:
-        return str(self.root / "volumes")
-
-    def path(self, vid: str) -> str:
-        return os.path.join(self.volumes_dir, vid)
-
-    def plugin(self) -> HostVolumePlugin:
-        return HostVolumePlugin(self.config, runner=self.host, host=self.host)
-
-    def request(self, vid: str, *, name: str | None = None,
-                params: dict[str, str] | None = None, cap_min: int = SIZE) -> Request:
-        env = {
-            "DHV_OPERATION": "create", "DHV_VOLUMES_DIR": self.volumes_dir,
-            "DHV_PLUGIN_DIR": str(self.root / "plugins"), "DHV_NODE_POOL": "default",
-            "DHV_NAMESPACE": NS, "DHV_VOLUME_NAME": name if name is not None else vid,
-            "DHV_VOLUME_ID": vid, "DHV_NODE_ID": "node-1",
-            "DHV_CAPACITY_MIN_BYTES": str(cap_min), "DHV_CAPACITY_MAX_BYTES": "0",
-            "DHV_PARAMETERS": json.dumps(params) if params else "null",
-        }
-        return parse_request("create", env)
-
-    def create(self, vid: str, **kw: Any) -> tuple[str, int]:
-        return self.plugin().create(self.request(vid, **kw))
-
-    def delete(self, vid: str) -> None:
-        env = {"DHV_OPERATION": "delete", "DHV_VOLUMES_DIR": self.volumes_dir,
-               "DHV_PLUGIN_DIR": str(self.root / "plugins"), "DHV_VOLUME_ID": vid,
-               "DHV_CREATED_PATH": self.path(vid)}
-        self.plugin().delete(parse_request("delete", env))
 
     def find(self, lv_name: str) -> tuple[str, FakeLv] | None:
         """(VG, LV) of the one LV named `lv_name` in any VG."""
@@ -134,21 +99,15 @@ class Node:
         found = self.find(lv_name_for(vid))
         return (found[0], found[1].pool) if found else None
 
+    def vg_of(self, vid: str) -> str | None:
+        where = self.where(vid)
+        assert where is not None, vid
+        return where[0]
+
     def lv(self, vid: str) -> FakeLv:
         found = self.find(lv_name_for(vid))
         assert found is not None, vid
         return found[1]
-
-    def mounted(self, vid: str, fs: str) -> None:
-        found = self.host.mounts_at(self.path(vid))
-        assert len(found) == 1 and found[0].fs_type == fs, found
-        vg = self.where(vid)
-        assert vg is not None
-        numbers = self.host.device_numbers(self.host.lv_path(lv_name_for(vid), vg[0]))
-        assert numbers is not None and self.host.shows_device(found[0], *numbers)
-
-    def tools(self) -> set[str]:
-        return {c[0] for c in self.host.calls}
 
     def lvcreates(self) -> list[tuple[str, ...]]:
         return self.host.commands("lvcreate")
@@ -401,13 +360,10 @@ def test_unknown_class_is_a_json_error_before_any_command(
     (plugins / "csi-local-dhv.json").write_text(json.dumps({
         "classes_file": str(classes_file(tmp_path, "two-vgs")),
         "lock_dir": str(tmp_path / "locks")}))
-    env = {"DHV_OPERATION": "create", "DHV_VOLUMES_DIR": str(tmp_path / "v"),
-           "DHV_PLUGIN_DIR": str(plugins), "DHV_VOLUME_ID": NEW, "DHV_NAMESPACE": NS,
-           "DHV_PARAMETERS": '{"device_class": "slow"}'}
-    rc, out, _ = run_main([str(plugins / "csi-local-dhv"), "create"], monkeypatch, env)
-    assert rc == 1
-    assert json.loads(out) == {"error": "unknown device class 'slow' (this node has: big, "
-                                        "fast)"}
+    res = run(Nomad(str(tmp_path / "v"), str(plugins)), "create", NEW, monkeypatch,
+              cap_min=SIZE, params={"device_class": "slow"}, namespace=NS)
+    assert res.rc == 1
+    assert res.out == {"error": "unknown device class 'slow' (this node has: big, fast)"}
     assert not (tmp_path / "v").exists()
 
 
@@ -701,18 +657,6 @@ def test_load_config_reads_the_classes_file(tmp_path: Path) -> None:
 # install --config ---------------------------------------------------------------------------
 
 
-def run_main(argv: list[str], monkeypatch: pytest.MonkeyPatch,
-             env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(os, "environ", dict(env or {}))
-    monkeypatch.setattr(dhv, "_setup_logging", lambda: None)  # leave the root logger alone
-    try:
-        rc = dhv.main(argv)
-    except SystemExit as exc:  # argparse's usage errors
-        rc = int(exc.code or 0)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def test_install_with_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

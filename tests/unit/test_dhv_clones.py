@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from csi_local import dhv
 from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
@@ -32,10 +31,8 @@ from csi_local.dhv.plugin import HostVolumePlugin
 from csi_local.dhv.request import (
     DhvError,
     Parameters,
-    Request,
     lv_name_for,
     parse_parameters,
-    parse_request,
     snapshot_lv_name,
 )
 from csi_local.errors import StorageError
@@ -56,6 +53,8 @@ from csi_local.volumes.host_volume_names import (
     TAG_SOURCE,
     TAG_SOURCE_NAME,
 )
+from tests.dhvharness import Nomad, failed, run, run_main
+from tests.unit.dhvnode import DhvNode
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB
 
 VG, POOL = "vg0", "pool0"
@@ -75,46 +74,8 @@ def hexed(text: str) -> str:
 # the node ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Dhv:
+class Dhv(DhvNode):
     """One node: its fake host and the plugin's configuration."""
-
-    host: FakeHost
-    config: PluginConfig
-    root: Path
-
-    @property
-    def volumes_dir(self) -> str:
-        return str(self.root / "volumes")
-
-    def path(self, vid: str) -> str:
-        return os.path.join(self.volumes_dir, vid)
-
-    def plugin(self) -> HostVolumePlugin:
-        return HostVolumePlugin(self.config, runner=self.host, host=self.host)
-
-    def request(self, vid: str, *, name: str | None = None,
-                params: dict[str, str] | None = None, cap_min: int = 0, cap_max: int = 0,
-                ns: str = NS) -> Request:
-        """The create request as Nomad's environment carries it."""
-        env = {
-            "DHV_OPERATION": "create", "DHV_VOLUMES_DIR": self.volumes_dir,
-            "DHV_PLUGIN_DIR": str(self.root / "plugins"), "DHV_NODE_POOL": "default",
-            "DHV_NAMESPACE": ns, "DHV_VOLUME_NAME": name if name is not None else vid,
-            "DHV_VOLUME_ID": vid, "DHV_NODE_ID": "node-1",
-            "DHV_CAPACITY_MIN_BYTES": str(cap_min), "DHV_CAPACITY_MAX_BYTES": str(cap_max),
-            "DHV_PARAMETERS": json.dumps(params) if params else "null",
-        }
-        return parse_request("create", env)
-
-    def create(self, vid: str, **kw: Any) -> tuple[str, int]:
-        return self.plugin().create(self.request(vid, **kw))
-
-    def delete(self, vid: str) -> None:
-        env = {"DHV_OPERATION": "delete", "DHV_VOLUMES_DIR": self.volumes_dir,
-               "DHV_PLUGIN_DIR": str(self.root / "plugins"), "DHV_VOLUME_ID": vid,
-               "DHV_CREATED_PATH": self.path(vid)}
-        self.plugin().delete(parse_request("delete", env))
 
     def lv(self, vid: str) -> FakeLv:
         return self.host.lvs[lv_name_for(vid)]
@@ -124,21 +85,6 @@ class Dhv:
 
     def snap_lv(self, name: str = SNAP) -> FakeLv:
         return self.host.lvs[snapshot_lv_name(name)]
-
-    def device(self, vid: str) -> tuple[int, int]:
-        found = self.host.device_numbers(self.host.lv_path(lv_name_for(vid)))
-        assert found is not None, vid
-        return found
-
-    def mounted(self, vid: str, fs: str) -> None:
-        """`vid` is mounted, and only once, at its path, with `fs`."""
-        found = self.host.mounts_at(self.path(vid))
-        assert len(found) == 1, found
-        assert found[0].fs_type == fs, found[0]
-        assert self.host.shows_device(found[0], *self.device(vid)), found[0]
-
-    def tools(self) -> set[str]:
-        return {c[0] for c in self.host.calls}
 
 
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pool_size: int = 10 * GiB,
@@ -318,12 +264,10 @@ def test_block_device_message_says_nomad_does_not_support_it() -> None:
 def test_block_device_create_fails_with_json_before_any_work(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # no configuration file at all: refused on the request alone
-    env = {"DHV_OPERATION": "create", "DHV_VOLUMES_DIR": str(tmp_path / "v"),
-           "DHV_PLUGIN_DIR": str(tmp_path), "DHV_VOLUME_ID": NEW, "DHV_NAMESPACE": NS,
-           "DHV_PARAMETERS": '{"attachment_mode":"block-device"}'}
-    rc, out, _ = run_main([str(tmp_path / "csi-local-dhv"), "create"], monkeypatch, env)
-    assert rc == 1
-    assert "block-device" in json.loads(out)["error"]
+    res = run(Nomad(str(tmp_path / "v"), str(tmp_path)), "create", NEW, monkeypatch,
+              cap_min=SRC_SIZE, params={"attachment_mode": "block-device"}, namespace=NS)
+    assert res.rc == 1
+    failed(res, "block-device")
     assert not (tmp_path / "v").exists()
 
 
@@ -830,16 +774,6 @@ def test_deleting_the_source_keeps_snapshots_and_clones(d: Dhv) -> None:
 
 
 # the command: csi-local-dhv snapshot create|delete|list -----------------------------------
-
-
-def run_main(argv: list[str], monkeypatch: pytest.MonkeyPatch,
-             env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(os, "environ", dict(env or {}))
-    monkeypatch.setattr(dhv, "_setup_logging", lambda: None)  # leave the root logger alone
-    return dhv.main(argv), out.getvalue(), err.getvalue()
 
 
 @dataclass

@@ -569,10 +569,12 @@ def test_extra_lvcreate_options() -> None:
                   "--name", "x", "--readahead", "fast"])
     assert err.value.returncode == 3
     # As lvm2 2.03 answers: no --setautoactivation for a thin volume or a snapshot.
-    for argv, kind in ((["--thin", "vg1/pool1", "--virtualsize", "8m"], "thins"),
-                       (["--snapshot", f"vg1/{VOL}"], "snapshots")):
+    runs: tuple[tuple[list[str], str], ...] = (
+        (["--thin", "vg1/pool1", "--virtualsize", "8m"], "thins"),
+        (["--snapshot", f"vg1/{VOL}"], "snapshots"))
+    for args, kind in runs:
         with pytest.raises(CommandError, match=f"unsupported with {kind}") as err:
-            host.run(["lvcreate", "--yes", *argv, "--name", "x", "--setautoactivation", "y"])
+            host.run(["lvcreate", "--yes", *args, "--name", "x", "--setautoactivation", "y"])
         assert err.value.returncode == 3
     assert "x" not in host.vgs["vg1"].lvs
     none = Lvm(host, "vg0", "pool0", ("--readahead", "none"))

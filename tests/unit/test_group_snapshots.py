@@ -12,13 +12,11 @@ FIFREEZE, LVM's nested suspend) is proven in the VM.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from csi_local.storage import vg_text as lvm_metadata
 from csi_local.volumes import naming as vols
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
+from tests.unit import table
 from tests.unit.fakehost import DM_MAJOR, FakeLv
 from tests.unit.servicers import (
     THREE_CLASSES,
@@ -44,6 +43,7 @@ from tests.unit.servicers import (
     mount_cap,
     vol_id,
 )
+from tests.unit.table import Case
 
 A, B, C = vol_id("a"), vol_id("b"), vol_id("c")
 G = vols.group_id_for("g")
@@ -263,18 +263,21 @@ def test_create_same_name_other_sources(ab: Lab, sources: tuple[str, ...]) -> No
 Setup = Callable[[Lab], object]
 
 
-@dataclass(frozen=True)
-class Case:
-    request: pb.CreateVolumeGroupSnapshotRequest
-    code: str
-    says: str
-    setup: Setup
-    busy: str
-
-
 def row(id: str, request: pb.CreateVolumeGroupSnapshotRequest, code: str, says: str = "", *,
         setup: Setup = lambda lab: None, busy: str = "") -> Any:
-    return pytest.param(Case(request, code, says, setup, busy), id=id)
+    return table.row(id, request, code, says, setup=setup, busy=busy, ran=None)
+
+
+def nothing_left(lab: Lab, case: Case, method: str, code: str, answer: Any) -> None:
+    assert lab.kinds() == [] and not lab.host.frozen and lab.journals() == []
+
+
+# A refused group snapshot makes, removes or retags no LV, and leaves nothing
+# frozen, no freeze or snapshot command run, no journal.
+TABLE = table.Table[Lab](
+    send=lambda lab, method, request: call(getattr(lab.gc, method), request),
+    host=lambda lab: lab.host, locks=lambda lab: lab.n.backend.locks,
+    kept=lambda lab: {"lvs": lab.lv_state()}, after=nothing_left)
 
 
 def snapshot_of_a(lab: Lab) -> None:
@@ -335,19 +338,7 @@ CREATE_ERRORS = [
 
 @pytest.mark.parametrize("case", CREATE_ERRORS)
 def test_create_errors(ab: Lab, case: Case) -> None:
-    case.setup(ab)
-    before = ab.lv_state()
-    ab.host.calls.clear()
-    with contextlib.ExitStack() as stack:
-        if case.busy:
-            ab.n.backend.locks.timeout = 0.02
-            stack.enter_context(ab.n.backend.locks.hold(case.busy))
-        code, msg = ab.create(case.request.name, *case.request.source_volume_ids,
-                              params=dict(case.request.parameters))
-    assert code == case.code, msg
-    assert case.says in msg, msg
-    assert ab.lv_state() == before, "an LV was made, removed or retagged"
-    assert ab.kinds() == [] and not ab.host.frozen and ab.journals() == []
+    TABLE.run(ab, case, "CreateVolumeGroupSnapshot")
 
 
 @pytest.mark.parametrize("params", [
@@ -833,15 +824,23 @@ def test_group_device_class_other_than_a_sources(classes: Lab) -> None:
 # the freeze window's own limit ------------------------------------------------------------
 
 
+def until_thawed(lab: Lab, seconds: float) -> None:
+    """Wait until nothing is frozen, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while lab.host.frozen and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def slow(lab: Lab, monkeypatch: pytest.MonkeyPatch, vid: str, seconds: float,
          seen: list[set[tuple[int, int]]]) -> None:
-    """lvcreate of `vid`'s member takes `seconds` (LVM waiting for its VG lock);
-    `seen` gets what is frozen when it returns."""
+    """lvcreate of `vid`'s member takes up to `seconds` (LVM waiting for its VG
+    lock), and returns as soon as nothing is frozen any more (the limit's thaw
+    came first); `seen` gets what is frozen when it returns."""
     real = lab.host.run
 
     def run(argv: Any, **kwargs: Any) -> Any:
         if argv[0] == "lvcreate" and "--snapshot" in argv and member(vid) in argv:
-            time.sleep(seconds)
+            until_thawed(lab, seconds)
             out = real(argv, **kwargs)
             seen.append(set(lab.host.frozen))
             return out
@@ -884,7 +883,7 @@ def test_a_slow_freeze_past_the_limit_thaws_it_too(
 
     def freeze(path: str) -> None:
         if path == pb_:
-            time.sleep(0.6)
+            until_thawed(lab, 0.6)  # A thawed by the timer meanwhile
         real(path)
 
     monkeypatch.setattr(lab.host, "freeze", freeze)

@@ -8,6 +8,7 @@ breaks a rule fails here, before any review."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,21 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path) -> set[str]:
+@functools.cache  # each file parsed and walked once per run, not once per test
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of `path`'s syntax tree."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
+
+
+def _imports(path: Path) -> frozenset[str]:
     """Every module `path` imports, at any depth of the file (lazy imports too)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-    return found
+    return frozenset(found)
 
 
 def _floor_name(module: str) -> str:
@@ -110,7 +117,7 @@ def test_transport_types_stay_in_the_csi_front_end(name: str) -> None:
 
 def _argv_heads(path: Path) -> list[tuple[int, str]]:
     heads = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(path):
         if isinstance(node, ast.List) and node.elts:
             first = node.elts[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):

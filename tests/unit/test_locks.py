@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from csi_local.errors import LockBusy
-from csi_local.host import locks as locks_mod
 from csi_local.host.locks import Locks
 
 
@@ -33,7 +32,7 @@ def test_a_waiting_thread_is_woken_not_polling(tmp_path: Path,
         calls.append(op)
         real(fd, op)
 
-    monkeypatch.setattr(locks_mod.fcntl, "flock", counting)
+    monkeypatch.setattr(fcntl, "flock", counting)  # the module locks_mod imports
     locks = Locks(str(tmp_path))
     order: list[str] = []
     release = threading.Event()

@@ -25,7 +25,7 @@ def test_parse_real_lvs_output() -> None:
     assert vols.requested_size(vol) == vol.size
     snap = next(lv for lv in lvs.values() if vols.is_csi_snapshot(lv))
     assert snap.activation_skip and not snap.active
-    assert vols.source_of(snap) == vols.Source("volume", vol.name)
+    assert vols.source_of(snap) == vols.Source(vols.SourceKind.VOLUME, vol.name)
 
 
 def test_parse_vgs() -> None:

@@ -441,7 +441,11 @@ def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, pv: str,
     meta = reader.volume_group("vg-cap")
     reads: list[str] = []
     real = lm.read_committed
-    monkeypatch.setattr(lm, "read_committed", lambda path: reads.append(path) or real(path))
+    def read_committed(path: str) -> lm.Committed:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(lm, "read_committed", read_committed)
     lv = reader.thin_volume("vg-cap", "csi-v-abc", meta)
     assert lv is not None and lv.active and reads == []
 

@@ -5,14 +5,17 @@ the promise that the host volume plugin never loads any of it."""
 from __future__ import annotations
 
 import ast
+import functools
+import signal
 import socket
+import subprocess
 import threading
 import time
 import types
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -32,9 +35,10 @@ from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
-from csi_local.volumes.pool import PoolPolicy
+from csi_local.volumes.pool import PoolPolicy, Pools
 from csi_local.volumes.pool_monitor import PoolMonitor
 from tests.unit.servicers import (
+    NO_CONTEXT,
     THREE_CLASSES,
     GiB,
     MiB,
@@ -90,7 +94,7 @@ def create(node: Node, name: str, size: int = GiB,
            parameters: dict[str, str] | None = None) -> pb.Volume:
     return node.controller.CreateVolume(pb.CreateVolumeRequest(
         name=name, capacity_range=pb.CapacityRange(required_bytes=size),
-        volume_capabilities=[mount_cap()], parameters=parameters), None).volume
+        volume_capabilities=[mount_cap()], parameters=parameters), NO_CONTEXT).volume
 
 
 # the collector -------------------------------------------------------------------
@@ -103,7 +107,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     data = create(node, "pvc-data", GiB, PVC)
     plain = create(node, "pvc-plain", 512 * MiB)
     node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
-        name="snap", source_volume_id=data.volume_id), None)
+        name="snap", source_volume_id=data.volume_id), NO_CONTEXT)
     node.host.lv("pool0").data_percent = 12.5
     node.host.lv("pool0").metadata_percent = 3.25
     node.host.lv(data.volume_id).data_percent = 40.0
@@ -136,7 +140,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     # Volumes and the snapshot count against the pool, over-provisioned 2x.
     provisioned = GiB + 512 * MiB + GiB
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **POOL_LABELS) == provisioned
-    capacity = node.controller.GetCapacity(pb.GetCapacityRequest(), None)
+    capacity = node.controller.GetCapacity(pb.GetCapacityRequest(), NO_CONTEXT)
     assert capacity.available_capacity == 20 * GiB - provisioned
     assert value(got, "csi_local_thin_pool_available_bytes", **POOL_LABELS) == \
         capacity.available_capacity
@@ -158,15 +162,16 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     node, _, metrics = watched(tmp_path, monkeypatch)
-    fake_field = node.host._field
+    fake_row = node.host._row
 
-    def field(lv: Any, name: str, argv: Any) -> str:
-        if name == "lv_health_status" and lv.kind == "pool":
-            return "out_of_data"
-        return fake_field(lv, name, argv)
+    def row(lv: Any, fields: Any, argv: Any) -> dict[str, str]:
+        out = fake_row(lv, fields, argv)
+        if "lv_health_status" in out and lv.kind == "pool":
+            out["lv_health_status"] = "out_of_data"
+        return out
 
     healthy = scrape(metrics)
-    monkeypatch.setattr(node.host, "_field", field)
+    monkeypatch.setattr(node.host, "_row", row)
     monkeypatch.setattr(metrics_mod.PoolCollector, "_reading",
                         lambda self, group: group[0].latest(max_age=0))
     got = scrape(metrics)
@@ -278,7 +283,7 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
     big = create(node, "pvc-big", 2 * GiB, {"deviceClass": "big"})
     cold = create(node, "pvc-cold", 512 * MiB, {"deviceClass": "cold"})
     node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
-        name="snap", source_volume_id=big.volume_id), None)
+        name="snap", source_volume_id=big.volume_id), NO_CONTEXT)
     node.host.lv("pool", vg="vg-hdd").data_percent = 30.0
     lvs, vgs = len(node.host.commands("lvs")), len(node.host.commands("vgs"))
 
@@ -384,10 +389,11 @@ def _through_interceptor(interceptor: ErrorInterceptor, method: str,
     """Call `fn` as the server would, through the interceptor: the code sent."""
     details = types.SimpleNamespace(method=f"/csi.v1.Controller/{method}")
     handler = interceptor.intercept_service(
-        lambda _: grpc.unary_unary_rpc_method_handler(fn), details)  # type: ignore[arg-type]
+        lambda _: grpc.unary_unary_rpc_method_handler(fn),
+        cast(grpc.HandlerCallDetails, details))
     assert handler is not None and handler.unary_unary is not None
     try:
-        handler.unary_unary(request, _Context())
+        handler.unary_unary(request, cast(grpc.ServicerContext, _Context()))
     except _Aborted as aborted:
         return str(aborted)
     return "OK"
@@ -466,7 +472,7 @@ class _FakePopen:
 
 
 def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
     monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
 
     def resolve(tool: str) -> str:
@@ -500,7 +506,7 @@ def test_commands_are_timed_and_failures_counted(monkeypatch: pytest.MonkeyPatch
 
 def test_a_failing_command_observer_never_fails_a_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
     monkeypatch.setattr(runner_mod, "_kill", _FakePopen.kill)  # no process group to kill
     monkeypatch.setattr(runner_mod, "resolve", lambda tool: f"/usr/sbin/{tool}")
 
@@ -525,7 +531,7 @@ def _config(tmp_path: Path, **kw: Any) -> Config:
 def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No LVM: the state rebuild and reconciliation are stood in for.
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
     monkeypatch.setattr(CommittedMetadata, "check", lambda self, vg, **kw: ())  # no pvs
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
@@ -604,7 +610,7 @@ def test_every_series_names_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyP
     process's, from the node ID the plugin is started with."""
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     plugin = plugin_mod.CsiPlugin(_config(tmp_path, metrics_address=":9808"))
     try:
         assert plugin.metrics is not None
@@ -682,7 +688,8 @@ def test_the_serve_flag_and_its_environment(tmp_path: Path,
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _imports_of(module: str) -> set[str]:
+@functools.cache  # each module parsed once per run, not once per start that reaches it
+def _imports_of(module: str) -> frozenset[str]:
     """Modules `module` imports (lazy ones too), csi_local ones resolved to files."""
     base = SRC.joinpath(*module.split("."))
     path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
@@ -696,7 +703,7 @@ def _imports_of(module: str) -> set[str]:
                 sub = f"{node.module}.{alias.name}"
                 if SRC.joinpath(*sub.split(".")).with_suffix(".py").exists():
                     found.add(sub)
-    return found
+    return frozenset(found)
 
 
 def _reachable(start: str) -> set[str]:
@@ -727,13 +734,17 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     from csi_local.csi import server as server_mod
 
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
-    monkeypatch.setattr(plugin_mod.Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
-    monkeypatch.setattr(server_mod.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        config = _config(tmp_path, metrics_address=f"127.0.0.1:{busy.getsockname()[1]}")
+        # No lvm shell: serve() starts one in the background (runner.start_shell),
+        # and the close that follows the refused port does not wait for that
+        # start, which would run lvmconfig after this test (no process here).
+        config = _config(tmp_path, metrics_address=f"127.0.0.1:{busy.getsockname()[1]}",
+                         lvm_shell=False)
         with pytest.raises(server_mod.ServerError, match="cannot serve metrics"):
             server_mod.serve(config)
     assert not Path(config.socket).exists()
@@ -753,9 +764,10 @@ def test_metadata_consistency_gauge_per_vg() -> None:
             return self.problems
 
     registry = CollectorRegistry()
-    registry.register(MetadataCollector({  # type: ignore[dict-item]
-        "vg-ok": Reader(()),
-        "vg-bad": Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",))}))
+    registry.register(MetadataCollector({
+        "vg-ok": cast(CommittedMetadata, Reader(())),
+        "vg-bad": cast(CommittedMetadata,
+                       Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",)))}))
     got = {s.labels["volume_group"]: s.value
            for m in registry.collect() for s in m.samples}
     assert got == {"vg-ok": 1, "vg-bad": 0}

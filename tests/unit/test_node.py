@@ -14,11 +14,9 @@ Paths in rows are names under the node's directory ("stage" is
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,6 +30,7 @@ from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, StateStore
 from csi_local.volumes import naming as vols
+from tests.unit import table
 from tests.unit.servicers import (
     GiB,
     MiB,
@@ -45,6 +44,7 @@ from tests.unit.servicers import (
     nothing,
     vol_id,
 )
+from tests.unit.table import Case
 
 Mode = pb.VolumeCapability.AccessMode
 SNW = Mode.SINGLE_NODE_WRITER
@@ -570,29 +570,11 @@ def fine(n: Node, answer: Any) -> None:
 # the row runner -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Case:
-    request: Request
-    code: str
-    says: str  # a piece of the error message that names the branch ("" for OK rows)
-    setup: Setup
-    ran: frozenset[str]  # exactly the tools that ran during the call
-    busy: str  # a lock key held by "another operation" during the call
-    changes: frozenset[str]  # of "lvs", "mounts", "state": what the call may change
-    check: Check
-
-
 def row(id: str, request: Request, code: str, says: str = "", *, setup: Setup = nothing,
-        ran: str = "", busy: str = "", changes: str | None = None, check: Check = fine,
-        xfail: str = "") -> Any:
+        check: Check = fine, **kw: Any) -> Any:
     """One row. Error rows change nothing unless `changes` says so; OK rows may
     change anything, and their `check` says what it must be."""
-    if changes is None:
-        changes = "lvs mounts state" if code == "OK" else ""
-    case = Case(request, code, says, setup, frozenset(ran.split()), busy,
-                frozenset(changes.split()), check)
-    marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
-    return pytest.param(case, id=id, marks=marks)
+    return table.row(id, request, code, says, setup=setup, check=check, **kw)
 
 
 def snapshot(n: Node) -> dict[str, object]:
@@ -605,30 +587,27 @@ def snapshot(n: Node) -> dict[str, object]:
     }
 
 
-def run_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
-            case: Case) -> None:
-    n = node(tmp_path, monkeypatch)
-    case.setup(n)
-    before, writes = snapshot(n), state_writes()
-    n.host.calls.clear()
-    with contextlib.ExitStack() as stack:
-        if case.busy:
-            n.backend.locks.timeout = 0.02  # the busy lock's wait; its length is not the point
-            stack.enter_context(n.backend.locks.hold(case.busy))
-        code, answer = call(getattr(n.node, method), case.request(n))
-    assert code == case.code, answer
+def kept(n: Node) -> dict[str, object]:
+    """What a row leaves as it was: the state file's writes count with its records."""
+    parts = snapshot(n)
+    parts["state"] = (parts["state"], state_writes())
+    return parts
+
+
+def answered(n: Node, case: Case, method: str, code: str, answer: Any) -> None:
     if code == "OK":
         assert type(answer).__name__ == f"{method}Response"
-    else:
-        assert case.says in answer, answer
-    assert {c[0] for c in n.host.calls} == case.ran, n.host.calls
-    after = snapshot(n)
-    for what in ("lvs", "mounts", "state"):
-        if what not in case.changes:
-            assert after[what] == before[what], f"{what} changed"
-    if "state" not in case.changes:
-        assert state_writes() == writes, "the state file was rewritten"
-    case.check(n, answer)
+
+
+TABLE = table.Table[Node](
+    send=lambda n, method, request: call(getattr(n.node, method), request),
+    host=lambda n: n.host, locks=lambda n: n.backend.locks, kept=kept,
+    ok_changes="lvs mounts state", after=answered)
+
+
+def run_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
+            case: Case) -> None:
+    TABLE.run(node(tmp_path, monkeypatch), case, method)
 
 
 BUSY = volume_key(V)

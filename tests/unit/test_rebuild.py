@@ -4,7 +4,7 @@ from csi_local.host import mounts
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import rebuild_state
-from csi_local.nodestate.state_file import Publish, Staging
+from csi_local.nodestate.state_file import AccessType, Publish, Staging
 from csi_local.storage.lvm import Lvm
 from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
@@ -48,8 +48,9 @@ def test_rebuild_from_mountinfo_and_lvm(runner: FakeRunner) -> None:
     runner.on(["lvs"], stdout=LVS)
     recs = rebuild_state(
         Pools.of(Pool(Lvm(runner, "vg0", "pool"), Locks(tempfile.mkdtemp()), 1.0)), TableHost())
-    assert recs[VOL].staging == Staging("/k/staging/pv1", "mount", "xfs", flags_known=False)
+    assert recs[VOL].staging == Staging("/k/staging/pv1", AccessType.MOUNT, "xfs",
+                                        flags_known=False)
     assert recs[VOL].publishes == {"/k/pods/x": Publish(False, flags_known=False),
                                   "/k/pods/y": Publish(True, flags_known=False)}
-    assert recs[BLK].staging == Staging("/k/blk/staging", "block")
+    assert recs[BLK].staging == Staging("/k/blk/staging", AccessType.BLOCK)
     assert recs[BLK].publishes == {"/k/blk/pods/z": Publish(False, flags_known=False)}

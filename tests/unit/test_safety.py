@@ -202,7 +202,8 @@ def _servicers(tmp_path: Path, runner: FakeRunner) -> tuple[ControllerServicer, 
 def _requests(vid: str, base: Path) -> list[tuple[str, str, Any]]:
     stage, target = str(base / "stage"), str(base / "target")
     cap = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
-                              access_mode=pb.VolumeCapability.AccessMode(mode=1))
+                              access_mode=pb.VolumeCapability.AccessMode(
+        mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))
     rng = pb.CapacityRange(required_bytes=1 << 20)
     return [
         ("node", "NodeStageVolume", pb.NodeStageVolumeRequest(
@@ -349,7 +350,8 @@ def test_mount_flags_that_change_the_operation_are_refused_by_both(flag: str) ->
         fsrules.check([flag])
     cap = pb.VolumeCapability(
         mount=pb.VolumeCapability.MountVolume(fs_type="ext4", mount_flags=[flag]),
-        access_mode=pb.VolumeCapability.AccessMode(mode=1))
+        access_mode=pb.VolumeCapability.AccessMode(
+        mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))
     assert (validation.capability_problem(cap, "ext4") is not None
             or not validation.fs_available("ext4"))
     with pytest.raises(DhvError):

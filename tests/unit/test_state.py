@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from csi_local.nodestate import state_file as st
-from csi_local.nodestate.state_file import Publish, Staging, StateLocked, StateStore, VolumeRecord
+from csi_local.nodestate.state_file import (
+    AccessType,
+    Publish,
+    Staging,
+    StateLocked,
+    StateStore,
+    VolumeRecord,
+)
 
 
 def test_missing_means_empty(tmp_path: Path) -> None:
@@ -17,7 +24,7 @@ def test_missing_means_empty(tmp_path: Path) -> None:
 
 def test_roundtrip_and_counts(tmp_path: Path) -> None:
     store = StateStore(str(tmp_path))
-    store.set_staging("v1", Staging("/s", "mount", "ext4", ("noatime",), 1))
+    store.set_staging("v1", Staging("/s", AccessType.MOUNT, "ext4", ("noatime",), 1))
     store.add_publish("v1", "/t1", Publish(False, 1))
     store.add_publish("v1", "/t2", Publish(True, 1))
     data = json.loads((tmp_path / "state.json").read_text())
@@ -44,9 +51,9 @@ def test_second_process_is_kept_out(tmp_path: Path) -> None:
 
 def test_corrupt_file_is_rebuilt_and_kept_aside(tmp_path: Path) -> None:
     (tmp_path / "state.json").write_text("{broken")
-    rebuilt = {"v9": VolumeRecord("v9", Staging("/s9", "block"), {})}
+    rebuilt = {"v9": VolumeRecord("v9", Staging("/s9", AccessType.BLOCK), {})}
     store = StateStore(str(tmp_path), rebuild=lambda: rebuilt)
-    assert store.get("v9").staging == Staging("/s9", "block")
+    assert store.get("v9").staging == Staging("/s9", AccessType.BLOCK)
     assert (tmp_path / "state.json.corrupt").read_text() == "{broken"
     assert json.loads((tmp_path / "state.json").read_text())["volumes"]["v9"]
     store.close()
@@ -55,7 +62,7 @@ def test_corrupt_file_is_rebuilt_and_kept_aside(tmp_path: Path) -> None:
 def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     store = StateStore(str(tmp_path))
-    store.set_staging("v1", Staging("/s", "mount", "ext4"))
+    store.set_staging("v1", Staging("/s", AccessType.MOUNT, "ext4"))
     before = (tmp_path / "state.json").read_text()
 
     def boom(src: str, dst: str) -> None:
@@ -78,7 +85,7 @@ def test_stale_temp_files_removed_at_start(tmp_path: Path) -> None:
 
 
 def test_render_parse_roundtrip() -> None:
-    recs = {"a": VolumeRecord("a", Staging("/x", "mount", "xfs", ("ro",), 5),
+    recs = {"a": VolumeRecord("a", Staging("/x", AccessType.MOUNT, "xfs", ("ro",), 5),
                               {"/p": Publish(True, 5)})}
     assert st.parse(st.render(recs)) == recs
     with pytest.raises(ValueError):
@@ -89,14 +96,19 @@ def test_one_volume_a_line_and_one_change_renders_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = StateStore(str(tmp_path))
     for i in range(50):
-        store.set_staging(f"v{i:02}", Staging(f"/s{i}", "mount", "ext4", (), 1))
+        store.set_staging(f"v{i:02}", Staging(f"/s{i}", AccessType.MOUNT, "ext4", (), 1))
     text = (tmp_path / "state.json").read_text()
     lines = text.splitlines()
     assert len(lines) == 52 and lines[1].startswith('"v00": {') and lines[50].startswith('"v49"')
     assert st.parse(text) == store.all()  # still the JSON the store (and status) reads
     rendered: list[str] = []
     real = st.render_line
-    monkeypatch.setattr(st, "render_line", lambda rec: rendered.append(rec.volume_id) or real(rec))
+
+    def render_line(rec: VolumeRecord) -> str:
+        rendered.append(rec.volume_id)
+        return real(rec)
+
+    monkeypatch.setattr(st, "render_line", render_line)
     store.add_publish("v07", "/t", Publish(False, 1))
     assert rendered == ["v07"]  # not the 49 others: a publish costs the same at any scale
     assert st.parse((tmp_path / "state.json").read_text())["v07"].publishes == {

@@ -44,7 +44,10 @@ def test_parameters_accept_co_keys_and_name_unknown_key() -> None:
         validation.parameters({"colour": "blue"})
 
 
-def mount(fs: str = "ext4", mode: int = pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
+Mode = pb.VolumeCapability.AccessMode
+
+
+def mount(fs: str = "ext4", mode: Mode.Mode.ValueType = Mode.SINGLE_NODE_WRITER,
           flags: tuple[str, ...] = ()) -> pb.VolumeCapability:
     return pb.VolumeCapability(
         mount=pb.VolumeCapability.MountVolume(fs_type=fs, mount_flags=list(flags)),
