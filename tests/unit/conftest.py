@@ -11,7 +11,7 @@ import pytest
 
 from csi_local.errors import CommandError
 from csi_local.host.runner import Result
-from csi_local.storage.lvm import CommittedMetadata
+from csi_local.storage.committed_vg import CommittedMetadata
 
 
 class RealProcessForbidden(AssertionError):

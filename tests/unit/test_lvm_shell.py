@@ -144,3 +144,20 @@ def test_a_profile_directory_that_cannot_be_written_is_an_oserror(tmp_path: Path
 def test_only_a_vg_the_shell_could_not_read_is_run_again(code: int, stderr: str,
                                                          stale: bool) -> None:
     assert lvm_shell.stale_vg(code, stderr) is stale
+
+
+def test_a_closed_shell_never_starts_again(tmp_path: Path) -> None:
+    """The plugin starts its shell in a background thread; a close() that comes
+    first (a busy metrics port stops the plugin at once) must win, or a real
+    lvm shell outlives the plugin."""
+    profile_asked: list[str] = []
+
+    def profile_dir() -> str:
+        profile_asked.append("asked")
+        return str(tmp_path)
+
+    shell = lvm_shell.LvmShell({}, lambda: "/usr/sbin/lvm", profile_dir)
+    shell.close()
+    assert shell.start() is False
+    assert shell.run(["lvcreate", "-n", "x", "vg0"], ["/usr/sbin/lvcreate"], 5.0) is None
+    assert shell.disabled == "closed" and shell.started == 0 and not profile_asked

@@ -357,7 +357,11 @@ class LvmShell:
         return None
 
     def close(self) -> None:
+        """Let the shell exit, for good: a start still on its way (the plugin
+        starts the shell in a background thread) must not leave a shell running
+        after the plugin closed."""
         with self._lock:
+            self.disabled = "closed"
             self._drop(kill=False)
 
     @property
