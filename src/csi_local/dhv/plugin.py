@@ -4,7 +4,9 @@ file system, mounted at DHV_VOLUMES_DIR/<volume id>.
 The CSI plugin's layers do the work: the same pools (device classes, each
 with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
-rule. Only Nomad's request and answer are the host volume plugin's own.
+rule, and the same volume steps (csi_local.volumes.lifecycle: snapshot,
+clone, format once, new fs id, mount, grow). Only Nomad's request and answer
+are the host volume plugin's own.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
@@ -53,7 +55,6 @@ from csi_local.volumes.host_volume_names import (
     TAG_KIND,
     TAG_NAME,
     TAG_NAMESPACE,
-    TAG_NEW_FSID,
     TAG_SNAPSHOT,
     TAG_SOURCE,
     TAG_SOURCE_NAME,
@@ -61,6 +62,7 @@ from csi_local.volumes.host_volume_names import (
     snapshot_tags,
     volume_tags,
 )
+from csi_local.volumes.lifecycle import DHV_TAGS, VolumeSteps
 from csi_local.volumes.pool import Pool, Pools
 
 log = logging.getLogger("csi_local.dhv")
@@ -122,6 +124,7 @@ class HostVolumePlugin:
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
+        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * _RESERVE)
@@ -302,23 +305,15 @@ class HostVolumePlugin:
                 f"the source is {source.size} bytes, more than capacity_max "
                 f"{req.capacity_max}; a clone is at least as large as its source"
             )
-        # Admitted at the size it will have once grown to capacity_min.
-        final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
-        pool.admit(report, final)
+        # Made at once at the size capacity_min asks for (whole extents).
+        size = sizes.grow_target(source.size, req.capacity_min, req.capacity_max,
+                                 report.extent_size)
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type,
-                           _source_ref(source), new_fsid=fs_type == "btrfs")
+                           _source_ref(source))
         if kind == "volume":
             # Its name too: a repeated create may name the source either way.
             tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")
-        if TAG_GROW_FS in source.tags:
-            # The source's LV was extended and its file system not yet grown
-            # (its create is between lvextend and the grow, or was killed
-            # there): the clone copies both, so it must grow its own.
-            tags.append(TAG_GROW_FS)
-        self._commit_if_mounted(source)
-        lv = pool.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
-                               read_back=False, size=source.size)
-        return lv, fs_type
+        return self.steps.clone(pool, report, source, req.lv_name, tags, size), fs_type
 
     def _find_source(self, lvs: Sequence[LogicalVolume], kind: str, ref: str,
                      namespace: str) -> LogicalVolume:
@@ -372,19 +367,6 @@ class HostVolumePlugin:
                            f"{namespace!r}; a clone's source must be in its own namespace")
         return lv
 
-    def _commit_if_mounted(self, lv: LogicalVolume) -> None:
-        """syncfs a mounted source before its thin snapshot. LVM suspends the
-        thin origin with device-mapper's lockfs, which freezes the file system
-        for the instant of the snapshot; syncfs first commits what an fsync'd
-        writer left in the journal or log tree (the CSI plugin's rule, see
-        ControllerServicer._flush_if_mounted). An fsfreeze of our own around
-        lvcreate is not possible: LVM's suspend of a frozen origin fails."""
-        if not lv.active or lv.kernel_major < 0:
-            return
-        found = self.host.mounts_of(lv.kernel_major, lv.kernel_minor)
-        if found:
-            self.fs.sync(found[0].mount_point)
-
     def _converge(self, pool: Pool, req: Request, lv: LogicalVolume, fs_type: str,
                   mount_options: Sequence[str]) -> LogicalVolume:
         """Activate, format (once), grow and mount the volume's LV, of `pool`."""
@@ -392,23 +374,12 @@ class HostVolumePlugin:
         if not lv.active:
             lv = lvm.activate(lv)
         self.host.wait_for_device(lv.path, timeout=min(30.0, self.deadline.left()))
-        self._format(lvm, lv, fs_type)
         lv = self._grow_lv(pool, req, lv)
         self._mount(lvm, req, lv, fs_type, mount_options)
-        if TAG_GROW_FS in lv.tags:
-            self.fs.grow(lv.path, req.path, fs_type)
-            lvm.delete_tags(lv.name, [TAG_GROW_FS])
+        if self.steps.grow_pending(lvm, lv, req.path, fs_type):
             lv = lvm.get(lv.name)
             log.info("grew the %s file system of %s to %d bytes", fs_type, lv.name, lv.size)
         return lv
-
-    def _format(self, lvm: Lvm, lv: LogicalVolume, fs_type: str) -> None:
-        """mkfs a never-formatted LV; never touch one that holds anything (the
-        rule is the CSI plugin's: Filesystems.ensure_filesystem)."""
-        self.fs.ensure_filesystem(lv.path, fs_type, fresh=TAG_FRESH in lv.tags,
-                                  name=f"{lv.vg}/{lv.name}")
-        if TAG_FRESH in lv.tags:  # formatted now, or by a run killed before this step
-            lvm.delete_tags(lv.name, [TAG_FRESH])
 
     def _grow_lv(self, pool: Pool, req: Request, lv: LogicalVolume) -> LogicalVolume:
         """The LV grown to capacity_min (a shrink is refused); the grow-fs tag goes
@@ -431,10 +402,7 @@ class HostVolumePlugin:
         major, minor = self._device_numbers(lv)
         top = self.host.top_mount(req.path)
         if top is None:
-            if TAG_NEW_FSID in lv.tags:  # a btrfs clone: its source is likely mounted
-                self.fs.new_fsid(lv.path, fs_type)
-                lvm.delete_tags(lv.name, [TAG_NEW_FSID])
-            self.fs.mount(lv.path, req.path, fs_type, list(options))
+            self.steps.first_mount(lvm, lv, req.path, fs_type, options)
             log.info("mounted %s at %s", lv.path, req.path)
         elif not self.host.shows_device(top, major, minor):
             raise DhvError(
@@ -500,15 +468,9 @@ class HostVolumePlugin:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
                 _same_class(pool, device_class, f"host volume {volume_id!r} is")
-                # Counted like a volume of its size: it may own every block once
-                # the volume is rewritten.
-                pool.admit(report, volume.size)
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
-                if TAG_GROW_FS in volume.tags:  # carried on to its clones (see _new_clone)
-                    tags.append(TAG_GROW_FS)
-                self._commit_if_mounted(volume)
-                snap = pool.lvm.snapshot(lv_name, snap_lv, tags, writable_volume=False)
+                snap = self.steps.snapshot(pool, report, volume, snap_lv, tags)
         log.info("snapshot %s of volume %s: LV %s/%s (device class %s)", name, volume_id,
                  snap.vg, snap.name, pool.class_name)
         return snap
