@@ -30,7 +30,7 @@ import pytest
 
 from csi_local import dhv
 from csi_local.dhv import config as dhv_config
-from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig, parse_config
 from csi_local.dhv.plugin import HostVolumePlugin
@@ -165,8 +165,8 @@ def classes_file(root: Path, layout: str, text: str = CLASSES_TOML) -> Path:
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, *,
          pool_size: int = 4 * GiB, **config: Any) -> Node:
     # delete looks for holders in /proc: none on a fake host
-    monkeypatch.setattr(dhv_plugin, "volume_users", lambda *a, **k: VolumeUsers((), ()))
-    monkeypatch.setattr(dhv_plugin, "_SETTLE", ())
+    monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
+    monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     host = FakeHost(VG, POOL, pool_size=pool_size)
     vg, pool = LAYOUTS[layout]
     if vg == VG:

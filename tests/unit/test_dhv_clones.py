@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from csi_local import dhv
-from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.plugin import HostVolumePlugin
@@ -144,8 +144,8 @@ class Dhv:
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pool_size: int = 10 * GiB,
          ratio: float = 1.0) -> Dhv:
     # delete looks for holders in /proc: none on a fake host
-    monkeypatch.setattr(dhv_plugin, "volume_users", lambda *a, **k: VolumeUsers((), ()))
-    monkeypatch.setattr(dhv_plugin, "_SETTLE", ())
+    monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
+    monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     config = PluginConfig(volume_group=VG, thin_pool=POOL, lock_dir=str(tmp_path / "locks"),
                           overprovision_ratio=ratio)
     return Dhv(FakeHost(VG, POOL, pool_size=pool_size), config, tmp_path)
