@@ -116,8 +116,23 @@ def stage_dir(n: Node) -> str:
 
 
 def staged(vid: str = V, access: AccessType = AccessType.MOUNT) -> Setup:
-    return lambda n: n.state.set_staging(
-        vid, Staging(stage_dir(n), access, "ext4" if access is AccessType.MOUNT else ""))
+    """Volume `vid` staged: recorded, and (when its LV exists) mounted as the node
+    leaves it, since a snapshot's flush reads the kernel's mount table."""
+    def setup(n: Node) -> None:
+        path = stage_dir(n)
+        mount = access is AccessType.MOUNT
+        n.state.set_staging(vid, Staging(path, access, "ext4" if mount else ""))
+        if vid not in n.host.lvs:
+            return
+        device = n.host.lv_path(vid)
+        if mount:
+            n.host.set_content(vid, "ext4")
+            n.host.run(["mount", "-t", "ext4", device, path])
+        else:
+            target = Path(path, vid)
+            target.touch()
+            n.host.run(["mount", "--bind", device, str(target)])
+    return setup
 
 
 def published(vid: str = V) -> Setup:
@@ -598,6 +613,25 @@ def test_create_volume_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     again = call(n.controller.CreateVolume, cv(volume=V))
     assert again == (code, reply)
     assert len(n.host.commands("lvcreate")) == 1
+
+
+@pytest.mark.parametrize("kind", ["volume", "snapshot"])
+def test_clone_of_a_source_whose_fs_is_not_grown_grows_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The source is itself a clone extended past its own source and never
+    staged (its grow-fs tag still on): its file system is smaller than its LV,
+    and so is the copy's, however large the copy asks to be. The tag is carried
+    on, through a snapshot too (once only the host volume plugin did that)."""
+    n = make_node(tmp_path, monkeypatch)
+    add_volume(n, V, tags=[vols.TAG_GROW_FS])
+    if kind == "snapshot":
+        assert call(n.controller.CreateSnapshot, cs())[0] == "OK"
+        assert vols.TAG_GROW_FS in n.host.lv(S).tags
+    request = cv(snapshot=S) if kind == "snapshot" else cv(volume=V)
+    code, reply = call(n.controller.CreateVolume, request)
+    assert code == "OK", reply
+    assert {vols.TAG_GROW_FS, vols.TAG_NEW_FSID} <= n.host.lv(NEW).tags
+    assert not n.host.commands("lvextend")  # the copy is its source's size
 
 
 @pytest.mark.parametrize(("exists", "code"), [

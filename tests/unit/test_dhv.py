@@ -20,6 +20,7 @@ from csi_local import dhv
 from csi_local.dhv import config as dhv_config
 from csi_local.dhv import install as dhv_install
 from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import request as dhv_request
 from csi_local.dhv.request import DhvError, Request
 from csi_local.errors import SizeOutOfRange
@@ -468,7 +469,7 @@ def test_long_lists_are_cut(fake: FakeProc) -> None:
     assert len(users.holders) == 11
     req = dhv_request.parse_request("delete", create_env(DHV_OPERATION="delete"))
     lv = parse_lvs_one()
-    message = dhv_plugin._in_use_message(req, lv, users.holders)
+    message = dhv_removal.in_use_message(req, lv, users.holders)
     assert message.count("holds it:") == 8 and "; and 3 more. Stop what holds it" in message
 
 
@@ -521,8 +522,8 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(mounts, "read_mounts_at",
                         lambda at, source="": mounts.mounts_at(at, list(runner.table)))
     # raising=False: the same test shows what the code without the check does
-    monkeypatch.setattr(dhv_plugin, "volume_users", users, raising=False)
-    monkeypatch.setattr(dhv_plugin, "_SETTLE", (0.0,), raising=False)
+    monkeypatch.setattr(dhv_removal, "volume_users", users, raising=False)
+    monkeypatch.setattr(dhv_removal, "_SETTLE", (0.0,), raising=False)
     plugin = dhv_plugin.HostVolumePlugin(config, runner)
     # The real host unmounts by a system call; here the fake runner's table is the kernel.
     monkeypatch.setattr(plugin.host, "unmount", lambda target: runner.run(["umount", target]))

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from csi_local.dhv import config as dhv_config
-from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig, parse_config
 from csi_local.dhv.plugin import HostVolumePlugin
@@ -124,8 +124,8 @@ def classes_file(root: Path, layout: str, text: str = CLASSES_TOML) -> Path:
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, *,
          pool_size: int = 4 * GiB, **config: Any) -> Node:
     # delete looks for holders in /proc: none on a fake host
-    monkeypatch.setattr(dhv_plugin, "volume_users", lambda *a, **k: VolumeUsers((), ()))
-    monkeypatch.setattr(dhv_plugin, "_SETTLE", ())
+    monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
+    monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     host = FakeHost(VG, POOL, pool_size=pool_size)
     vg, pool = LAYOUTS[layout]
     if vg == VG:
@@ -409,7 +409,8 @@ def test_re_create_finds_the_volume_in_its_class(n: Node, params: dict[str, str]
     n.host.calls.clear()
     assert n.create(SRC, params=params) == (n.path(SRC), SIZE)
     assert state(n) == before
-    assert n.tools() == {"lvs", "blkid"}  # blkid: the file system is still the one made
+    # Mounted already: nothing to format, so not even a blkid (the mount shows its fs).
+    assert n.tools() == {"lvs"}
     assert len(n.host.commands("lvs")) == 1  # one report over the classes' VGs
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from csi_local.dhv import plugin as dhv_plugin
+from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.plugin import HostVolumePlugin
@@ -90,8 +90,8 @@ class Dhv(DhvNode):
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pool_size: int = 10 * GiB,
          ratio: float = 1.0) -> Dhv:
     # delete looks for holders in /proc: none on a fake host
-    monkeypatch.setattr(dhv_plugin, "volume_users", lambda *a, **k: VolumeUsers((), ()))
-    monkeypatch.setattr(dhv_plugin, "_SETTLE", ())
+    monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
+    monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     config = PluginConfig(volume_group=VG, thin_pool=POOL, lock_dir=str(tmp_path / "locks"),
                           overprovision_ratio=ratio)
     return Dhv(FakeHost(VG, POOL, pool_size=pool_size), config, tmp_path)
@@ -304,6 +304,11 @@ def test_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fs: str, via: st
     assert lv.content.fs == fs and lv.size == SRC_SIZE
     assert [c[-1] for c in calls if is_snapshot_create(c)] == [f"{VG}/{origin}"]
     assert formatted(d) == []  # never formatted
+    # Tagged new-fsid whatever its file system (the CSI plugin's rule too: see
+    # volumes/lifecycle), the tag dropped at its first mount.
+    (made,) = [c for c in calls if is_snapshot_create(c)]
+    assert TAG_NEW_FSID in made[made.index("--addtag"):]
+    assert ("lvchange", "--deltag", TAG_NEW_FSID, f"{VG}/{lv.name}") in calls
     want = {f"{TAG_KIND}=volume", f"{TAG_ID}={NEW}", f"{TAG_FS}={fs}",
             f"{TAG_SOURCE}={source_tag}", f"{TAG_NAME}={hexed(NEW_NAME)}",
             f"{TAG_NAMESPACE}={hexed(NS)}"}
@@ -369,6 +374,28 @@ def test_grown_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fs: str,
     assert TAG_GROW_FS not in lv.tags and TAG_NEW_FSID not in lv.tags
     assert formatted(d) == []
     d.mounted(NEW, fs)
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_fresh_tag_alone_never_formats(d: Dhv, readable: bool) -> None:
+    """A volume whose first create stopped inside mkfs (blocks mapped, nothing
+    blkid knows, the fresh tag still on): formatted again while the kernel's
+    count of its mapped blocks can be read, never when it cannot (the tag
+    alone once sufficed). The rule is both plugins': lifecycle.freshness."""
+    never_formatted()(d)
+    d.lv(SRC).content.written = True
+    if not readable:
+        d.host.thin_mapped_sectors = lambda vg, lv: None  # type: ignore[method-assign]
+    d.host.calls.clear()
+    if readable:
+        source()(d)
+        assert [c[0] for c in formatted(d)] == ["mkfs.ext4"]
+        assert TAG_FRESH not in d.lv(SRC).tags
+        d.mounted(SRC, "ext4")
+    else:
+        assert "has been used before" in refused(lambda: source()(d))
+        assert formatted(d) == [] and d.lv(SRC).content.fs is None
+        assert TAG_FRESH in d.lv(SRC).tags
 
 
 def test_clone_by_name_is_found_in_its_own_namespace(d: Dhv) -> None:

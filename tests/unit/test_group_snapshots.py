@@ -407,7 +407,7 @@ def test_group_of_one_mounted_is_not_frozen(mounted: tuple[Lab, str, str]) -> No
 def test_group_of_one_mounted_commits_the_file_system_first(
         mounted: tuple[Lab, str, str]) -> None:
     """CreateSnapshot runs `sync --file-system` on a mounted source before
-    lvcreate (controller._flush_if_mounted: LVM's lockfs suspend alone leaves
+    lvcreate (VolumeSteps.flush: LVM's lockfs suspend alone leaves
     a btrfs log tree uncommitted, and the snapshot's clone fails to mount).
     A group of one is not frozen, so the take commits it."""
     lab, pa, _ = mounted

@@ -781,6 +781,11 @@ STAGE_ROWS = [
     row("mapping-unknown-blank-refused", stage(), "FAILED_PRECONDITION",
         "has been used before", setup=chain(fresh(), mapping_unknown), ran="lvs blkid",
         check=fs_is(None)),
+    # Nor is a formatting mark trusted then (it once was): without the count,
+    # nothing says the blocks it maps are only the unfinished mkfs's.
+    row("mapping-unknown-mark-not-trusted", stage(), "FAILED_PRECONDITION",
+        "has been used before", setup=chain(fresh(), written(), format_mark(), mapping_unknown),
+        ran="lvs blkid", check=all_of(fs_is(None), marked(True))),
     # A stage killed inside its mkfs: the mark lets the retry wipe and format.
     row("killed-mkfs-mark-lets-the-retry-format", stage(), "OK",
         setup=chain(fresh(), content(ambivalent=True), format_mark()),

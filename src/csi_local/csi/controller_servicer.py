@@ -29,9 +29,9 @@ from csi_local.csi.rpc import (
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.locks import volume_key
-from csi_local.nodestate.state_file import AccessType
 from csi_local.storage.lvm import LogicalVolume, VgReport
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool
 
@@ -47,10 +47,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def __init__(self, backend: Backend) -> None:
         self.config = backend.config
         self.pools = backend.pools
-        self.fs = backend.fs
         self.state = backend.state
         self.locks = backend.locks
         self.paginator = backend.paginator
+        self.steps = VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state)
 
     # helpers -------------------------------------------------------------
 
@@ -216,25 +216,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags]
         if source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
-            # device maps no block (see NodeServicer._formattable).
+            # device maps no block (see VolumeSteps.freshness).
             return pool.create_thin(report, volume_id, size, tags)
-        pool.admit(report, size)
-        tags += [source.tag(), vols.TAG_NEW_FSID]
-        if size > source_lv.size:
-            tags.append(vols.TAG_GROW_FS)
-        if source.kind is SourceKind.VOLUME:
-            self._flush_if_mounted(source.id)
-        # Described from what lvcreate was told (a thin snapshot has its origin's
-        # size) and grown with one lvextend: no report after either.
-        lv = pool.lvm.snapshot(source_lv.name, volume_id, tags, writable_volume=True,
-                               read_back=False, size=source_lv.size)
-        try:
-            if size > lv.size:
-                lv = pool.lvm.extend_to(lv, size)
-        except BaseException:
-            pool.lvm.remove(volume_id)  # leave nothing half-made
-            raise
-        return lv
+        # Tagged new-fsid and, when it outgrows its source, grow-fs by the clone step.
+        return self.steps.clone(pool, report, source_lv, volume_id, [*tags, source.tag()], size)
 
     def DeleteVolume(self, request: pb.DeleteVolumeRequest,
                      context: grpc.ServicerContext) -> pb.DeleteVolumeResponse:
@@ -480,31 +465,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             if asked is not None:
                 self._elsewhere(self.pools.select(asked), source_lv, f"volume {source_id}",
                                 asked)
-            # A thin snapshot shares blocks now but may own all of them once the
-            # origin is rewritten, so it counts against the pool like a volume of
-            # its size.
-            pool.admit(report, source_lv.size)
             tags = [f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
                     Source(SourceKind.VOLUME, source_id).tag()]
-            self._flush_if_mounted(source_id)
-            lv = pool.lvm.snapshot(source_id, snapshot_id, tags, writable_volume=False)
+            lv = self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)
         return pb.CreateSnapshotResponse(snapshot=snapshot_message(lv))
-
-    def _flush_if_mounted(self, volume_id: str) -> None:
-        """Commit a staged file system's dirty state before a thin snapshot of it
-        (CreateSnapshot, and CreateVolume cloning a volume).
-
-        LVM suspends the thin origin with device-mapper's lockfs for the instant
-        of the snapshot, but that alone is not enough: a btrfs clone taken after
-        an fsync, with the fsync's log tree not yet committed, fails to mount
-        ("parent transid verify failed ... failed to read log tree"). syncfs
-        commits the journal or the transaction first. An fsfreeze of our own
-        around lvcreate is not possible: LVM's suspend of a frozen thin origin
-        fails with EBUSY on this kernel.
-        """
-        staging = self.state.get(volume_id).staging
-        if staging is not None and staging.access_type is AccessType.MOUNT:
-            self.fs.sync(staging.path)
 
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:

@@ -30,6 +30,7 @@ from csi_local.host.mounts import Mount, mount_node
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         self.host = backend.host
         self.state = backend.state
         self.locks = backend.locks
+        self.steps = VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state)
 
     def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
         return self.locks.hold(volume_key(volume_id))
@@ -130,40 +132,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 self.state.set_staging(volume_id, staging)
         return pb.NodeStageVolumeResponse()
 
-    def _formattable(self, lv: LogicalVolume) -> tuple[bool, bool]:
-        """(fresh, empty): whether mkfs may write to the volume, and whether it
-        holds no data at all.
-
-        A thin volume that maps no block reads as zeros everywhere: formatting
-        it loses nothing, whoever had it before (a raw block workload that
-        never wrote, or nobody). That is asked of the kernel (one ioctl, no
-        process), and is exact where a "never staged" tag was a promise that
-        cost an lvchange per stage. A volume with mapped blocks is fresh only
-        while this plugin's own mkfs of it is unfinished (a formatting mark,
-        see StateStore), or with a tag an older version made."""
-        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
-        if mapped == 0:
-            return True, True
-        if mapped is None:
-            log.warning("cannot read how much of volume %s is mapped; it is formatted only "
-                        "if it is known never to have been used", lv.name)
-        marked = bool(lv.uuid) and self.state.formatting(lv.uuid)
-        return vols.TAG_FRESH in lv.tags or marked, False
-
-    def _mark_used(self, pool: Pool, lv: LogicalVolume) -> None:
-        """Once the volume is formatted or handed out raw, nothing may format it
-        again: its formatting mark goes, and the tag of older versions."""
-        if lv.uuid:
-            self.state.clear_formatting(lv.uuid)
-        if vols.TAG_FRESH in lv.tags:
-            pool.lvm.delete_tags(lv.name, [vols.TAG_FRESH])
-
     def _stage_block(self, pool: Pool, lv: LogicalVolume, staging_path: str,
                      cap: validation.Capability) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
         if not self._device_mounted_at(Device.of(lv), target):
-            self._mark_used(pool, lv)
+            self.steps.mark_used(pool.lvm, lv)  # handed out raw: never formatted after
             if not os.path.exists(target):
                 with open(target, "a"):
                     pass
@@ -180,21 +154,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             assert top is not None
             fs_type = top.fs_type
         else:
-            fresh, empty = self._formattable(lv)
-            if fresh and lv.uuid:
-                # Before the first write: a stage killed inside mkfs may format again.
-                self.state.mark_formatting(lv.uuid)
-            fs_type = self.fs.ensure_filesystem(
-                lv.path, cap.fs_type, fresh=fresh, empty=empty, name=lv.name)
-            self._mark_used(pool, lv)
-            if vols.TAG_NEW_FSID in lv.tags:
-                # The origin is on this node too, most likely mounted.
-                self.fs.new_fsid(lv.path, fs_type)
-                pool.lvm.delete_tags(lv.name, [vols.TAG_NEW_FSID])
-            self.fs.mount(lv.path, staging_path, fs_type, cap.mount_flags)
-        if vols.TAG_GROW_FS in lv.tags:
-            self.fs.grow(lv.path, staging_path, fs_type)
-            pool.lvm.delete_tags(lv.name, [vols.TAG_GROW_FS])
+            fs_type = self.steps.first_mount(pool.lvm, lv, staging_path, cap.fs_type,
+                                             cap.mount_flags)
+        self.steps.grow_pending(pool.lvm, lv, staging_path, fs_type)
         return Staging(path=staging_path, access_type=AccessType.MOUNT, fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
 

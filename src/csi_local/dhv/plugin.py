@@ -4,7 +4,9 @@ file system, mounted at DHV_VOLUMES_DIR/<volume id>.
 The CSI plugin's layers do the work: the same pools (device classes, each
 with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
-rule. Only Nomad's request and answer are the host volume plugin's own.
+rule, and the same volume steps (csi_local.volumes.lifecycle: snapshot,
+clone, format once, new fs id, mount, grow). Only Nomad's request and answer
+are the host volume plugin's own; delete's unmounting is in dhv/removal.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
-import time
 from collections.abc import Iterator, Sequence
 
 from csi_local.dhv.config import PluginConfig
+from csi_local.dhv.deadline import RESERVE, Deadline, DeadlineRunner
+from csi_local.dhv.removal import VolumeRemoval, device_numbers
 from csi_local.dhv.request import (
     DhvError,
     Parameters,
@@ -36,11 +38,9 @@ from csi_local.dhv.request import (
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.holders import VolumeUsers, volume_users
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks, volume_key
-from csi_local.host.mounts import Mount
-from csi_local.host.runner import ProcessRunner, Result, Runner
+from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.volumes import sizes
 from csi_local.volumes.host_volume_names import (
@@ -53,7 +53,6 @@ from csi_local.volumes.host_volume_names import (
     TAG_KIND,
     TAG_NAME,
     TAG_NAMESPACE,
-    TAG_NEW_FSID,
     TAG_SNAPSHOT,
     TAG_SOURCE,
     TAG_SOURCE_NAME,
@@ -61,52 +60,10 @@ from csi_local.volumes.host_volume_names import (
     snapshot_tags,
     volume_tags,
 )
+from csi_local.volumes.lifecycle import DHV_TAGS, VolumeSteps
 from csi_local.volumes.pool import Pool, Pools
 
 log = logging.getLogger("csi_local.dhv")
-
-# Per-mount flags carried over when delete mounts a volume again. Its file
-# system options (mount_options) are not part of a delete request; when a
-# holder made lvremove fail, the superblock it keeps alive still has them.
-_VFS_FLAGS = frozenset({"ro", "rw", "nosuid", "nodev", "noexec", "noatime", "nodiratime",
-                        "relatime", "strictatime", "nosymfollow"})
-_NAMED = 8  # holders named in one error message; the rest are counted
-# Pauses before looking again when something holds a volume: udev's probes
-# (blkid after a change event on the LV) open the device for a moment, and
-# only holders that stay count.
-_SETTLE = (0.2, 0.5)
-_RESERVE = 3.0  # seconds kept back to report a result before Nomad's deadline
-
-
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self, reserve: float = _RESERVE) -> float:
-        left = self.end - time.monotonic() - reserve
-        if left <= 0:
-            raise DhvError("ran out of time (Nomad allows create and delete 60 seconds)")
-        return left
-
-
-class DeadlineRunner:
-    """A Runner whose commands never outlive the operation's deadline."""
-
-    def __init__(self, inner: Runner, deadline: Deadline) -> None:
-        self.inner = inner
-        self.deadline = deadline
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        ok_codes: Sequence[int] = (0,),
-        input: str | None = None,
-        timeout: float | None = None,
-    ) -> Result:
-        left = self.deadline.left()
-        limit = left if timeout is None else min(timeout, left)
-        return self.inner.run(argv, ok_codes=ok_codes, input=input, timeout=limit)
 
 
 class HostVolumePlugin:
@@ -122,9 +79,11 @@ class HostVolumePlugin:
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
+        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS)
+        self.removal = VolumeRemoval(self.fs, self.host)
 
     def _lock_timeout(self) -> float:
-        return self.deadline.left(reserve=2 * _RESERVE)
+        return self.deadline.left(reserve=2 * RESERVE)
 
     @contextlib.contextmanager
     def _hold(self, lv_name: str) -> Iterator[None]:
@@ -302,23 +261,15 @@ class HostVolumePlugin:
                 f"the source is {source.size} bytes, more than capacity_max "
                 f"{req.capacity_max}; a clone is at least as large as its source"
             )
-        # Admitted at the size it will have once grown to capacity_min.
-        final = max(source.size, sizes.round_up(req.capacity_min, report.extent_size))
-        pool.admit(report, final)
+        # Made at once at the size capacity_min asks for (whole extents).
+        size = sizes.grow_target(source.size, req.capacity_min, req.capacity_max,
+                                 report.extent_size)
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type,
-                           _source_ref(source), new_fsid=fs_type == "btrfs")
+                           _source_ref(source))
         if kind == "volume":
             # Its name too: a repeated create may name the source either way.
             tags += hex_tag(TAG_SOURCE_NAME, decode_hex_tag(source.tag_value(TAG_NAME)) or "")
-        if TAG_GROW_FS in source.tags:
-            # The source's LV was extended and its file system not yet grown
-            # (its create is between lvextend and the grow, or was killed
-            # there): the clone copies both, so it must grow its own.
-            tags.append(TAG_GROW_FS)
-        self._commit_if_mounted(source)
-        lv = pool.lvm.snapshot(source.name, req.lv_name, tags, writable_volume=True,
-                               read_back=False, size=source.size)
-        return lv, fs_type
+        return self.steps.clone(pool, report, source, req.lv_name, tags, size), fs_type
 
     def _find_source(self, lvs: Sequence[LogicalVolume], kind: str, ref: str,
                      namespace: str) -> LogicalVolume:
@@ -372,19 +323,6 @@ class HostVolumePlugin:
                            f"{namespace!r}; a clone's source must be in its own namespace")
         return lv
 
-    def _commit_if_mounted(self, lv: LogicalVolume) -> None:
-        """syncfs a mounted source before its thin snapshot. LVM suspends the
-        thin origin with device-mapper's lockfs, which freezes the file system
-        for the instant of the snapshot; syncfs first commits what an fsync'd
-        writer left in the journal or log tree (the CSI plugin's rule, see
-        ControllerServicer._flush_if_mounted). An fsfreeze of our own around
-        lvcreate is not possible: LVM's suspend of a frozen origin fails."""
-        if not lv.active or lv.kernel_major < 0:
-            return
-        found = self.host.mounts_of(lv.kernel_major, lv.kernel_minor)
-        if found:
-            self.fs.sync(found[0].mount_point)
-
     def _converge(self, pool: Pool, req: Request, lv: LogicalVolume, fs_type: str,
                   mount_options: Sequence[str]) -> LogicalVolume:
         """Activate, format (once), grow and mount the volume's LV, of `pool`."""
@@ -392,23 +330,12 @@ class HostVolumePlugin:
         if not lv.active:
             lv = lvm.activate(lv)
         self.host.wait_for_device(lv.path, timeout=min(30.0, self.deadline.left()))
-        self._format(lvm, lv, fs_type)
         lv = self._grow_lv(pool, req, lv)
         self._mount(lvm, req, lv, fs_type, mount_options)
-        if TAG_GROW_FS in lv.tags:
-            self.fs.grow(lv.path, req.path, fs_type)
-            lvm.delete_tags(lv.name, [TAG_GROW_FS])
+        if self.steps.grow_pending(lvm, lv, req.path, fs_type):
             lv = lvm.get(lv.name)
             log.info("grew the %s file system of %s to %d bytes", fs_type, lv.name, lv.size)
         return lv
-
-    def _format(self, lvm: Lvm, lv: LogicalVolume, fs_type: str) -> None:
-        """mkfs a never-formatted LV; never touch one that holds anything (the
-        rule is the CSI plugin's: Filesystems.ensure_filesystem)."""
-        self.fs.ensure_filesystem(lv.path, fs_type, fresh=TAG_FRESH in lv.tags,
-                                  name=f"{lv.vg}/{lv.name}")
-        if TAG_FRESH in lv.tags:  # formatted now, or by a run killed before this step
-            lvm.delete_tags(lv.name, [TAG_FRESH])
 
     def _grow_lv(self, pool: Pool, req: Request, lv: LogicalVolume) -> LogicalVolume:
         """The LV grown to capacity_min (a shrink is refused); the grow-fs tag goes
@@ -428,13 +355,10 @@ class HostVolumePlugin:
         os.makedirs(req.volumes_dir, mode=0o711, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(req.path, 0o755)
-        major, minor = self._device_numbers(lv)
+        major, minor = device_numbers(self.host, lv)
         top = self.host.top_mount(req.path)
         if top is None:
-            if TAG_NEW_FSID in lv.tags:  # a btrfs clone: its source is likely mounted
-                self.fs.new_fsid(lv.path, fs_type)
-                lvm.delete_tags(lv.name, [TAG_NEW_FSID])
-            self.fs.mount(lv.path, req.path, fs_type, list(options))
+            self.steps.first_mount(lvm, lv, req.path, fs_type, options)
             log.info("mounted %s at %s", lv.path, req.path)
         elif not self.host.shows_device(top, major, minor):
             raise DhvError(
@@ -446,7 +370,7 @@ class HostVolumePlugin:
         """Best effort: undo this run's new LV, its mount and its directory."""
         try:
             try:
-                numbers: tuple[int, int] | None = self._device_numbers(lv)
+                numbers: tuple[int, int] | None = device_numbers(self.host, lv)
             except DhvError:  # no device node (it never appeared): nothing is mounted
                 numbers = None
             if numbers is None:
@@ -500,15 +424,9 @@ class HostVolumePlugin:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
                 _same_class(pool, device_class, f"host volume {volume_id!r} is")
-                # Counted like a volume of its size: it may own every block once
-                # the volume is rewritten.
-                pool.admit(report, volume.size)
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
-                if TAG_GROW_FS in volume.tags:  # carried on to its clones (see _new_clone)
-                    tags.append(TAG_GROW_FS)
-                self._commit_if_mounted(volume)
-                snap = pool.lvm.snapshot(lv_name, snap_lv, tags, writable_volume=False)
+                snap = self.steps.snapshot(pool, report, volume, snap_lv, tags)
         log.info("snapshot %s of volume %s: LV %s/%s (device class %s)", name, volume_id,
                  snap.vg, snap.name, pool.class_name)
         return snap
@@ -571,105 +489,7 @@ class HostVolumePlugin:
             found = self.pools.find(req.lv_name)
             if found is not None:
                 _check_ours(found[1], req)
-            self._remove(req, found)
-
-    def _remove(self, req: Request, found: tuple[Pool, LogicalVolume] | None) -> None:
-        lv = found[1] if found is not None else None
-        targets = [req.path]
-        created = _created_path(req)
-        if created is not None:
-            targets.append(created)
-        if found is not None and lv is not None:
-            pool = found[0]
-            major, minor = self._device_numbers(lv)
-            # Before any umount: unmounting a volume that something still
-            # holds cannot end in lvremove, and would leave Nomad a registered
-            # volume whose directory is an empty one on the root file system.
-            users = self._users(major, minor, targets)
-            if users.holders:
-                raise DhvError(_in_use_message(req, lv, users.holders))
-            unmounted: list[Mount] = []
-            try:
-                for target in targets:
-                    unmounted += self.fs.umount(target, device=(major, minor))
-                left = [m.mount_point for m in self.host.mounts_of(major, minor)]
-                if left:
-                    raise DhvError(
-                        f"LV {lv.vg}/{lv.name} is still mounted at {', '.join(left)} "
-                        "(in use?); not removing it"
-                    )
-                pool.lvm.remove(lv.name)
-            except Exception as err:
-                if not unmounted:
-                    raise
-                # A holder no scan can see (a mount namespace without
-                # processes, a kernel user): put the volume back where Nomad
-                # expects it rather than leave an empty directory there.
-                raise DhvError(self._mount_again(lv, unmounted, err, users)) from err
-            log.info("removed LV %s/%s", lv.vg, lv.name)
-        elif self.host.is_mount_point(req.path):
-            top = self.host.top_mount(req.path)
-            raise DhvError(
-                f"{req.path} is a mount point of {top.source if top else 'something'} that "
-                "is not this volume's LV; leaving it alone"
-            )
-        for target in targets:
-            if self.host.is_mount_point(target):
-                continue
-            try:
-                os.rmdir(target)
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                log.warning("%s is not empty; left in place", target)
-
-    def _users(self, major: int, minor: int, targets: Sequence[str]) -> VolumeUsers:
-        users = volume_users(major, minor, targets)
-        for delay in _SETTLE:
-            if not users.holders:
-                break
-            time.sleep(delay)
-            users = volume_users(major, minor, targets)
-        return users
-
-    def _device_numbers(self, lv: LogicalVolume) -> tuple[int, int]:
-        """The LV's major:minor, from the report or else from its device node."""
-        if lv.kernel_major >= 0 and lv.kernel_minor >= 0:
-            return lv.kernel_major, lv.kernel_minor
-        found = self.host.device_numbers(lv.path)
-        if found is None:
-            raise DhvError(f"LV {lv.vg}/{lv.name} has no device node at {lv.path} "
-                           "(inactive?)")
-        return found
-
-    def _mount_again(self, lv: LogicalVolume, unmounted: Sequence[Mount],
-                     err: Exception, users: VolumeUsers) -> str:
-        """Mount the LV again where delete unmounted it; returns the error to report."""
-        reason = getattr(err, "message", None) or str(err)
-        points = list(dict.fromkeys(m.mount_point for m in reversed(unmounted)))
-        restored: list[str] = []
-        try:
-            for mount in reversed(unmounted):
-                if mount.mount_point in restored:
-                    continue
-                flags = sorted(mount.options & _VFS_FLAGS)
-                self.fs.mount(lv.path, mount.mount_point, mount.fs_type, flags)
-                restored.append(mount.mount_point)
-        except Exception as again:
-            log.error("could not mount %s again at %s: %s", lv.path, points, again)
-            lost = [p for p in points if p not in restored]
-            return (f"LV {lv.vg}/{lv.name} was unmounted but could not be removed ({reason}), "
-                    f"and mounting it again at {', '.join(lost)} failed too ({again}); "
-                    "run create for the volume to mount it again")
-        hint = ""
-        if users.pinned:
-            hint = (f"; mount namespaces that no process is in, pinned at "
-                    f"{', '.join(users.pinned)}, may hold it")
-        return (f"LV {lv.vg}/{lv.name} could not be removed ({reason}); it is mounted again "
-                f"at {', '.join(restored)}, as before the delete{hint}")
-
+            self.removal.remove(req, found)
 
 def _check_ours(lv: LogicalVolume, req: Request) -> None:
     if lv.tag_value(TAG_KIND) != KIND_VOLUME or lv.tag_value(TAG_ID) != req.volume_id:
@@ -721,21 +541,3 @@ def _check_same_source(lv: LogicalVolume, req: Request, params: Parameters) -> N
                    f"{kind} {ref!r} (delete the volume first to make it anew)")
 
 
-def _created_path(req: Request) -> str | None:
-    """DHV_CREATED_PATH when it names this volume's directory somewhere else
-    (the volumes directory moved); never the volumes directory itself."""
-    raw = req.created_path
-    if not raw or "\0" in raw or not os.path.isabs(raw):
-        return None
-    path = os.path.normpath(raw)
-    if path == req.path or os.path.basename(path) != req.volume_id:
-        return None
-    return path
-
-
-def _in_use_message(req: Request, lv: LogicalVolume, holders: Sequence[str]) -> str:
-    named = "; ".join(holders[:_NAMED])
-    if len(holders) > _NAMED:
-        named += f"; and {len(holders) - _NAMED} more"
-    return (f"volume {req.volume_id} (LV {lv.vg}/{lv.name}) is in use, so nothing was "
-            f"unmounted or removed: {named}. Stop what holds it, then delete again")

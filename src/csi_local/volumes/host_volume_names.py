@@ -34,11 +34,11 @@ TAG_SOURCE_NAME = "csi-local-dhv.source-name"
 
 
 def volume_tags(volume_id: str, volume_name: str, namespace: str, fs_type: str,
-                source: str | None = None, *, new_fsid: bool = False) -> list[str]:
+                source: str | None = None) -> list[str]:
     """Tags of a new volume: its own namespace, never the CSI plugin's. A
     clone (`source` "volume:<id>" or "snapshot:<name>") is never formatted, so
-    it has no fresh tag; with `new_fsid` its file system gets an identity of
-    its own before its first mount."""
+    it has no fresh tag (the clone step adds its new-fsid and grow-fs tags:
+    volumes/lifecycle)."""
     tags = [
         f"{TAG_KIND}={KIND_VOLUME}",
         f"{TAG_ID}={volume_id}",
@@ -50,8 +50,6 @@ def volume_tags(volume_id: str, volume_name: str, namespace: str, fs_type: str,
         tags.append(TAG_FRESH)
     else:
         tags.append(f"{TAG_SOURCE}={source}")
-        if new_fsid:
-            tags.append(TAG_NEW_FSID)
     return tags
 
 

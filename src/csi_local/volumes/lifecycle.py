@@ -1,0 +1,230 @@
+"""The steps a volume takes in both plugins, in one place: flush a mounted
+source, take a snapshot, make a clone, and prepare a first mount (format
+only what was never handed out, give a clone's file system an identity of
+its own, mount, grow the file system after an extend, clear the tags).
+
+The CSI plugin (csi/) and the host volume plugin (dhv/) call these and keep
+no copy of their own: each brings its own tag names (StepTags) and, for the
+CSI plugin, its record of an unfinished mkfs (FormatMarks, the node's state
+file). Transport-free: errors are the storage layer's (csi_local.errors);
+each front end maps them.
+
+Two rules the plugins once decided differently, decided here:
+
+- Every clone (of a volume or of a snapshot) is tagged new-fsid, whatever
+  its file system, and its first mount gives it an identity of its own as
+  that file system allows (Filesystems.new_fsid: btrfstune for btrfs; xfs
+  is mounted with nouuid, as xfs_admin cannot change a snapshot's dirty
+  log; ext4 keeps its UUID: the kernel mounts duplicates, and tune2fs -U
+  wants a freshly checked file system, which a copy of a mounted one is
+  not). The host volume plugin tagged only btrfs
+  clones, the CSI plugin every clone: the CSI controller cannot know a
+  clone's file system (only the stage reads it), and one rule keeps the
+  decision per file system in one home, Filesystems.new_fsid.
+- A volume may be formatted only with proof that it holds nothing of
+  anyone's: the kernel's count of the blocks its thin device maps (0: it
+  reads as zeros), or, while that count can be read, the plugin's own mark
+  that its mkfs of it started and never finished (the CSI node's state
+  file; the host volume plugin's fresh tag, set at lvcreate and dropped
+  after mkfs, before the volume is ever handed out; an older CSI version's
+  fresh tag). A volume whose count cannot be read is never formatted.
+  See freshness().
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from csi_local.host.filesystems import Filesystems
+from csi_local.host.kernel import Host
+from csi_local.host.mounts import Mount, mount_node
+from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
+from csi_local.volumes import host_volume_names as hvn
+from csi_local.volumes import naming
+from csi_local.volumes.pool import Pool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepTags:
+    """A plugin's names for the tags the steps set and clear."""
+
+    fresh: str  # never handed out: the plugin's own mkfs may format it
+    new_fsid: str  # a clone: its file system needs an identity of its own first
+    grow_fs: str  # extended: its file system is grown at its next mount
+
+
+CSI_TAGS = StepTags(naming.TAG_FRESH, naming.TAG_NEW_FSID, naming.TAG_GROW_FS)
+DHV_TAGS = StepTags(hvn.TAG_FRESH, hvn.TAG_NEW_FSID, hvn.TAG_GROW_FS)
+
+
+class FormatMarks(Protocol):
+    """Where a plugin records, durably, that its mkfs of an LV (by lv_uuid)
+    started and has not finished (the CSI node's state file)."""
+
+    def formatting(self, lv_uuid: str) -> bool: ...
+    def mark_formatting(self, lv_uuid: str) -> None: ...
+    def clear_formatting(self, lv_uuid: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Freshness:
+    fresh: bool  # mkfs may write to it
+    empty: bool  # it maps no block: it holds nothing at all (implies fresh)
+
+
+class VolumeSteps:
+    """The volume steps of one plugin: its file systems, its host, its tags
+    and (the CSI node) its record of unfinished mkfs runs."""
+
+    def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
+                 marks: FormatMarks | None = None) -> None:
+        self.fs = fs
+        self.host = host
+        self.tags = tags
+        self.marks = marks
+
+    # snapshots and clones ------------------------------------------------------
+
+    def mounted_filesystem(self, lv: LogicalVolume,
+                           table: list[Mount] | None = None) -> Mount | None:
+        """Where the LV's file system is mounted (the first such mount), None
+        when it is not: an inactive LV, a raw block volume whose node is only
+        bound onto a file, or nothing at all. From the kernel's mount table,
+        which no lost state write can make wrong."""
+        if not lv.active or lv.kernel_major < 0:
+            return None
+        shown = self.host.mounts_of(lv.kernel_major, lv.kernel_minor, table)
+        return next((m for m in shown if mount_node(m) is None), None)
+
+    def flush(self, source: LogicalVolume) -> None:
+        """syncfs a mounted source before a thin snapshot of it.
+
+        LVM suspends the thin origin with device-mapper's lockfs for the
+        instant of the snapshot, but that alone is not enough: a btrfs clone
+        taken after an fsync, with the fsync's log tree not yet committed,
+        fails to mount ("parent transid verify failed ... failed to read log
+        tree"). syncfs commits the journal or the transaction first (one
+        mount of a superblock is enough). An fsfreeze of our own around
+        lvcreate is not possible: LVM's suspend of a frozen thin origin fails
+        with EBUSY on Debian 12's kernel.
+        """
+        mount = self.mounted_filesystem(source)
+        if mount is not None:
+            self.fs.sync(mount.mount_point)
+
+    def _carried(self, source: LogicalVolume) -> list[str]:
+        """The tags a copy of `source` inherits: its grow-fs tag (its LV was
+        extended and its file system not yet grown, so the copy's must grow)."""
+        return [self.tags.grow_fs] if self.tags.grow_fs in source.tags else []
+
+    def snapshot(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
+                 tags: Sequence[str]) -> LogicalVolume:
+        """A read-only thin snapshot `name` of `source` (inside `pool.reserved()`,
+        against its `report`): admitted like a volume of the source's size (it
+        may own every block once the source is rewritten), the source flushed
+        first."""
+        pool.admit(report, source.size)
+        self.flush(source)
+        return pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
+                                 writable_volume=False)
+
+    def clone(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
+              tags: Sequence[str], size: int) -> LogicalVolume:
+        """A new volume `name` of `size` bytes (at least the source's, whole
+        extents) holding `source`'s file system as it was at this instant: a
+        writable thin snapshot, extended to `size`. Inside `pool.reserved()`.
+
+        Tagged new-fsid (see the module's text) and, when it is extended or
+        its source's file system was not yet grown, grow-fs. An extend that
+        fails removes the snapshot again: no stray LV."""
+        pool.admit(report, size)
+        tags = [*tags, self.tags.new_fsid, *self._carried(source)]
+        if size > source.size and self.tags.grow_fs not in tags:
+            tags.append(self.tags.grow_fs)
+        self.flush(source)
+        # Described from what lvcreate was told (a thin snapshot has its origin's
+        # size) and grown with one lvextend: no report after either.
+        lv = pool.lvm.snapshot(source.name, name, tags, writable_volume=True,
+                               read_back=False, size=source.size)
+        try:
+            return pool.lvm.extend_to(lv, size)
+        except BaseException:
+            pool.lvm.remove(name)
+            raise
+
+    # the first mount -----------------------------------------------------------
+
+    def freshness(self, lv: LogicalVolume) -> Freshness:
+        """Whether mkfs may write to the (active) volume, and whether it holds
+        nothing at all.
+
+        A thin volume that maps no block reads as zeros everywhere: formatting
+        it loses nothing, whoever had it before. That is asked of the kernel
+        (one ioctl, no process) and is proof. A volume that maps blocks is
+        fresh only while the plugin's own mkfs of it is unfinished: its mark
+        (FormatMarks) or its fresh tag. When the count cannot be read (a
+        failed pool, an inactive LV), nothing proves the volume empty and the
+        marks cannot be weighed against it: never formatted. This is the
+        safer of what the plugins did (the host volume plugin formatted on its
+        tag alone, the CSI node on its mark alone).
+        """
+        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        if mapped == 0:
+            return Freshness(fresh=True, empty=True)
+        if mapped is None:
+            log.warning("cannot read how much of volume %s/%s is mapped; it is not formatted "
+                        "(it may hold data)", lv.vg, lv.name)
+            return Freshness(fresh=False, empty=False)
+        marked = self.tags.fresh in lv.tags or (
+            self.marks is not None and bool(lv.uuid) and self.marks.formatting(lv.uuid))
+        return Freshness(fresh=marked, empty=False)
+
+    def mark_used(self, lvm: Lvm, lv: LogicalVolume) -> None:
+        """Once the volume is formatted or handed out raw, nothing may format it
+        again: its formatting mark goes, and its fresh tag."""
+        if self.marks is not None and lv.uuid:
+            self.marks.clear_formatting(lv.uuid)
+        if self.tags.fresh in lv.tags:
+            lvm.delete_tags(lv.name, [self.tags.fresh])
+
+    def format_once(self, lvm: Lvm, lv: LogicalVolume, fs_type: str) -> str:
+        """The file system on the volume: made by mkfs only if it is fresh
+        (Filesystems.ensure_filesystem has the rest of the rule); returns its
+        type. The volume is then used: never formatted again."""
+        fresh = self.freshness(lv)
+        if fresh.fresh and self.marks is not None and lv.uuid:
+            # Before the first write: a run killed inside mkfs may format again.
+            self.marks.mark_formatting(lv.uuid)
+        found = self.fs.ensure_filesystem(lv.path, fs_type, fresh=fresh.fresh,
+                                          empty=fresh.empty, name=f"{lv.vg}/{lv.name}")
+        self.mark_used(lvm, lv)
+        return found
+
+    def first_mount(self, lvm: Lvm, lv: LogicalVolume, target: str, fs_type: str,
+                    options: Sequence[str]) -> str:
+        """Format (once), give a clone's file system its own identity, and
+        mount the active volume at `target`, where it is not mounted yet;
+        returns the file system's type. Each tag goes once its step is done,
+        so a run killed part-way repeats only what is left."""
+        found = self.format_once(lvm, lv, fs_type)
+        if self.tags.new_fsid in lv.tags:
+            # The source is on this node too, most likely mounted.
+            self.fs.new_fsid(lv.path, found)
+            lvm.delete_tags(lv.name, [self.tags.new_fsid])
+        self.fs.mount(lv.path, target, found, list(options))
+        return found
+
+    def grow_pending(self, lvm: Lvm, lv: LogicalVolume, mount_point: str,
+                     fs_type: str) -> bool:
+        """Grow the mounted file system to its extended LV when the LV says it
+        is due (grow-fs tag), then drop the tag; True when it grew."""
+        if self.tags.grow_fs not in lv.tags:
+            return False
+        self.fs.grow(lv.path, mount_point, fs_type)
+        lvm.delete_tags(lv.name, [self.tags.grow_fs])
+        return True
