@@ -92,7 +92,7 @@ class Config:
     command_timeout: float = 120.0
     # Seconds a group snapshot may keep its members' file systems frozen.
     group_freeze_timeout: float = DEFAULT_FREEZE_LIMIT
-    # LVM's changing commands in one `lvm` shell kept running (lvm_shell.py).
+    # LVM's changing commands in one `lvm` shell kept running (storage/lvm_shell.py).
     lvm_shell: bool = True
     lock_dir: str = DEFAULT_LOCK_DIR
     backing_file: str | None = None

@@ -1,7 +1,7 @@
 """What can go wrong below the RPCs, said without any gRPC status code.
 
-The storage layer (lvm, fs, locks, host, pool, the volume layer) raises
-these. It does not know which RPC called it, so it does not choose the code:
+The layers below the front ends (volumes/, storage/, host/, nodestate/) raise
+these. They do not know which RPC called them, so they do not choose the code:
 a full thin pool is RESOURCE_EXHAUSTED for CreateVolume but OUT_OF_RANGE for
 ControllerExpandVolume, and a missing volume group must never look like a
 missing volume. `csi_local.csi.rpc` maps them, per RPC, in one table; the host
@@ -70,7 +70,7 @@ class UnknownDeviceClass(StorageError):
 
 class LvNotFound(StorageError):
     """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
-    "not found", mapped once, in lvm.py."""
+    "not found", mapped once, in storage/lvm.py."""
 
 
 class PoolUnusable(StorageError):

@@ -1,7 +1,7 @@
 """Changed-block tracking of CSI snapshots: the byte ranges of a snapshot that
 hold data, and the byte ranges that differ between two snapshots of one
 volume. Below the SnapshotMetadata servicer; the pool's mappings are read by
-thinmeta.py, and the snapshots found by volumes.py.
+storage/thin_mappings.py, and the snapshots found by volumes/naming.py.
 
 A thin snapshot's mappings are frozen when it is taken (csi-local never
 activates a snapshot object, so nothing writes to it), so the ranges are
