@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import re
 import string
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,6 +185,22 @@ def thin_xml_with(xml: str, device_ids: Sequence[int], transaction: int) -> str:
     return ET.tostring(root, encoding="unicode") + "\n"
 
 
+def _deactivate(run: Run, vg: str, cfg: list[str], tries: int = 10) -> None:
+    """Every LV of `vg` inactive (lvconvert swaps a pool's metadata only then).
+    A device just made or closed may still be open for a moment (udev's
+    probes), and vgchange leaves it active: settle, and try again."""
+    active: list[str] = []
+    for _ in range(tries):
+        run("vgchange", *cfg, "--activate", "n", vg, check=False, timeout=7200)
+        active = run("lvs", "-a", "--noheadings", "-o", "lv_name", "--select",
+                     "lv_active=active", vg).stdout.split()
+        if not active:
+            return
+        run("udevadm", "settle", check=False)
+        time.sleep(1)
+    raise RuntimeError(f"LVs of {vg} stay active: {', '.join(active)}")
+
+
 def fill_vg(run: Run, vg: str, pool: str, clones: Sequence[Clone], workdir: Path,
             *, say: Callable[[str], None] = lambda _s: None) -> dict[str, int]:
     """Add `clones` (of thin LVs in `vg`/`pool`) to the VG, as the module's
@@ -192,7 +209,7 @@ def fill_vg(run: Run, vg: str, pool: str, clones: Sequence[Clone], workdir: Path
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = ["--config", NO_ARCHIVE]
     meta = "csibenchfillmeta"
-    run("vgchange", *cfg, "--activate", "n", vg, timeout=7200)
+    _deactivate(run, vg, cfg)
     size = run("lvs", "--noheadings", "--units", "b", "--nosuffix", "-o",
                "lv_metadata_size", f"{vg}/{pool}").stdout.strip()
     # The pool's metadata out into an LV of its own (the new, empty one in).
