@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--large", action="store_true",
                         help="add 1,000 volumes to the scales (slow under emulation: about "
                         "25 minutes more)")
+    parser.add_argument("--huge", action="store_true",
+                        help="add 1,000 and 5,000 volumes to the scales (about an hour more "
+                        "under emulation; give the VM 4G of memory)")
+    parser.add_argument("--scale-only", action="store_true",
+                        help="only the scale cases (with the idle cost and imports): no "
+                        "latency, exec count, concurrency or storm sections")
+    parser.add_argument("--idle-at", type=_positive, default=None,
+                        help="measure the idle cost at this scale (one of --scale; default: "
+                        "the largest)")
     parser.add_argument("--rounds", type=_positive, default=5,
                         help="rounds per latency figure; the median is shown (default 5)")
     parser.add_argument("--concurrency", type=_positive, default=20,
@@ -76,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks: needs root and device-mapper (run it in the VM: "
               "scripts/vm-run -- python -m benchmarks)", file=sys.stderr)
         return 2
-    scales = sorted(set(args.scale + ([1000] if args.large else [])))
+    scales = sorted(set(args.scale + ([1000] if args.large else [])
+                        + ([1000, 5000] if args.huge else [])))
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)  # unwinds through the clean-up
@@ -89,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import_rounds=min(args.rounds, 3), plugin_args=list(args.plugin_args),
         storm=max(0, args.storm), storm_workers=args.storm_workers,
         idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
+        idle_at=args.idle_at, scale_only=args.scale_only,
         progress=None if args.quiet else (lambda s: print(f"bench: {s}", file=sys.stderr,
                                                            flush=True)),
     )

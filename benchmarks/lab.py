@@ -66,7 +66,7 @@ class LoopVG:
         self.image.unlink(missing_ok=True)
 
 
-def make_vg(size: int, pool_percent: int = 80) -> LoopVG:
+def make_vg(size: int, pool_percent: int = 80, pool_metadata: int | None = None) -> LoopVG:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     name = f"csibench{uuid.uuid4().hex[:8]}"
     image = SCRATCH / f"{name}.img"
@@ -79,8 +79,9 @@ def make_vg(size: int, pool_percent: int = 80) -> LoopVG:
         # copy of the VG's text beside the old one; the default 1 MiB is too small).
         run("pvcreate", "--yes", "--metadatasize", "16m", loop)
         run("vgcreate", "--yes", name, loop)
+        meta = ["--poolmetadatasize", f"{pool_metadata}b"] if pool_metadata else []
         run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
-            "--name", "pool", name)
+            *meta, "--name", "pool", name)
         # A full pool fails writes at once instead of queueing them (as the plugin's
         # own demo backing and the integration tests set it).
         run("lvchange", "--errorwhenfull", "y", f"{name}/pool")
@@ -117,6 +118,7 @@ class Plugin:
     vg: LoopVG
     workdir: Path
     extra_args: list[str] = field(default_factory=list)
+    python_args: list[str] = field(default_factory=list)  # e.g. ["-m", "cProfile", ...]
     proc: subprocess.Popen[bytes] | None = None
     channel: grpc.Channel | None = None
 
@@ -139,7 +141,7 @@ class Plugin:
 
     def argv(self) -> list[str]:
         return [
-            sys.executable, "-m", "csi_local", "serve",
+            sys.executable, *self.python_args, "-m", "csi_local", "serve",
             "--endpoint", self.endpoint, "--node-id", "bench-node",
             "--volume-group", self.vg.name, "--thin-pool", self.vg.pool,
             "--state-dir", str(self.workdir / "state"),
@@ -235,13 +237,13 @@ class Lab:
     """One VG, one work directory, the plugin processes started on them: all
     removed by `close()`, whatever state a failed run left them in."""
 
-    def __init__(self, vg_size: int) -> None:
+    def __init__(self, vg_size: int, pool_metadata: int | None = None) -> None:
         self.workdir = SCRATCH / f"w-{uuid.uuid4().hex[:8]}"
         self.workdir.mkdir(parents=True)
         self.vg: LoopVG | None = None
         self.plugins: list[Plugin] = []
         try:
-            self.vg = make_vg(vg_size)
+            self.vg = make_vg(vg_size, pool_metadata=pool_metadata)
         except BaseException:
             self.close()
             raise

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 # The LVM tools (every one is the `lvm` binary under another name) and lvm's helpers.
 LVM_TOOLS = frozenset({
@@ -208,4 +209,40 @@ def top_imports(rows: list[ImportCost], share: float = 0.04, max_depth: int = 3,
                 walk(children.get(id(node), []))
 
     walk(roots)
+    return out
+
+
+# The steps of the plugin's start before its socket answers, by (file name,
+# function name) as cProfile records them (file names, not module paths, so
+# that a module moved into a package is still found), in the order they run.
+STARTUP_STEPS: tuple[tuple[str, str, str], ...] = (
+    ("server.py", "_claim_socket", "the socket path checked"),
+    ("plugin.py", "__init__", "the plugin's objects (the next four, and the rest)"),
+    ("state.py", "__init__", "the state file loaded, reconciled with LVM"),
+    ("pool.py", "note_volume_groups", "which VGs are here (the pools read)"),
+    ("cbt.py", "release_leftovers", "a held metadata snapshot released"),
+    ("groups.py", "recover", "group snapshot journals recovered"),
+    ("server.py", "build_server", "the gRPC server built"),
+    ("_server.py", "start", "the gRPC server started (grpc)"),
+    ("plugin.py", "start", "pool monitors and the lvm shell started"),
+)
+
+
+@dataclass
+class StartupStep:
+    label: str
+    seconds: float  # cumulative, under the profiler
+
+
+def startup_steps(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[StartupStep]:
+    """STARTUP_STEPS' cumulative times in a cProfile dump (pstats.Stats.stats:
+    {(file, line, function): (calls, primitive calls, own, cumulative, callers)}),
+    each step summed over the functions of that name in a file of that name;
+    steps that never ran are left out."""
+    out = []
+    for file, func, label in STARTUP_STEPS:
+        got = [v[3] for (f, _line, fn), v in stats.items()
+               if fn == func and os.path.basename(f) == file]
+        if got:
+            out.append(StartupStep(label, float(sum(got))))
     return out

@@ -15,9 +15,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.report]
 
 def test_benchmark_figures_are_all_produced() -> None:
     progress: list[str] = []
-    res = run_bench(Options(scales=[10], rounds=2, concurrency=20, startup_rounds=1,
+    # 1,000 volumes (and 100 snapshots) by the fast fill (benchmarks/fill.py).
+    res = run_bench(Options(scales=[10, 1000], rounds=2, concurrency=20, startup_rounds=1,
                             import_rounds=1, storm=8, storm_workers=3, idle_seconds=10,
-                            scrape_interval=5, progress=progress.append))
+                            scrape_interval=5, idle_at=10, progress=progress.append))
     print("\n" + format_tables(res))
     if res.errors or res.missing():
         print("--- bench progress ---\n" + "\n".join(progress))
@@ -27,6 +28,10 @@ def test_benchmark_figures_are_all_produced() -> None:
                 "ListVolumes", "DeleteVolume"}
     assert expected <= {e.rpc for e in res.execs if e.count is not None}
     for op in ("ListVolumes, 10 volumes", "plugin RSS, 10 volumes",
+               "ListVolumes, 1000 volumes", "ListSnapshots, 100 snapshots of 1000 volumes",
+               "GetCapacity, 1000 volumes", "CreateVolume, 1000 volumes",
+               "DeleteVolume, 1000 volumes", "start-up to first Probe, 1000 volumes",
+               "start-up step, 1000 volumes: the state file loaded, reconciled with LVM",
                "start-up to first Probe, 10 volumes", "20 concurrent CreateVolume",
                "pod storm: 8 PVCs to published", "pod storm: 8 up while 8 go",
                "pod storm CreateVolume p99", "pod storm DeleteVolume p50",

@@ -3,6 +3,8 @@ runs in the VM, tests/integration/test_bench.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from benchmarks.measure import ExecCount, parse_execs, parse_importtime, top_imports
 from benchmarks.report import ExecRow, MiB, Results, Row, format_tables
 
@@ -81,3 +83,19 @@ def test_counts_a_minute_print_as_such_with_what_was_started() -> None:
     assert "4.0/min" in text and "<= 0.0/min" in text
     assert "nothing happening: 1 in 15 s (strace): lvs" in text
     assert res.rows[0].met is False
+
+
+def test_startup_steps_are_found_by_file_and_function_name() -> None:
+    from benchmarks.measure import startup_steps
+
+    stats: dict[tuple[str, int, str], tuple[int, int, float, float, dict[Any, Any]]] = {
+        ("/x/csi_local/plugin.py", 58, "__init__"): (1, 1, 0.1, 2.5, {}),
+        ("/x/csi_local/state/state.py", 196, "__init__"): (1, 1, 0.0, 1.5, {}),  # moved
+        ("/x/csi_local/state.py", 300, "other"): (1, 1, 0.0, 9.0, {}),
+        ("/x/csi_local/pool.py", 495, "note_volume_groups"): (1, 1, 0.0, 0.5, {}),
+        ("/x/grpc/_server.py", 10, "start"): (1, 1, 0.0, 0.25, {}),
+        ("/x/csi_local/plugin.py", 119, "start"): (1, 1, 0.0, 0.125, {}),
+    }
+    got = [(s.label.split(" ")[1], s.seconds) for s in startup_steps(stats)]
+    assert got == [("plugin's", 2.5), ("state", 1.5), ("VGs", 0.5), ("gRPC", 0.25),
+                   ("monitors", 0.125)]
