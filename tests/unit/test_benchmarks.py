@@ -3,6 +3,7 @@ runs in the VM, tests/integration/test_bench.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from benchmarks.measure import ExecCount, parse_execs, parse_importtime, top_imports
@@ -89,13 +90,28 @@ def test_startup_steps_are_found_by_file_and_function_name() -> None:
     from benchmarks.measure import startup_steps
 
     stats: dict[tuple[str, int, str], tuple[int, int, float, float, dict[Any, Any]]] = {
-        ("/x/csi_local/plugin.py", 58, "__init__"): (1, 1, 0.1, 2.5, {}),
-        ("/x/csi_local/state/state.py", 196, "__init__"): (1, 1, 0.0, 1.5, {}),  # moved
-        ("/x/csi_local/state.py", 300, "other"): (1, 1, 0.0, 9.0, {}),
-        ("/x/csi_local/pool.py", 495, "note_volume_groups"): (1, 1, 0.0, 0.5, {}),
+        ("/x/csi_local/csi/plugin.py", 58, "__init__"): (1, 1, 0.1, 2.5, {}),
+        ("/x/csi_local/state/state_file.py", 196, "__init__"): (1, 1, 0.0, 1.5, {}),  # moved
+        ("/x/csi_local/nodestate/state_file.py", 300, "other"): (1, 1, 0.0, 9.0, {}),
+        ("/x/csi_local/volumes/pool.py", 495, "note_volume_groups"): (1, 1, 0.0, 0.5, {}),
         ("/x/grpc/_server.py", 10, "start"): (1, 1, 0.0, 0.25, {}),
         ("/x/csi_local/plugin.py", 119, "start"): (1, 1, 0.0, 0.125, {}),
     }
     got = [(s.label.split(" ")[1], s.seconds) for s in startup_steps(stats)]
     assert got == [("plugin's", 2.5), ("state", 1.5), ("VGs", 0.5), ("gRPC", 0.25),
                    ("monitors", 0.125)]
+
+
+def test_each_startup_step_names_a_function_of_the_plugin() -> None:
+    """A step is found by file and function name: a module or function renamed
+    in src/ must be renamed in STARTUP_STEPS, or its row silently vanishes."""
+    import ast
+
+    from benchmarks.measure import STARTUP_STEPS
+
+    src = Path(__file__).resolve().parents[2] / "src" / "csi_local"
+    defined = {(path.name, node.name) for path in src.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    ours = [(f, fn) for f, fn, _ in STARTUP_STEPS if f != "_server.py"]  # grpc's own
+    assert [s for s in ours if s not in defined] == []
