@@ -183,7 +183,8 @@ WEIGHTS = {
 DEFAULT_WEIGHT = 3
 
 # Settings of the guest's tests that a caller may give on the host.
-FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED")
+FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED",
+                 "CSI_LOCAL_WALK_PROGRESS")
 
 
 def weight(nodeid: str) -> int:

@@ -231,9 +231,14 @@ class Walk:
 
         def check(what: str, got: Any, want: Any) -> None:
             if got != want:
+                # LVM asked again: when it now agrees with the plugin, a third
+                # actor changed the VG between the two reads.
+                now = run("lvs", "--noheadings", "-o", "lv_name,lv_attr", self.vg,
+                          check=False).stdout
                 raise Divergence(f"{where}: {what}: plugin {got!r}, LVM {want!r}; "
                                  f"LVM's warnings: {warnings.strip()!r}; "
-                                 f"plugin's metadata problem: {problem!r}")
+                                 f"plugin's metadata problem: {problem!r}; "
+                                 f"lvs after the plugin answered: {now!r}")
 
         # ListVolumes
         with self.clock.timed("check ListVolumes"):
@@ -555,6 +560,12 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
                       f"{time.monotonic() - started:.0f} s", flush=True)
             with walk.clock.timed(f"step {action.__name__}"):
                 action()
+            with walk.clock.timed("udev settle"):
+                # A new or changed PV is a udev event, and LVM's rules answer
+                # it with `vgchange -aay` (event autoactivation): it would
+                # activate a volume between LVM's answer and the plugin's.
+                # Its events end before the two are compared.
+                run("udevadm", "settle", "--timeout=60", check=False)
             walk.steps[action.__name__] = walk.steps.get(action.__name__, 0) + 1
             walk.compare(step, action.__name__, last=step == steps)
             ends.append(time.monotonic() - started)
