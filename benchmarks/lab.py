@@ -1,6 +1,11 @@
-"""The bench's own loop-backed VG with a thin pool, and a csi-local server
-process on it. A standalone equivalent of tests/integration/conftest.py's
-helpers (no pytest needed); everything made here is undone by `Lab.close`."""
+"""The lab the benchmarks and the integration tests both build on: loop-backed
+VGs with a thin pool, and a csi-local server process on one.
+
+One home for both. The tests' fixtures (tests/integration/conftest.py) import
+it; it imports nothing from tests/ and needs no pytest, so `python -m
+benchmarks` runs from a fresh clone. Each side keeps its own scratch directory
+and VG names (`make_vg`'s `scratch` and `prefix`). The bench's `Lab` undoes
+everything it made in `Lab.close`."""
 
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ SCRATCH = Path("/run/csi-local-bench")
 ENV = {"LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
 
 
-class CommandFailed(RuntimeError):
-    pass
+class CommandFailed(RuntimeError, AssertionError):
+    """A command of the lab exited non-zero. An AssertionError too: in a test
+    it fails as an assert does (tests that gather failed checks catch those)."""
 
 
 def run(*argv: str, check: bool = True, input: str | None = None,
@@ -57,6 +63,16 @@ class LoopVG:
     pool: str
     image: Path
     loop: str
+    size: int
+
+    def lv_names(self) -> list[str]:
+        out = run("lvs", "--noheadings", "-o", "lv_name", self.name).stdout
+        return sorted(x.strip() for x in out.split() if x.strip() and x.strip() != self.pool)
+
+    def clean(self) -> None:
+        """Remove every LV but the pool (mounts must be gone first)."""
+        if self.lv_names():
+            run("lvremove", "--yes", "--select", f"lv_name!={self.pool}", self.name)
 
     def destroy(self) -> None:
         # --force removes the LVs too (a thousand take a while under emulation).
@@ -66,25 +82,34 @@ class LoopVG:
         self.image.unlink(missing_ok=True)
 
 
-def make_vg(size: int, pool_percent: int = 80, pool_metadata: int | None = None) -> LoopVG:
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    name = f"csibench{uuid.uuid4().hex[:8]}"
-    image = SCRATCH / f"{name}.img"
+def make_vg(size: int, *, scratch: Path, prefix: str, pool_percent: int = 80,
+            errorwhenfull: bool = True, metadatasize: str | None = None,
+            dataalignment: str | None = None, pool_metadata: int | None = None) -> LoopVG:
+    """A VG named `prefix` and a random suffix, on a sparse file of `size`
+    bytes in `scratch`, with a thin pool "pool" of `pool_percent` of it.
+
+    `metadatasize`: the PV's metadata area (pvcreate --metadatasize; None:
+    LVM's default). pvcreate grows the area up to where the data starts,
+    aligned to `dataalignment` (LVM's default: 1 MiB). `pool_metadata`: the
+    thin pool's metadata LV in bytes (None: LVM's choice). A failure part-way
+    removes what was made."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    image = scratch / f"{name}.img"
     with open(image, "wb") as f:
         f.truncate(size)
     loop = run("losetup", "--find", "--show", str(image)).stdout.strip()
-    vg = LoopVG(name=name, pool="pool", image=image, loop=loop)
+    vg = LoopVG(name=name, pool="pool", image=image, loop=loop, size=size)
     try:
-        # Room in the PV's metadata area for a thousand tagged LVs (LVM writes a new
-        # copy of the VG's text beside the old one; the default 1 MiB is too small).
-        run("pvcreate", "--yes", "--metadatasize", "16m", loop)
+        if metadatasize is not None:
+            align = ["--dataalignment", dataalignment] if dataalignment else []
+            run("pvcreate", "--yes", "--metadatasize", metadatasize, *align, loop)
         run("vgcreate", "--yes", name, loop)
         meta = ["--poolmetadatasize", f"{pool_metadata}b"] if pool_metadata else []
         run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
             *meta, "--name", "pool", name)
-        # A full pool fails writes at once instead of queueing them (as the plugin's
-        # own demo backing and the integration tests set it).
-        run("lvchange", "--errorwhenfull", "y", f"{name}/pool")
+        # A full pool fails writes at once instead of queueing them for a minute.
+        run("lvchange", "--errorwhenfull", "y" if errorwhenfull else "n", f"{name}/pool")
     except BaseException:
         vg.destroy()
         raise
@@ -111,13 +136,18 @@ CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50),
 
 
 @dataclass
-class Plugin:
-    """A `csi-local serve` process (as tests/integration's PluginProcess starts
-    it, at the default log level) and stubs for its three services."""
+class PluginProcess:
+    """A `csi-local serve` process and stubs for its three services. The
+    defaults are the tests' (debug log); the bench's `Lab.plugin` starts it
+    at the default log level, as a deployment runs it."""
 
     vg: LoopVG
     workdir: Path
     extra_args: list[str] = field(default_factory=list)
+    node_id: str = "node-1"
+    # Device classes from this file (--config) instead of the VG's pool by flags.
+    config_file: Path | None = None
+    log_level: str | None = "debug"  # None: the plugin's default
     python_args: list[str] = field(default_factory=list)  # e.g. ["-m", "cProfile", ...]
     proc: subprocess.Popen[bytes] | None = None
     channel: grpc.Channel | None = None
@@ -131,6 +161,10 @@ class Plugin:
         return f"unix://{self.socket}"
 
     @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
     def log_path(self) -> Path:
         return self.workdir / "plugin.log"
 
@@ -142,15 +176,17 @@ class Plugin:
     def argv(self) -> list[str]:
         return [
             sys.executable, *self.python_args, "-m", "csi_local", "serve",
-            "--endpoint", self.endpoint, "--node-id", "bench-node",
-            "--volume-group", self.vg.name, "--thin-pool", self.vg.pool,
-            "--state-dir", str(self.workdir / "state"),
-            "--lock-dir", str(self.workdir / "locks"), *self.extra_args,
+            "--endpoint", self.endpoint, "--node-id", self.node_id,
+            *(["--config", str(self.config_file)] if self.config_file is not None
+              else ["--volume-group", self.vg.name, "--thin-pool", self.vg.pool]),
+            "--state-dir", str(self.state_dir), "--lock-dir", str(self.workdir / "locks"),
+            *(["--log-level", self.log_level] if self.log_level is not None else []),
+            *self.extra_args,
         ]
 
     def start(self, timeout: float = 300) -> float:
         """Start the server; seconds from the process start to its first
-        successful Probe."""
+        successful Probe (emulated CPUs start Python and grpc slowly)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         t0 = time.perf_counter()
@@ -160,8 +196,7 @@ class Plugin:
         deadline = time.monotonic() + timeout
         # Wait for a listening socket first, then one Probe that waits for the channel.
         while not _listening(self.socket):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plugin exited {self.proc.returncode}:\n{self.log()[-4000:]}")
+            self._check_running()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"plugin did not listen within {timeout:.0f}s")
             time.sleep(0.01)
@@ -171,11 +206,24 @@ class Plugin:
                 self.identity.Probe(pb.ProbeRequest(), timeout=60, wait_for_ready=True)
                 return time.perf_counter() - t0
             except grpc.RpcError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                self._check_running()
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
 
-    def stop(self) -> None:
+    def _check_running(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"plugin exited {self.proc.returncode}:\n{self.log()[-20000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._close_channel()
+
+    def stop(self) -> int | None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -183,6 +231,17 @@ class Plugin:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._close_channel()
+        return None if self.proc is None else self.proc.returncode
+
+    def restart(self, kill: bool = True) -> None:
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def _close_channel(self) -> None:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
@@ -215,6 +274,12 @@ class Plugin:
         assert self.channel is not None
         return csi_pb2_grpc.NodeStub(self.channel)
 
+    def path(self, *parts: str) -> str:
+        """A fresh path under the work directory (parent made, path itself not)."""
+        p = self.workdir.joinpath("paths", *parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return str(p)
+
 
 _OWN_START = re.compile(r"own start: ([0-9.]+)s")
 
@@ -241,16 +306,20 @@ class Lab:
         self.workdir = SCRATCH / f"w-{uuid.uuid4().hex[:8]}"
         self.workdir.mkdir(parents=True)
         self.vg: LoopVG | None = None
-        self.plugins: list[Plugin] = []
+        self.plugins: list[PluginProcess] = []
         try:
-            self.vg = make_vg(vg_size, pool_metadata=pool_metadata)
+            # Room in the PV's metadata area for a thousand tagged LVs (LVM writes a new
+            # copy of the VG's text beside the old one; the default 1 MiB is too small).
+            self.vg = make_vg(vg_size, scratch=SCRATCH, prefix="csibench", metadatasize="16m",
+                              pool_metadata=pool_metadata)
         except BaseException:
             self.close()
             raise
 
-    def plugin(self, *extra_args: str) -> Plugin:
+    def plugin(self, *extra_args: str) -> PluginProcess:
         assert self.vg is not None
-        p = Plugin(self.vg, self.workdir / "plugin", list(extra_args))
+        p = PluginProcess(self.vg, self.workdir / "plugin", list(extra_args),
+                          node_id="bench-node", log_level=None)
         self.plugins.append(p)
         return p
 

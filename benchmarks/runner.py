@@ -32,7 +32,7 @@ import psutil
 import csi_local
 from benchmarks import measure
 from benchmarks.fill import Clone, fill_vg, pool_metadata_bytes
-from benchmarks.lab import SCRATCH, Lab, Plugin, run, timed
+from benchmarks.lab import SCRATCH, Lab, PluginProcess, run, timed
 from benchmarks.report import ExecRow, MiB, Results, Row, fmt_value
 from csi_local._gen import csi_pb2 as pb
 from csi_local.storage.lvm import LV_FIELDS
@@ -96,7 +96,7 @@ class Bench:
         self.opts = opts
         self.res = results
         self.lab: Lab | None = None
-        self.plugin: Plugin | None = None
+        self.plugin: PluginProcess | None = None
         self.fillers: list[str] = []
         self.snapshots: list[str] = []
 
@@ -137,7 +137,7 @@ class Bench:
     def pool(self) -> str:
         return f"{self.vg}/pool"
 
-    def p(self) -> Plugin:
+    def p(self) -> PluginProcess:
         """The running plugin, restarted if it died."""
         assert self.plugin is not None
         if self.plugin.proc is None or self.plugin.proc.poll() is not None:

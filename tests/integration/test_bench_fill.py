@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fill import Clone, fill_vg, pool_metadata_bytes
-from benchmarks.lab import Lab, Plugin, run
+from benchmarks.lab import Lab, PluginProcess, run
 from benchmarks.runner import _mount_cap
 from csi_local._gen import csi_pb2 as pb
 from csi_local.volumes import naming as vols
@@ -35,7 +35,7 @@ def lab() -> Iterator[Lab]:
         lab.close()
 
 
-def _names(plugin: Plugin, snapshots: bool) -> set[str]:
+def _names(plugin: PluginProcess, snapshots: bool) -> set[str]:
     names: set[str] = set()
     token = ""
     while True:
