@@ -1,28 +1,30 @@
 """Fixtures for integration tests: loop-backed VGs and thin pools, and a
 running csi-local server. These need root, device-mapper, mkfs and mount:
-inside the test VM (or a qualifying host)."""
+inside the test VM (or a qualifying host). The VGs and the server process
+themselves come from benchmarks/lab.py, the one home the benchmarks share;
+here are the tests' defaults and the fixtures' life cycle."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import grpc
 import pytest
 
+from benchmarks import lab
+from benchmarks.lab import LoopVG, PluginProcess, run, unmount_under
 from csi_local._gen import csi_pb2 as pb
-from csi_local._gen import csi_pb2_grpc
 from csi_local.host import mounts
+
+# What the tests import from here (the lab's names among them).
+__all__ = ["SCRATCH", "AccessModeValue", "LoopVG", "PluginProcess", "block_cap",
+           "expect_code", "make_vg", "mount_cap", "run", "unmount_under"]
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -38,72 +40,13 @@ SCRATCH = Path("/run/csi-local-tests")
 AccessModeValue: TypeAlias = pb.VolumeCapability.AccessMode.Mode.ValueType
 
 
-def run(*argv: str, check: bool = True,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
-    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=env,
-                          input=input)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{argv} exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc
-
-
-@dataclass
-class LoopVG:
-    """A VG on a sparse file in tmpfs, with one thin pool."""
-
-    name: str
-    pool: str
-    image: Path
-    loop: str
-    size: int
-
-    def lv_names(self) -> list[str]:
-        out = run("lvs", "--noheadings", "-o", "lv_name", self.name).stdout
-        return sorted(x.strip() for x in out.split() if x.strip() and x.strip() != self.pool)
-
-    def clean(self) -> None:
-        """Remove every LV but the pool (mounts must be gone first)."""
-        if self.lv_names():
-            run("lvremove", "--yes", "--select", f"lv_name!={self.pool}", self.name)
-
-    def destroy(self) -> None:
-        run("vgremove", "--yes", "--force", self.name, check=False)
-        run("losetup", "--detach", self.loop, check=False)
-        self.image.unlink(missing_ok=True)
-
-
 def make_vg(size: int = 4 << 30, pool_percent: int = 80, *, errorwhenfull: bool = True,
             metadatasize: str | None = None, dataalignment: str | None = None) -> LoopVG:
-    """`metadatasize`: the PV's metadata area (pvcreate --metadatasize; None:
-    LVM's default). pvcreate grows the area up to where the data starts,
-    aligned to `dataalignment` (LVM's default: 1 MiB)."""
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    name = f"csitest{uuid.uuid4().hex[:8]}"
-    image = SCRATCH / f"{name}.img"
-    with open(image, "wb") as f:
-        f.truncate(size)
-    loop = run("losetup", "--find", "--show", str(image)).stdout.strip()
-    if metadatasize is not None:
-        align = ["--dataalignment", dataalignment] if dataalignment else []
-        run("pvcreate", "--yes", "--metadatasize", metadatasize, *align, loop)
-    run("vgcreate", "--yes", name, loop)
-    run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
-        "--name", "pool", name)
-    # A full pool fails writes at once instead of queueing them for a minute.
-    run("lvchange", "--errorwhenfull", "y" if errorwhenfull else "n", f"{name}/pool")
-    return LoopVG(name=name, pool="pool", image=image, loop=loop, size=size)
-
-
-def unmount_under(root: Path) -> None:
-    prefix = str(root) + "/"
-    for _ in range(5):
-        stale = [m.mount_point for m in mounts.read_mounts()
-                 if m.mount_point.startswith(prefix)]
-        if not stale:
-            return
-        for point in sorted(stale, key=len, reverse=True):
-            run("umount", "-l", point, check=False)
+    """A VG of the tests' own (csitest..., its image in SCRATCH) with a thin
+    pool: `benchmarks.lab.make_vg`, whose doc says what the options do."""
+    return lab.make_vg(size, scratch=SCRATCH, prefix="csitest", pool_percent=pool_percent,
+                       errorwhenfull=errorwhenfull, metadatasize=metadatasize,
+                       dataalignment=dataalignment)
 
 
 # Where LVM archives each VG's metadata before a change (the host's lvm.conf:
@@ -139,117 +82,6 @@ def vg(session_vg: LoopVG) -> Iterator[LoopVG]:
     """The session's VG and pool, emptied after each test."""
     yield session_vg
     session_vg.clean()
-
-
-@dataclass
-class PluginProcess:
-    """A csi-local server process and clients for its three services."""
-
-    vg: LoopVG
-    workdir: Path
-    extra_args: list[str] = field(default_factory=list)
-    node_id: str = "node-1"
-    # Device classes from this file (--config) instead of the VG's pool by flags.
-    config_file: Path | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    channel: grpc.Channel | None = None
-
-    @property
-    def socket(self) -> str:
-        return str(self.workdir / "csi.sock")
-
-    @property
-    def endpoint(self) -> str:
-        return f"unix://{self.socket}"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.workdir / "state"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "plugin.log"
-
-    def argv(self) -> list[str]:
-        return [
-            sys.executable, "-m", "csi_local", "serve",
-            "--endpoint", self.endpoint, "--node-id", self.node_id,
-            *(["--config", str(self.config_file)] if self.config_file is not None
-              else ["--volume-group", self.vg.name, "--thin-pool", self.vg.pool]),
-            "--state-dir", str(self.state_dir), "--lock-dir", str(self.workdir / "locks"),
-            "--log-level", "debug", *self.extra_args,
-        ]
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-        self.channel = grpc.insecure_channel(self.endpoint)
-        deadline = time.monotonic() + 240  # emulated CPUs start Python+grpc slowly
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plugin exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                self.identity.Probe(pb.ProbeRequest(), timeout=5)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        """SIGKILL: no clean-up of any kind."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        self._close_channel()
-
-    def stop(self) -> int | None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._close_channel()
-        return None if self.proc is None else self.proc.returncode
-
-    def restart(self, kill: bool = True) -> None:
-        if kill:
-            self.kill()
-        else:
-            self.stop()
-        self.start()
-
-    def _close_channel(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    @property
-    def identity(self) -> csi_pb2_grpc.IdentityStub:
-        assert self.channel is not None
-        return csi_pb2_grpc.IdentityStub(self.channel)
-
-    @property
-    def controller(self) -> csi_pb2_grpc.ControllerStub:
-        assert self.channel is not None
-        return csi_pb2_grpc.ControllerStub(self.channel)
-
-    @property
-    def node(self) -> csi_pb2_grpc.NodeStub:
-        assert self.channel is not None
-        return csi_pb2_grpc.NodeStub(self.channel)
-
-    def path(self, *parts: str) -> str:
-        """A fresh path under the scratch directory (parent made, path itself not)."""
-        p = self.workdir.joinpath("paths", *parts)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return str(p)
 
 
 def _failed(request: pytest.FixtureRequest) -> bool:
