@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -181,20 +182,19 @@ class Bench:
 
     def list_volumes(self) -> int:
         """Every page of ListVolumes: the number of volumes listed."""
-        listed, token = 0, ""
-        while True:
-            reply = self.p().controller.ListVolumes(pb.ListVolumesRequest(
-                starting_token=token), timeout=600)
-            listed += len(reply.entries)
-            token = reply.next_token
-            if not token:
-                return listed
+        return self._list_all(self.p().controller.ListVolumes, pb.ListVolumesRequest)
 
     def list_snapshots(self) -> int:
+        """Every page of ListSnapshots: the number of snapshots listed."""
+        return self._list_all(self.p().controller.ListSnapshots, pb.ListSnapshotsRequest)
+
+    @staticmethod
+    def _list_all(rpc: Callable[..., Any], request: Callable[..., Any]) -> int:
+        """Every page of a List RPC (`rpc` called with `request(starting_token=...)`
+        until the reply has no next_token): the number of entries listed."""
         listed, token = 0, ""
         while True:
-            reply = self.p().controller.ListSnapshots(pb.ListSnapshotsRequest(
-                starting_token=token), timeout=600)
+            reply = rpc(request(starting_token=token), timeout=600)
             listed += len(reply.entries)
             token = reply.next_token
             if not token:

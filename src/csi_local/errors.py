@@ -68,6 +68,12 @@ class UnknownDeviceClass(StorageError):
     source is not in."""
 
 
+class NameTaken(StorageError):
+    """A name asked for is taken by something other than what is asked for:
+    a volume or snapshot of another source, size or class, or an LV that is
+    none of the plugin's."""
+
+
 class LvNotFound(StorageError):
     """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
     "not found", mapped once, in storage/lvm.py."""

@@ -284,9 +284,10 @@ CREATE_ERRORS = [
         "volume_content_source.snapshot_id '../x' is not a valid ID"),
     row("empty-volume-source-id", cv(volume=""), "INVALID_ARGUMENT",
         "volume_content_source.volume_id is required"),
+    # A negative size is wrong whatever LVM says: refused before anything runs.
+    row("negative-required", cv(rng=(-1, 0)), "INVALID_ARGUMENT", "must not be negative"),
+    row("negative-limit", cv(rng=(0, -1)), "INVALID_ARGUMENT", "must not be negative"),
     # Sizes: checked against the report's extent size, under the pool lock.
-    row("negative-required", cv(rng=(-1, 0)), "INVALID_ARGUMENT", "must not be negative",
-        ran="lvs"),
     row("required-above-limit", cv(rng=(2 * GiB, GiB)), "OUT_OF_RANGE",
         "exceed the limit", ran="lvs"),
     row("limit-below-one-extent", cv(rng=(0, MiB)), "OUT_OF_RANGE", "whole extents",

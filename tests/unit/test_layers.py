@@ -164,6 +164,8 @@ def test_storage_errors_carry_no_code() -> None:
     ("CreateVolume", errors.SizeOutOfRange("no size"), "OUT_OF_RANGE"),
     ("CreateVolume", errors.CommandError(["lvcreate"], 3, "", "boom"), "INTERNAL"),
     ("CreateVolume", rpc.AlreadyExists("other"), "ALREADY_EXISTS"),
+    ("CreateVolume", errors.NameTaken("other source"), "ALREADY_EXISTS"),
+    ("CreateSnapshot", errors.NameTaken("other volume"), "ALREADY_EXISTS"),
     ("CreateVolume", KeyError("x"), "INTERNAL"),
     ("GetMetadataDelta", errors.SnapshotsNotComparable("two volumes"), "INVALID_ARGUMENT"),
     ("GetMetadataDelta", errors.MappingToolsMissing("no thin_delta"), "FAILED_PRECONDITION"),

@@ -74,6 +74,8 @@ CODES: dict[type[errors.StorageError], str] = {
     # yet must never make a volume look deleted.
     errors.VolumeGroupMissing: "UNAVAILABLE",
     errors.LvNotFound: "NOT_FOUND",
+    # CreateVolume's and CreateSnapshot's "incompatible with the name".
+    errors.NameTaken: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.PoolUnusable: "FAILED_PRECONDITION",
     errors.NoRoom: "RESOURCE_EXHAUSTED",

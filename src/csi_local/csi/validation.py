@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.csi.rpc import InvalidArgument, OutOfRange, ResourceExhausted
-from csi_local.errors import MountOptionError, SizeOutOfRange
+from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
+from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystem_rules import SUPPORTED_FS
 from csi_local.nodestate.state_file import AccessType
-from csi_local.volumes import sizes
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 SINGLE_NODE_MODES = frozenset({
@@ -30,7 +29,6 @@ SINGLE_NODE_MODES = frozenset({
 READ_ONLY_MODES = frozenset({pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY})
 # Keys the CO adds on its own (Kubernetes' external-provisioner and -snapshotter).
 CO_PARAMETER_PREFIXES = ("csi.storage.k8s.io/",)
-DEFAULT_SIZE = 1 << 30
 MAX_PATH = 4096
 MAX_ID_BYTES = 128
 # System trees no staging or target path may lie in (or resolve into).
@@ -157,27 +155,14 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
     return own
 
 
-def size_for(
-    rng: pb.CapacityRange | None, extent: int, *, minimum: int = 0, default: int = DEFAULT_SIZE
-) -> int:
-    """The size to make for a capacity range (sizes.size_for's rule);
-    OUT_OF_RANGE when the range cannot be met."""
+def capacity_range(rng: pb.CapacityRange | None) -> tuple[int, int]:
+    """(required, limit) bytes of a capacity range, 0 where not set; what size
+    meets them is the volume layer's rule (sizes.size_for)."""
     req = rng.required_bytes if rng is not None else 0
     lim = rng.limit_bytes if rng is not None else 0
     if req < 0 or lim < 0:
         raise InvalidArgument("capacity_range bytes must not be negative")
-    try:
-        return sizes.size_for(req, lim, extent, default=default, minimum=minimum)
-    except SizeOutOfRange as err:
-        raise OutOfRange(err.message) from None
-
-
-def in_range(size: int, rng: pb.CapacityRange | None) -> bool:
-    if rng is None:
-        return True
-    if rng.required_bytes and size < rng.required_bytes:
-        return False
-    return not (rng.limit_bytes and size > rng.limit_bytes)
+    return req, lim
 
 
 def topology_allows(req: pb.TopologyRequirement | None, key: str, node_id: str) -> None:

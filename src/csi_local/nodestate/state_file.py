@@ -279,6 +279,14 @@ class StateStore:
         with self._mutex:
             return self._records.get(volume_id) or VolumeRecord(volume_id)
 
+    def where_used(self, volume_id: str) -> str | None:
+        """Where the volume is staged or published on this node (its staging
+        path, else its targets); None when nowhere."""
+        rec = self.get(volume_id)
+        if rec.empty:
+            return None
+        return rec.staging.path if rec.staging else ", ".join(rec.publishes)
+
     def all(self) -> dict[str, VolumeRecord]:
         with self._mutex:
             return dict(self._records)

@@ -56,12 +56,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from csi_local.errors import CannotQuiesce, FreezeTimeout, OriginFrozen, StorageError
-from csi_local.host import mounts
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.storage.lvm import LogicalVolume, VgReport
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.pool import Pool, Pools
 
 # Seconds a group snapshot may keep its members' file systems frozen
@@ -196,6 +196,8 @@ class GroupSnapshots:
         self.host = host
         self.journal_dir = journal_dir
         self.freeze_limit = freeze_limit  # seconds the members may stay frozen
+        # Where a member's file system is mounted: the one rule of VolumeSteps.
+        self.steps = VolumeSteps(fs, host, CSI_TAGS)
 
     # reading ---------------------------------------------------------------
 
@@ -285,13 +287,10 @@ class GroupSnapshots:
         table = self.host.mounts()
         paths = []
         for _, lv in sources:
-            shown = self.host.mounts_of(lv.kernel_major, lv.kernel_minor, table)
-            # A file system mounted from the device, not its node bound onto a
-            # file (a raw block volume staged or published).
-            fs = [m for m in shown if mounts.mount_node(m) is None]
-            if fs:
-                paths.append((fs[0].mount_point, (lv.kernel_major, lv.kernel_minor)))
-            elif (shown or lv.open) and len(sources) > 1:
+            fs = self.steps.mounted_filesystem(lv, table)
+            if fs is not None:
+                paths.append((fs.mount_point, (lv.kernel_major, lv.kernel_minor)))
+            elif (lv.open or self.steps.device_mounts(lv, table)) and len(sources) > 1:
                 raise CannotQuiesce(
                     f"volume {lv.name} is in use as a raw block device, which cannot be "
                     "held still while the other members are snapshotted: snapshot it alone, "

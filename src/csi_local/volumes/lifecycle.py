@@ -90,16 +90,22 @@ class VolumeSteps:
 
     # snapshots and clones ------------------------------------------------------
 
+    def device_mounts(self, lv: LogicalVolume,
+                      table: list[Mount] | None = None) -> list[Mount]:
+        """Every mount of the LV's device (none for an inactive LV): its file
+        system's, and its node bound onto a file (a raw block volume staged or
+        published). From the kernel's mount table, which no lost state write
+        can make wrong."""
+        if not lv.active or lv.kernel_major < 0:
+            return []
+        return self.host.mounts_of(lv.kernel_major, lv.kernel_minor, table)
+
     def mounted_filesystem(self, lv: LogicalVolume,
                            table: list[Mount] | None = None) -> Mount | None:
         """Where the LV's file system is mounted (the first such mount), None
         when it is not: an inactive LV, a raw block volume whose node is only
-        bound onto a file, or nothing at all. From the kernel's mount table,
-        which no lost state write can make wrong."""
-        if not lv.active or lv.kernel_major < 0:
-            return None
-        shown = self.host.mounts_of(lv.kernel_major, lv.kernel_minor, table)
-        return next((m for m in shown if mount_node(m) is None), None)
+        bound onto a file, or nothing at all."""
+        return next((m for m in self.device_mounts(lv, table) if mount_node(m) is None), None)
 
     def flush(self, source: LogicalVolume) -> None:
         """syncfs a mounted source before a thin snapshot of it.

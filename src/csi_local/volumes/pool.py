@@ -362,6 +362,9 @@ class Pools:
                  committed: CommittedMetadata | None = None,
                  held_vgs: HeldVolumeGroups | None = None) -> None:
         self.classes = classes
+        # All classes in one VG: one `lvs` of it answers for every class. Fixed
+        # for the process, like the classes, so asked once (every create asks).
+        self.single_vg = len(classes.volume_groups) == 1
         self.runner = runner
         # Where find_committed reads; None: it never answers (every lookup is an `lvs`).
         self.committed = committed
@@ -415,9 +418,6 @@ class Pools:
         c = self.classes.of_pool(lv.vg, lv.pool)
         return self._pools[c.name] if c is not None else None
 
-    @property
-    def single_vg(self) -> bool:
-        return len(self.classes.volume_groups) == 1
 
     def locate(self, *names: str, required: Iterable[str] | None = None
                ) -> dict[str, tuple[Pool, LogicalVolume]]:

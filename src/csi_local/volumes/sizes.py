@@ -59,6 +59,12 @@ def size_for(required: int, limit: int, extent: int, *, default: int,
     return size
 
 
+def in_range(size: int, required: int, limit: int) -> bool:
+    """Whether `size` meets the range; 0 means "not set" for `required` and
+    `limit`."""
+    return not (required and size < required) and not (limit and size > limit)
+
+
 def grow_target(current: int, required: int, limit: int, extent: int) -> int:
     """The size an existing volume of `current` bytes must have: `current` when
     it already meets the range, larger when `required` grew. Shrinking is

@@ -1,0 +1,265 @@
+"""Making and removing the CSI plugin's volumes and snapshots: CreateVolume,
+DeleteVolume and CreateSnapshot below the RPC edge, one call each.
+
+The controller validates a request into plain values and makes one call
+here; everything from there on is this module's: the locks (the new
+object's, its source's, then the pool's, in that order everywhere), where
+the object goes (the class asked for, or its source's: a thin snapshot lives
+in its origin's pool), whether it exists already (a CO's retry gets the same
+object, a conflicting request NameTaken), and the step that makes it
+(Pool.create_thin, or VolumeSteps.clone and VolumeSteps.snapshot), all
+against one report read under the pool lock.
+
+Transport-free: errors are the storage layer's (csi_local.errors) and the
+RPC edge (csi/rpc.py) gives them their codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from csi_local.errors import (
+    LvNotFound,
+    NameTaken,
+    SizeOutOfRange,
+    UnknownDeviceClass,
+    VolumeInUse,
+)
+from csi_local.host.locks import Locks, volume_key
+from csi_local.storage.lvm import LogicalVolume, VgReport
+from csi_local.volumes import naming, sizes
+from csi_local.volumes.lifecycle import VolumeSteps
+from csi_local.volumes.naming import Source, SourceKind
+from csi_local.volumes.pool import Pool, Pools
+
+# The size of a new volume whose request names none.
+DEFAULT_SIZE = 1 << 30
+
+
+@dataclass(frozen=True)
+class VolumeRequest:
+    """What a CreateVolume asks for, as plain values."""
+
+    name: str  # the CO's name; the volume ID is made from it
+    device_class: str | None  # None: the default class, or a source's
+    required: int  # bytes; 0: not set
+    limit: int  # bytes; 0: no limit
+    source: Source | None  # a snapshot to restore or a volume to clone
+    parameters: Mapping[str, str]  # the CO's, for the volume's name tags
+    # The smallest size the requested capabilities allow in a class whose
+    # default file system is the one given; it raises (the front end's own
+    # error) when that class cannot serve them. Asked for the class chosen
+    # first, and again when a source takes the volume to its own class.
+    minimum_size: Callable[[str], int]
+
+
+class UseRecords(Protocol):
+    """Where the node records its stages and publishes (the CSI node's state
+    file): a volume used on this node is not deleted."""
+
+    def where_used(self, volume_id: str) -> str | None: ...
+    def clear_formatting(self, lv_uuid: str) -> None: ...
+
+
+class Provisioner:
+    """CreateVolume, DeleteVolume and CreateSnapshot on the node's pools."""
+
+    def __init__(self, pools: Pools, locks: Locks, steps: VolumeSteps,
+                 records: UseRecords) -> None:
+        self.pools = pools
+        self.locks = locks
+        self.steps = steps
+        self.records = records
+
+    def _same_class(self, pool: Pool, lv: LogicalVolume | None, what: str,
+                    asked: str | None) -> None:
+        """UnknownDeviceClass when `lv`, the source of a new volume or
+        snapshot, is in another class than `pool`'s: a thin snapshot lives in
+        its origin's pool, so nothing made from a source can change class."""
+        other = self.pools.of_lv(lv) if lv is not None else None
+        if other is None or other is pool:
+            return
+        how = f"asks for class {asked!r}" if asked else (
+            f"names no deviceClass, so the default class {pool.class_name!r}")
+        raise UnknownDeviceClass(
+            f"{what} is in device class {other.class_name!r} and what is made from it stays "
+            f"there, but the request {how}: use a class parameter of {other.class_name!r}")
+
+    # volumes -------------------------------------------------------------
+
+    def create_volume(self, req: VolumeRequest) -> LogicalVolume:
+        """The volume `req` asks for: made, or the same one again (a retry,
+        which also finishes a create killed part-way); NameTaken when the
+        name's volume differs, LvNotFound for a source that is not there."""
+        asked = req.device_class
+        pool = self.pools.select(asked)
+        minimum = req.minimum_size(pool.default_fs_type)
+        source = req.source
+        volume_id = naming.volume_id_for(req.name)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.locks.hold(volume_key(volume_id)))
+            if (source is not None and source.kind is SourceKind.VOLUME
+                    and source.id != volume_id):
+                # A clone reads its source: keep it from being unstaged or deleted
+                # meanwhile (lock order: new volume, source, pool). A volume named
+                # as its own source is not locked twice (that waits on itself): it
+                # is not found below, or NameTaken for an existing volume.
+                stack.enter_context(self.locks.hold(volume_key(source.id)))
+            # With several classes the volume (a retry) or its source may be in
+            # another VG than the chosen pool's, and a source names the class
+            # when the request names none: one `lvs` over the classes' VGs first.
+            # Both are under their locks, so this stays true. A missing VG other
+            # than the chosen pool's does not stop a new volume (its own pool's
+            # report fails if it is its VG), but a source that may be in it does.
+            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
+            if not self.pools.single_vg or (source is not None and len(self.pools) > 1):
+                names = [volume_id] if source is None else [volume_id, source.id]
+                elsewhere = self.pools.locate(
+                    *names, required=[] if source is None else [source.id])
+                if source is not None and asked is None and source.id in elsewhere:
+                    # A restore or clone stays in its source's class.
+                    pool = elsewhere[source.id][0]
+                    minimum = req.minimum_size(pool.default_fs_type)
+            # One report, under the pool lock, answers all: does the volume exist
+            # (a retry), its source, the extent size and the pool's room.
+            # Without a source no volume's device is acted on: the committed
+            # metadata and the pool's status answer without a process.
+            report = stack.enter_context(pool.reserved(committed=source is None))
+            existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
+            if existing is not None:
+                return self._reuse(pool, report, existing, req, minimum)
+            source_lv = None
+            if source is not None:
+                source_lv = (report.find(source.id)
+                             or elsewhere.get(source.id, (pool, None))[1])
+                if source_lv is None or not naming.is_source(source_lv, source):
+                    raise LvNotFound(f"{source.kind} {source.id!r} not found")
+                self._same_class(pool, source_lv, f"{source.kind} {source.id}", asked)
+            return self._create(pool, report, volume_id, req, minimum, source_lv)
+
+    def _reuse(self, pool: Pool, report: VgReport, lv: LogicalVolume, req: VolumeRequest,
+               minimum: int) -> LogicalVolume:
+        """The same name again: the same volume if compatible, converging an
+        interrupted create; NameTaken otherwise (under the pool lock)."""
+        name = req.name
+        if not naming.is_csi_volume(lv) or self.pools.of_lv(lv) is None:
+            raise NameTaken(f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not "
+                            "a volume")
+        other = self.pools.of_lv(lv)
+        if other is not pool:
+            assert other is not None
+            raise NameTaken(
+                f"volume {name!r} exists in device class {other.class_name!r}, not in "
+                f"{pool.class_name!r}" + ("" if req.device_class else " (the default)"))
+        if naming.source_of(lv) != req.source:
+            raise NameTaken(f"volume {name!r} exists with another content source")
+        want = naming.requested_size(lv)
+        if not sizes.in_range(want, req.required, req.limit):
+            raise NameTaken(
+                f"volume {name!r} exists with {want} bytes, outside the requested range"
+            )
+        if want < minimum:
+            raise NameTaken(
+                f"volume {name!r} exists with {want} bytes, too small for the requested "
+                f"file system (at least {minimum} bytes)"
+            )
+        if lv.size < want:  # killed between snapshot and extend: finish the job
+            pool.require_room(report, want - lv.size)
+            lv = pool.lvm.extend_to(lv, want)
+        return lv
+
+    def _create(self, pool: Pool, report: VgReport, volume_id: str, req: VolumeRequest,
+                minimum: int, source_lv: LogicalVolume | None) -> LogicalVolume:
+        """Make the volume (under its lock, its source's and the pool's);
+        `source_lv` is the source, found in `pool`."""
+        if source_lv is not None:
+            if req.limit and req.limit < source_lv.size:
+                raise SizeOutOfRange(
+                    f"limit_bytes {req.limit} is smaller than the source's "
+                    f"{source_lv.size} bytes"
+                )
+            minimum = max(minimum, source_lv.size)
+        size = sizes.size_for(req.required, req.limit, report.extent_size,
+                              default=DEFAULT_SIZE, minimum=minimum)
+        tags = [f"{naming.TAG_KIND}={naming.KIND_VOLUME}", f"{naming.TAG_SIZE}={size}",
+                *naming.co_name_tags(dict(req.parameters))]
+        if req.source is None or source_lv is None:
+            # No "fresh" tag: the node formats a volume only while its thin
+            # device maps no block (see VolumeSteps.freshness).
+            return pool.create_thin(report, volume_id, size, tags)
+        # Tagged new-fsid and, when it outgrows its source, grow-fs by the clone step.
+        return self.steps.clone(pool, report, source_lv, volume_id,
+                                [*tags, req.source.tag()], size)
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Remove the volume; nothing to do when it is gone, or was never a
+        volume of ours. VolumeInUse while this node has it staged or
+        published (or LVM finds it open)."""
+        if not naming.is_volume_id(volume_id):
+            return  # never ours, so already gone
+        with self.locks.hold(volume_key(volume_id)):
+            where = self.records.where_used(volume_id)
+            if where is not None:
+                raise VolumeInUse(
+                    f"volume {volume_id} is still staged or published on this node ({where})")
+            # An LV in the committed metadata is found without a process; only
+            # one that is not there (a retry, most likely) costs an `lvs`.
+            found = self.pools.find_committed(volume_id) or self.pools.find(volume_id)
+            if found is not None and naming.is_csi_volume(found[1]):
+                found[0].lvm.remove(volume_id)  # VolumeInUse when it is open
+                if found[1].uuid:  # a mark left by a stage killed in its mkfs
+                    self.records.clear_formatting(found[1].uuid)
+
+    # snapshots -----------------------------------------------------------
+
+    def create_snapshot(self, name: str, source_id: str,
+                        device_class: str | None) -> LogicalVolume:
+        """Snapshot `name` of volume `source_id`: taken, or the same one again
+        (a retry); NameTaken when the name's snapshot is another volume's,
+        LvNotFound when the volume is not there. `device_class`, if given,
+        must be the volume's (UnknownDeviceClass otherwise)."""
+        asked = device_class
+        if asked is not None:
+            self.pools.select(asked)  # an unknown class: refused, nothing done
+        snapshot_id = naming.snapshot_id_for(name)
+        # Lock order: snapshot, source, pool. One report then answers all: a retry,
+        # the source, and the pool's room. A source ID that is this snapshot's own
+        # is not locked twice (that waits on itself): it is no volume, not found.
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.locks.hold(volume_key(snapshot_id)))
+            if source_id != snapshot_id:
+                stack.enter_context(self.locks.hold(volume_key(source_id)))
+            # A snapshot lives in its source's pool. With one class that is the
+            # pool; with several, one `lvs` over them finds the source (and a
+            # snapshot of the same name in any class) first.
+            pool = self.pools.default
+            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
+            if len(self.pools) > 1:
+                # A snapshot can only be in its source's pool: a missing VG matters
+                # only when the source is not found (it may be there).
+                elsewhere = self.pools.locate(snapshot_id, source_id, required=[source_id])
+                pool = elsewhere.get(source_id, elsewhere.get(snapshot_id, (pool, None)))[0]
+            report = stack.enter_context(pool.reserved())
+            existing = report.find(snapshot_id) or elsewhere.get(snapshot_id, (pool, None))[1]
+            if existing is not None:
+                src = naming.source_of(existing)
+                if (not naming.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
+                        or src != Source(SourceKind.VOLUME, source_id)):
+                    raise NameTaken(f"snapshot {name!r} exists for another source volume")
+                if asked is not None:
+                    self._same_class(self.pools.select(asked), existing,
+                                     f"snapshot {snapshot_id}", asked)
+                return existing
+            source_lv = report.find(source_id)
+            if (source_lv is None or not naming.is_csi_volume(source_lv)
+                    or self.pools.of_lv(source_lv) is not pool):
+                raise LvNotFound(f"volume {source_id!r} not found")
+            if asked is not None:
+                self._same_class(self.pools.select(asked), source_lv, f"volume {source_id}",
+                                 asked)
+            tags = [f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}",
+                    Source(SourceKind.VOLUME, source_id).tag()]
+            return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)

@@ -1,0 +1,43 @@
+"""The size rule of a CSI volume (sizes.size_for with the CSI plugin's
+default) and the range check of a retry (sizes.in_range)."""
+
+import pytest
+
+from csi_local.errors import SizeOutOfRange
+from csi_local.volumes import sizes
+from csi_local.volumes.provisioning import DEFAULT_SIZE
+
+MiB = 1 << 20
+EXTENT = 4 * MiB
+
+
+@pytest.mark.parametrize(
+    ("req", "lim", "minimum", "want"),
+    [
+        (1, 0, 0, EXTENT),
+        (EXTENT + 1, 0, 0, 2 * EXTENT),
+        (0, 0, 0, 1 << 30),
+        (0, 10 * MiB, 0, 8 * MiB),
+        (10 * MiB, 12 * MiB, 0, 12 * MiB),
+        (10 * MiB, 0, 300 * MiB, 300 * MiB),
+    ],
+)
+def test_size_rounds_up_to_extents(req: int, lim: int, minimum: int, want: int) -> None:
+    assert sizes.size_for(req, lim, EXTENT, default=DEFAULT_SIZE, minimum=minimum) == want
+
+
+@pytest.mark.parametrize(("req", "lim"), [(5 * MiB, 6 * MiB), (10, 5), (0, MiB)])
+def test_unmeetable_range_is_out_of_range(req: int, lim: int) -> None:
+    with pytest.raises(SizeOutOfRange):
+        sizes.size_for(req, lim, EXTENT, default=DEFAULT_SIZE)
+
+
+@pytest.mark.parametrize(("size", "req", "lim", "want"), [
+    (8 * MiB, 0, 0, True),
+    (8 * MiB, 8 * MiB, 8 * MiB, True),
+    (8 * MiB, 8 * MiB + 1, 0, False),
+    (8 * MiB, 0, 8 * MiB - 1, False),
+    (8 * MiB, 4 * MiB, 12 * MiB, True),
+])
+def test_in_range(size: int, req: int, lim: int, want: bool) -> None:
+    assert sizes.in_range(size, req, lim) is want
