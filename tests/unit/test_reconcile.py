@@ -7,6 +7,7 @@ Before: every volume of every class was listed to check them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +178,14 @@ class CommittedStub:
 
     def __init__(self, vg: str, lvs: dict[str, LogicalVolume]) -> None:
         self.vg, self.lvs, self.reads = vg, lvs, 0
+        self.asked: set[str] | None = None
 
-    def volume_group(self, vg: str) -> Any:
+    def volume_group(self, vg: str, only: Collection[str] | None = None) -> Any:
         assert vg == self.vg
         self.reads += 1
-        return dataclasses.make_dataclass("Meta", ["lvs"])(self.lvs)
+        self.asked = set(only) if only is not None else None
+        return dataclasses.make_dataclass("Meta", ["lvs"])(
+            {k: v for k, v in self.lvs.items() if only is None or k in only})
 
     def thin_volume(self, vg: str, name: str, meta: Any) -> LogicalVolume | None:
         return meta.lvs.get(name)  # type: ignore[no-any-return]
@@ -207,5 +211,5 @@ def test_committed_metadata_answers_without_a_process(node: Node) -> None:
     node.host.calls.clear()
     kept = reconcile_state(pools, node.host, records)
     assert kept == {vids[0]: records[vids[0]], vids[1]: records[vids[1]]}
-    assert stub.reads == 1
+    assert stub.reads == 1 and stub.asked == set(records)  # only their sections parsed
     assert _lvs_reads(node) == [{gone}]

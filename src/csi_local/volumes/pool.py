@@ -470,7 +470,8 @@ class Pools:
         (LVM has the last word on absence). Unlike locate(), a missing VG
         raises nothing: the caller decides what it means."""
         out: dict[str, tuple[Pool, LogicalVolume]] = {}
-        metas = self._committed_vgs() if names else None  # each VG read once, not per name
+        # Each VG read once, not per name, and only these LVs' sections parsed.
+        metas = self._committed_vgs(only=names) if names else None
         for name in names:
             hit = self._find_in(metas, name) if metas is not None else None
             if hit is not None:
@@ -493,14 +494,16 @@ class Pools:
         metas = self._committed_vgs()
         return self._find_in(metas, name) if metas is not None else None
 
-    def _committed_vgs(self) -> list[tuple[str, VgMetadata]] | None:
-        """Each class's VG with its committed metadata (one read of each);
-        None when there is no reader or a VG does not answer."""
+    def _committed_vgs(self, only: Sequence[str] | None = None
+                       ) -> list[tuple[str, VgMetadata]] | None:
+        """Each class's VG with its committed metadata (one read of each; `only`:
+        of just the LVs of these names, CommittedMetadata.volume_group); None
+        when there is no reader or a VG does not answer."""
         if self.committed is None:
             return None
         metas = []
         for vg in self.classes.volume_groups:
-            meta = self.committed.volume_group(vg)
+            meta = self.committed.volume_group(vg, only=only)
             if meta is None:
                 return None
             metas.append((vg, meta))
