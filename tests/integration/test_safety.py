@@ -200,6 +200,34 @@ def test_stale_state_after_reboot_does_not_block_delete(plugin_factory: Any) -> 
     assert vid not in p.vg.lv_names()
 
 
+def test_reconcile_keeps_what_is_still_mounted(plugin_factory: Any) -> None:
+    """At start only the state file's own volumes are looked up (in the committed
+    metadata, their devices by ioctl): a record whose mounts are all there is kept
+    whole, one that lost a publish keeps the rest, one whose LV is gone is dropped."""
+    p: PluginProcess = plugin_factory()
+    kept, trimmed, gone = (create(p, name) for name in ("kept", "trimmed", "gone"))
+    for vid in (kept, trimmed, gone):
+        stage(p, vid, p.path(f"s-{vid}"))
+    publish(p, kept, p.path(f"s-{kept}"), p.path("t-kept"))
+    publish(p, trimmed, p.path(f"s-{trimmed}"), p.path("t-trimmed"))
+    before: dict[str, Any] = state(p)
+    p.kill()
+    run("umount", p.path("t-trimmed"))
+    run("umount", p.path(f"s-{gone}"))
+    run("lvremove", "--yes", f"{p.vg.name}/{gone}")
+    p.start()
+    after: dict[str, Any] = state(p)
+    assert after[kept] == before[kept]
+    assert after[trimmed]["staging"] == before[trimmed]["staging"]
+    assert after[trimmed]["publishes"] == {}
+    assert gone not in after
+    for vid, target in ((kept, "t-kept"), (trimmed, None)):
+        if target:
+            unpublish(p, vid, p.path(target))
+        unstage(p, vid, p.path(f"s-{vid}"))
+        p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+
+
 def test_missing_vg_is_unavailable_and_forgets_nothing(plugin_factory: Any) -> None:
     """With the VG gone (renamed away here), every RPC that changes or reads a volume is
     UNAVAILABLE, and GetCapacity reports 0;

@@ -5,6 +5,7 @@ images made from it with one thing broken at a time."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import struct
@@ -179,6 +180,25 @@ def test_a_new_version_parses_only_the_sections_that_changed(
     parsed.clear()
     lm.vg_metadata(TEXT.replace(b"extent_size = 8192", b"extent_size = 16384"), first)
     assert len(parsed) == 8
+
+
+def test_only_the_named_lvs_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the plugin's start reads (its pools, its staged volumes): just their
+    sections parsed, each saying what the whole parse says; a thin pool comes
+    with its metadata LV (`lvs` shows that LV's size as the pool's)."""
+    whole = lm.vg_metadata(TEXT)
+    parsed = _counting_parse(monkeypatch)
+    part = lm.vg_metadata(TEXT, only={"po-ol", "csi-v-abc", "csi-v-nope"})
+    assert sorted(part.lvs) == ["csi-v-abc", "po-ol", "po-ol_tmeta"]
+    assert all(part.lvs[name] == whole.lvs[name] for name in part.lvs)
+    assert len(parsed) == 4  # the VG without its LVs, and those three sections
+    assert not any(b"csi-s-snap {" in text or b"1+odd.name_x {" in text for text in parsed)
+    assert dataclasses.replace(part, lvs=whole.lvs) == whole  # the VG itself, whole
+    # A layout LVM does not write is refused as by a whole parse.
+    twice = b"v { logical_volumes { a { segment_count = 1 segment1 { type = \"thin\" } }\n" \
+        b"a { } } extent_size = 1 }"
+    with pytest.raises(lm.MetadataUnreadable, match="names LV a twice"):
+        lm.vg_metadata(twice, only={"b"})
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -409,6 +429,29 @@ def test_thin_pools_as_probe_asks(runner: FakeRunner, pv: str,
     assert pool is not None and pool.is_thin_pool and pool.active
     assert missing is None
     assert thin is not None and not thin.is_thin_pool  # Probe says "not a thin pool"
+
+
+def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probe's and the start's read of the pools parses their sections alone, and
+    answers as a reader that parsed the whole text; the whole parse is left to
+    the first listing, which sees every LV."""
+    monkeypatch.setattr(dm, "devices", dict)
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    whole = CommittedMetadata(runner)
+    assert whole.volume_group("vg-cap") is not None  # its whole parse kept
+    want = whole.thin_pools([("vg-cap", "po-ol")])
+    parsed = _counting_parse(monkeypatch)
+    reader = CommittedMetadata(runner)
+    got = reader.thin_pools([("vg-cap", "po-ol")])
+    assert got == want and got is not None
+    pool = got[("vg-cap", "po-ol")]
+    assert pool is not None and pool.metadata_size == 4 << 20
+    assert len(parsed) == 3  # the VG without its LVs, the pool, its metadata LV
+    listed = reader.listing(["vg-cap"])
+    assert listed is not None and sorted(lv.name for lv in listed) == [
+        "1+odd.name_x", "csi-s-snap", "csi-v-abc", "po-ol"]
 
 
 def test_report_is_none_when_the_pools_status_cannot_be_trusted(

@@ -119,6 +119,25 @@ def _csi_lvs(pools: Pools) -> tuple[list[LogicalVolume], list[str]] | None:
     return [lv for pool, lv in found if pool is not None and vols.is_csi_volume(lv)], missing
 
 
+def _record_lvs(pools: Pools, names: list[str]
+                ) -> tuple[dict[str, LogicalVolume], list[str]] | None:
+    """The CSI volumes among `names` by name, and the VGs that are missing;
+    None when LVM cannot be read. Only these LVs are looked up (Pools.lookup),
+    never the node's every volume: a state file names a few of thousands."""
+    # Only a volume ID can name a CSI volume: anything else is no LV of ours,
+    # and never reaches a command.
+    ids = [name for name in names if vols.is_volume_id(name)]
+    try:
+        found, missing = pools.lookup(ids) if ids else ({}, [])
+    except StorageError as err:
+        log.error("cannot read LVM to check the node state: %s", err.message)
+        return None
+    if missing:
+        log.error("volume group %s not found: the state of its volumes cannot be checked",
+                  ", ".join(missing))
+    return {name: lv for name, (_, lv) in found.items() if vols.is_csi_volume(lv)}, missing
+
+
 def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
     """Staging and publish records recovered from the kernel's mount table."""
     table = host.mounts()
@@ -143,13 +162,15 @@ def reconcile_state(pools: Pools, host: Host,
     NodeUnstageVolume forever. A record is kept only while the volume's
     device is still mounted where it says. When LVM cannot be read the
     records are kept as they are: nothing can be verified, and nothing is lost.
+    Only the records' LVs are read (and nothing at all without records).
     """
-    table = host.mounts()
-    listed = _csi_lvs(pools)
+    if not records:
+        return records
+    listed = _record_lvs(pools, list(records))
     if listed is None:
         return records
-    lvs, missing = listed
-    by_name = {lv.name: lv for lv in lvs}
+    by_name, missing = listed
+    table = host.mounts()
     out: dict[str, VolumeRecord] = {}
     for vid, rec in records.items():
         lv = by_name.get(vid)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from csi_local.errors import CommandError, StorageError
@@ -78,9 +78,17 @@ class CommittedMetadata:
                 self._pvs = pvs
             return self._pvs
 
-    def volume_group(self, vg: str) -> lvm_metadata.VgMetadata | None:
+    def volume_group(self, vg: str, only: Collection[str] | None = None
+                     ) -> lvm_metadata.VgMetadata | None:
         """VG `vg`'s committed metadata, when every copy on its PVs agrees;
         None otherwise (the caller asks LVM, which reads them all too).
+
+        `only`: the caller needs just the LVs of these names (the plugin's
+        start: its pools, its staged volumes), and gets a view whose `lvs`
+        holds those of them the VG has, nothing else (vg_text.vg_metadata).
+        Only their sections are parsed, unless the whole text is parsed
+        already; the whole parse is left to the first read that needs every
+        LV (a listing, a capacity check), and only it is kept.
 
         As LVM: every metadata area of every PV of the VG is read, and the
         copy with the highest seqno is the VG's. PVs that copy does not list
@@ -93,7 +101,7 @@ class CommittedMetadata:
                 pvs = self._physical_volumes(refresh).get(vg, [])
             except CommandError:
                 return None
-            meta, problems = self._examine(vg, pvs)
+            meta, problems = self._examine(vg, pvs, only)
             with self._lock:
                 self._problems[vg] = tuple(problems)
             if meta is not None:
@@ -131,10 +139,12 @@ class CommittedMetadata:
                               if w not in problems)
         return problems
 
-    def _examine(self, vg: str, pvs: Sequence[tuple[str, str]]
+    def _examine(self, vg: str, pvs: Sequence[tuple[str, str]],
+                 only: Collection[str] | None = None
                  ) -> tuple[lvm_metadata.VgMetadata | None, list[str]]:
         """(the newest metadata when it answers for certain, else None; the
-        problems found) from the PVs `pvs` lists for `vg`."""
+        problems found) from the PVs `pvs` lists for `vg`; `only`: as
+        volume_group()."""
         # uuid -> (path, the copies of this VG it holds: (VG ID, seqno, text)),
         # and the sizes of the areas they are in
         present: dict[str, tuple[str, list[tuple[str, int, bytes]]]] = {}
@@ -170,6 +180,9 @@ class CommittedMetadata:
         try:
             if cached is not None and cached[0] == text:
                 meta = cached[1]
+            elif only is not None:  # a partial view: not kept as the VG's
+                meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None,
+                                                only=only)
             else:  # only the LVs whose sections changed are parsed
                 meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None)
                 self._parsed[vg] = (text, meta)
@@ -280,7 +293,8 @@ class CommittedMetadata:
         `lvs` says which)."""
         out: dict[tuple[str, str], LogicalVolume | None] = {}
         for vg in sorted({vg for vg, _ in places}):
-            meta = self.volume_group(vg)
+            # Only the pools' sections: Probe and the start need no other LV.
+            meta = self.volume_group(vg, only={pool for v, pool in places if v == vg})
             if meta is None:
                 return None
             names = [pool for v, pool in places if v == vg and pool in meta.lvs]

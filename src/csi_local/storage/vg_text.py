@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 SECTOR = 512
@@ -451,13 +452,20 @@ def _meta_lv(vg: str, lv_name: str, lv: dict[str, Value], extent: int) -> MetaLv
     )
 
 
-def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
+def vg_metadata(text: bytes, previous: VgMetadata | None = None,
+                only: Collection[str] | None = None) -> VgMetadata:
     """The VG of a metadata text: its one section, its PVs' IDs and its LVs.
 
     `previous`: what an earlier version of this VG's text said. An LV whose
     section is the same, byte for byte, is taken from it unparsed: a change
     rewrites a section or two, and parsing a section is what costs (a few ms
-    per LV under emulation; a thousand LVs would take seconds)."""
+    per LV under emulation; a thousand LVs would take seconds).
+
+    `only`: parse just the sections of the LVs of these names, for a reader
+    that needs a few LVs of thousands (the plugin's start: its pools, its
+    staged volumes). `lvs` then holds those of them the VG has, and nothing
+    else: a partial view, never to be taken for the whole VG. Everything
+    else is checked as in a whole parse but the other LVs' sections."""
     head, sections = _layout(text.rstrip(b"\0"))
     tree = parse_text(head)
     vgs = [(k, v) for k, v in tree.items() if isinstance(v, dict)]
@@ -478,9 +486,9 @@ def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
         and previous.name == name else {}
     lvs: dict[str, MetaLv] = {}
     parsed: dict[bytes, MetaLv] = {}
-    for lv_name, section in sections:
-        if lv_name in lvs:
-            raise MetadataUnreadable(f"VG {name} names LV {lv_name} twice")
+    names: set[str] = set()
+
+    def take(lv_name: str, section: bytes) -> MetaLv:
         meta = known.get(section)
         if meta is None:
             tree = parse_text(section)
@@ -489,6 +497,23 @@ def vg_metadata(text: bytes, previous: VgMetadata | None = None) -> VgMetadata:
                 raise MetadataUnreadable(f"LV {name}/{lv_name}: its section does not parse")
             meta = _meta_lv(name, lv_name, lv, extent)
         lvs[lv_name] = parsed[section] = meta
+        return meta
+
+    pools: list[MetaLv] = []
+    for lv_name, section in sections:
+        if lv_name in names:
+            raise MetadataUnreadable(f"VG {name} names LV {lv_name} twice")
+        names.add(lv_name)
+        if only is None or lv_name in only:
+            meta = take(lv_name, section)
+            if meta.metadata_lv:
+                pools.append(meta)
+    if only is not None:
+        # A thin pool comes with its metadata LV, whose size `lvs` shows as its own.
+        wanted = {p.metadata_lv for p in pools} - set(lvs)
+        for lv_name, section in sections if wanted else ():
+            if lv_name in wanted:
+                take(lv_name, section)
     pe_count = sum(_int(pv.get("pe_count")) for pv in (pvs.values() if isinstance(pvs, dict)
                                                          else ()) if isinstance(pv, dict))
     return VgMetadata(name, _str(vg.get("id")), _int(vg.get("seqno")), extent, pv_uuids, lvs,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -425,6 +425,18 @@ class Pools:
         class's pool, from one `lvs`. VolumeGroupMissing when one of `required`
         (default: all) is not found and a class's VG is missing: it may be
         there, so it must never be called gone."""
+        found, missing = self._read(names)
+        out = self._owned(found, names)
+        wanted = set(names if required is None else required)
+        if missing and not wanted <= set(out):
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: the node cannot serve those "
+                "volumes until it is back")
+        return out
+
+    def _read(self, names: Sequence[str]) -> tuple[list[LogicalVolume], list[str]]:
+        """The LVs named `names` in the classes' VGs, from one `lvs`, and the
+        missing VGs that may hold volumes."""
         if self.single_vg and len(names) == 1:
             pool = next(iter(self._pools.values()))
             missing: list[str] = []
@@ -435,18 +447,41 @@ class Pools:
             found = [lv] if lv is not None else []
         else:
             found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
+        return found, self._held(missing)
+
+    def _owned(self, lvs: Iterable[LogicalVolume], names: Sequence[str]
+               ) -> dict[str, tuple[Pool, LogicalVolume]]:
+        """{name: (its pool, its LV)} of those of `lvs` that are named in
+        `names` and are a class's LVs (the first of a name)."""
         out: dict[str, tuple[Pool, LogicalVolume]] = {}
-        for lv in found:
+        for lv in lvs:
             owner = self.of_lv(lv)
             if owner is not None and lv.name in names and lv.name not in out:
                 out[lv.name] = (owner, lv)
-        wanted = set(names if required is None else required)
-        missing = self._held(missing)
-        if missing and not wanted <= set(out):
-            raise VolumeGroupMissing(
-                f"volume group {', '.join(missing)} not found: the node cannot serve those "
-                "volumes until it is back")
         return out
+
+    def lookup(self, names: Sequence[str]
+               ) -> tuple[dict[str, tuple[Pool, LogicalVolume]], list[str]]:
+        """{name: (its pool, its LV)} for those of `names` that are a class's
+        LVs, and the missing VGs that may hold the others; for a few names
+        among many LVs (the state's records at start), without listing the
+        rest. Each from the committed metadata when it answers
+        (find_committed), the others from one `lvs` selecting them by name
+        (LVM has the last word on absence). Unlike locate(), a missing VG
+        raises nothing: the caller decides what it means."""
+        out: dict[str, tuple[Pool, LogicalVolume]] = {}
+        # Each VG read once, not per name, and only these LVs' sections parsed.
+        metas = self._committed_vgs(only=names) if names else None
+        for name in names:
+            hit = self._find_in(metas, name) if metas is not None else None
+            if hit is not None:
+                out[name] = hit
+        rest = [name for name in names if name not in out]
+        if not rest:
+            return out, []
+        found, missing = self._read(rest)
+        out.update(self._owned(found, rest))
+        return out, missing
 
     def find(self, name: str) -> tuple[Pool, LogicalVolume] | None:
         return self.locate(name).get(name)
@@ -456,15 +491,29 @@ class Pools:
         classes' VGs' committed metadata and the kernel. None when that does
         not answer for certain (no reader, a VG unreadable, the name in no VG
         or in more than one, not a class's thin volume): then ask find()."""
+        metas = self._committed_vgs()
+        return self._find_in(metas, name) if metas is not None else None
+
+    def _committed_vgs(self, only: Sequence[str] | None = None
+                       ) -> list[tuple[str, VgMetadata]] | None:
+        """Each class's VG with its committed metadata (one read of each; `only`:
+        of just the LVs of these names, CommittedMetadata.volume_group); None
+        when there is no reader or a VG does not answer."""
         if self.committed is None:
             return None
-        hits: list[tuple[str, VgMetadata]] = []
+        metas = []
         for vg in self.classes.volume_groups:
-            meta = self.committed.volume_group(vg)
+            meta = self.committed.volume_group(vg, only=only)
             if meta is None:
                 return None
-            if name in meta.lvs:
-                hits.append((vg, meta))
+            metas.append((vg, meta))
+        return metas
+
+    def _find_in(self, metas: list[tuple[str, VgMetadata]], name: str
+                 ) -> tuple[Pool, LogicalVolume] | None:
+        """find_committed() of `name` in the VGs' metadata `metas`."""
+        assert self.committed is not None  # metas came from it
+        hits = [(vg, meta) for vg, meta in metas if name in meta.lvs]
         if len(hits) != 1:
             return None
         ((hit_vg, hit_meta),) = hits
