@@ -15,13 +15,13 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
-from csi_local.csi import validation
 from csi_local.csi.controller_servicer import ControllerServicer
 from csi_local.csi.dependencies import Backend
 from csi_local.csi.node_servicer import NodeServicer
 from csi_local.csi.pagination import Paginator
 from csi_local.csi.rpc import RpcError, status_of
 from csi_local.errors import StorageError
+from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
@@ -78,7 +78,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
               policy: PoolPolicy | None = None, **host_args: Any) -> Node:
     """A node whose VG `vg0` has a 10 GiB thin pool `pool0` (4 MiB extents)."""
     # mkfs.* presence is a property of the real machine; the fake has them all.
-    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
     host = FakeHost(vg=VG, pool=POOL, pool_size=pool_size, **host_args)
     config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
                     volume_group=VG, thin_pool=POOL, state_dir=str(tmp_path / "state"),
@@ -107,7 +107,7 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
     `pool_sizes`: bytes of each class's pool, by class name (10 GiB otherwise);
     `extents`: each VG's extent size, by VG name (4 MiB otherwise); `ratio` and
     `default_fs_type` are the flags, the defaults of classes that set none."""
-    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
     classes = parse_classes(classes_toml, source="classes.toml", overprovision_ratio=ratio,
                             default_fs_type=default_fs_type)
     sizes, extent_of = dict(pool_sizes or {}), dict(extents or {})

@@ -22,8 +22,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.config import DEFAULT_DRIVER_NAME
-from csi_local.csi import validation
 from csi_local.csi.controller_servicer import ControllerServicer
+from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate.state_file import AccessType, Publish, Staging
 from csi_local.storage import vg_text as lvm_metadata
@@ -413,11 +413,26 @@ def test_create_volume_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_create_volume_fs_missing_on_node(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     n = make_node(tmp_path, monkeypatch)
-    monkeypatch.setattr(validation, "fs_available", lambda fs: fs != "xfs")
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: fs != "xfs")
     code, msg = call(n.controller.CreateVolume, cv(caps=[mount_cap("xfs")]))
     assert code == "INVALID_ARGUMENT" and "mkfs.xfs is missing" in msg
     assert n.host.calls == []
     assert call(n.controller.CreateVolume, cv(caps=[mount_cap("ext4")]))[0] == "OK"
+
+
+def test_the_class_default_fs_is_checked_by_the_class(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capability that names no fs type means the class's default: the
+    volume layer checks that one (its mkfs here), before any lock or `lvs`;
+    an fs type named, or a block volume, does not need it."""
+    n = make_node(tmp_path, monkeypatch)
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: fs != "ext4")
+    code, msg = call(n.controller.CreateVolume, cv(caps=[mount_cap("")]))
+    assert code == "INVALID_ARGUMENT" and "mkfs.ext4 is missing" in msg, msg
+    assert n.host.calls == []
+    assert call(n.controller.CreateVolume, cv(name="pvc-block", caps=[block_cap()]))[0] == "OK"
+    code, reply = call(n.controller.CreateVolume, cv(name="pvc-xfs", caps=[mount_cap("xfs")]))
+    assert code == "OK" and reply.volume.capacity_bytes >= fsrules.min_size("xfs")
 
 
 def test_create_volume_reply_and_lv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,8 +23,8 @@ from typing import Any, cast
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.csi import validation
 from csi_local.csi.rpc import status_of
+from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Usage
 from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
@@ -921,7 +921,7 @@ def test_node_stage_volume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case
 def test_stage_fs_without_mkfs_on_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     n = node(tmp_path, monkeypatch)
     fresh()(n)
-    monkeypatch.setattr(validation, "fs_available", lambda fs: fs != "xfs")
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: fs != "xfs")
     code, msg = call(n.node.NodeStageVolume, stage(cap=mount_cap("xfs"))(n))
     assert (code, "mkfs.xfs is missing" in msg) == ("INVALID_ARGUMENT", True), msg
     assert n.host.calls == [] and n.state.all() == {}

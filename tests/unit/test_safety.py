@@ -353,7 +353,7 @@ def test_mount_flags_that_change_the_operation_are_refused_by_both(flag: str) ->
         access_mode=pb.VolumeCapability.AccessMode(
         mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))
     assert (validation.capability_problem(cap, "ext4") is not None
-            or not validation.fs_available("ext4"))
+            or not fsrules.mkfs_available("ext4"))
     with pytest.raises(DhvError):
         parse_mount_options(flag)
 

@@ -3,7 +3,8 @@ default) and the range check of a retry (sizes.in_range)."""
 
 import pytest
 
-from csi_local.errors import SizeOutOfRange
+from csi_local.errors import SizeOutOfRange, UnsupportedFilesystem
+from csi_local.host import filesystem_rules as fsrules
 from csi_local.volumes import sizes
 from csi_local.volumes.provisioning import DEFAULT_SIZE
 
@@ -41,3 +42,28 @@ def test_unmeetable_range_is_out_of_range(req: int, lim: int) -> None:
 ])
 def test_in_range(size: int, req: int, lim: int, want: bool) -> None:
     assert sizes.in_range(size, req, lim) is want
+
+
+@pytest.mark.parametrize(
+    ("fs_types", "default", "want"),
+    [
+        ((), "xfs", 0),  # block only: no file system asks for room
+        (("",), "ext4", 0),
+        (("",), "xfs", 300 * MiB),  # "" is the class's default
+        (("ext4", "btrfs"), "xfs", 128 * MiB),  # the largest of those asked
+        (("", "btrfs"), "xfs", 300 * MiB),
+    ],
+)
+def test_minimum_size(monkeypatch: pytest.MonkeyPatch, fs_types: tuple[str, ...],
+                      default: str, want: int) -> None:
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
+    assert sizes.minimum_size(fs_types, default) == want
+
+
+def test_minimum_size_refuses_a_file_system_it_cannot_make(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: fs != "xfs")
+    with pytest.raises(UnsupportedFilesystem, match=r"mkfs\.xfs is missing"):
+        sizes.minimum_size(("",), "xfs")
+    with pytest.raises(UnsupportedFilesystem, match="not supported"):
+        sizes.minimum_size(("zfs",), "ext4")

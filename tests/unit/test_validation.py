@@ -3,6 +3,7 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi import validation
 from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
+from csi_local.host import filesystem_rules as fsrules
 
 MiB = 1 << 20
 
@@ -43,7 +44,7 @@ def mount(fs: str = "ext4", mode: Mode.Mode.ValueType = Mode.SINGLE_NODE_WRITER,
 
 
 def test_capability_defaults_fs_and_refuses_multi_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validation, "fs_available", lambda fs: True)
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
     cap = validation.capability(mount(fs=""), "xfs")
     assert (cap.access_type, cap.fs_type) == ("mount", "xfs")
     with pytest.raises(InvalidArgument, match="MULTI_NODE_MULTI_WRITER"):
@@ -58,7 +59,7 @@ def test_capability_defaults_fs_and_refuses_multi_node(monkeypatch: pytest.Monke
 
 
 def test_missing_mkfs_makes_fs_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validation, "fs_available", lambda fs: fs != "btrfs")
+    monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: fs != "btrfs")
     assert validation.capability_problem(mount(fs="btrfs"), "ext4") is not None
     assert validation.capability_problem(mount(fs="ext4"), "ext4") is None
 

@@ -25,7 +25,6 @@ from csi_local.csi.rpc import (
     Unimplemented,
 )
 from csi_local.errors import VolumeGroupMissing
-from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
@@ -99,14 +98,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                      context: grpc.ServicerContext) -> pb.CreateVolumeResponse:
         name = validation.required(request.name, "name")
         asked = self._asked_class(request.parameters)
-        raw_caps = request.volume_capabilities
-
-        def minimum_size(default_fs_type: str) -> int:
-            """The smallest volume the capabilities fit in a class with this
-            default file system (INVALID_ARGUMENT for one it cannot serve)."""
-            caps = validation.capabilities(raw_caps, default_fs_type)
-            return max(fsrules.min_size(c.fs_type) for c in caps)
-
+        fs_types = validation.requested_fs_types(request.volume_capabilities)
         required, limit = validation.capacity_range(
             request.capacity_range if request.HasField("capacity_range") else None)
         validation.topology_allows(
@@ -116,7 +108,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         )
         source = self._requested_source(request)
         lv = self.volumes.create_volume(VolumeRequest(
-            name, asked, required, limit, source, request.parameters, minimum_size))
+            name, asked, required, limit, source, request.parameters, fs_types))
         # Its content source is the request's: a new volume is tagged with it,
         # and an existing one is returned only when its tag names the same.
         return pb.CreateVolumeResponse(volume=self._volume_message(lv, source))

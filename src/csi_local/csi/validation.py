@@ -8,7 +8,6 @@ so nothing below the servicers sees a transport type.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,6 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
 from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
-from csi_local.host.filesystem_rules import SUPPORTED_FS
 from csi_local.nodestate.state_file import AccessType
 
 Mode = pb.VolumeCapability.AccessMode.Mode
@@ -96,10 +94,6 @@ def path(value: str, field: str) -> str:
     return real
 
 
-def fs_available(fs_type: str) -> bool:
-    return shutil.which(f"mkfs.{fs_type}", path="/usr/sbin:/usr/bin:/sbin:/bin") is not None
-
-
 def capability(cap: pb.VolumeCapability, default_fs: str) -> Capability:
     """One capability, or INVALID_ARGUMENT saying what is unsupported."""
     unsupported = capability_problem(cap, default_fs)
@@ -113,8 +107,10 @@ def capability(cap: pb.VolumeCapability, default_fs: str) -> Capability:
     return Capability(AccessType.MOUNT, fs_type, tuple(cap.mount.mount_flags), mode)
 
 
-def capability_problem(cap: pb.VolumeCapability, default_fs: str) -> str | None:
-    """Why this plugin cannot serve `cap`, or None."""
+def capability_problem(cap: pb.VolumeCapability, default_fs: str | None) -> str | None:
+    """Why this plugin cannot serve `cap`, or None. `default_fs` None: a
+    mount capability that names no fs type is left to the class's default,
+    which the volume layer checks (volumes/sizes.minimum_size)."""
     kind = cap.WhichOneof("access_type")
     if kind is None:
         return "volume capability needs an access type (mount or block)"
@@ -126,10 +122,9 @@ def capability_problem(cap: pb.VolumeCapability, default_fs: str) -> str | None:
         return f"access mode {name} is not supported: volumes are local to one node"
     if kind == "mount":
         fs_type = cap.mount.fs_type or default_fs
-        if fs_type not in SUPPORTED_FS:
-            return f"fs type {fs_type!r} is not supported (use one of {', '.join(SUPPORTED_FS)})"
-        if not fs_available(fs_type):
-            return f"fs type {fs_type!r} is not supported on this node: mkfs.{fs_type} is missing"
+        problem = fsrules.filesystem_problem(fs_type) if fs_type is not None else None
+        if problem is not None:
+            return problem
         try:
             fsrules.check(cap.mount.mount_flags)
         except MountOptionError as err:
@@ -141,6 +136,20 @@ def capabilities(caps: Sequence[pb.VolumeCapability], default_fs: str) -> list[C
     if not caps:
         raise InvalidArgument("volume_capabilities is required")
     return [capability(c, default_fs) for c in caps]
+
+
+def requested_fs_types(caps: Sequence[pb.VolumeCapability]) -> tuple[str, ...]:
+    """The file systems a CreateVolume's capabilities ask for, one per mount
+    capability, "" where the class's default is meant (block capabilities ask
+    for none); INVALID_ARGUMENT for a capability no class could serve. Which
+    class serves the volume, and so what "" means, the volume layer decides."""
+    if not caps:
+        raise InvalidArgument("volume_capabilities is required")
+    for cap in caps:
+        problem = capability_problem(cap, None)
+        if problem:
+            raise InvalidArgument(problem)
+    return tuple(c.mount.fs_type for c in caps if c.WhichOneof("access_type") == "mount")
 
 
 def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[str, str]:

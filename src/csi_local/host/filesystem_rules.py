@@ -14,6 +14,7 @@ fingerprint path imports it.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 
 from csi_local.errors import MountOptionError
@@ -27,6 +28,22 @@ MIN_SIZE = {"xfs": 300 << 20, "btrfs": 128 << 20}
 def min_size(fs_type: str) -> int:
     """The smallest volume `fs_type` can be made on (0: no limit that matters)."""
     return MIN_SIZE.get(fs_type, 0)
+
+
+def mkfs_available(fs_type: str) -> bool:
+    """Whether this node has the mkfs of `fs_type` (in the system's own
+    directories: a PATH of the caller's never chooses the program)."""
+    return shutil.which(f"mkfs.{fs_type}", path="/usr/sbin:/usr/bin:/sbin:/bin") is not None
+
+
+def filesystem_problem(fs_type: str) -> str | None:
+    """Why volumes of `fs_type` cannot be made here (not one this plugin
+    makes, or its mkfs missing on this node), or None."""
+    if fs_type not in SUPPORTED_FS:
+        return f"fs type {fs_type!r} is not supported (use one of {', '.join(SUPPORTED_FS)})"
+    if not mkfs_available(fs_type):
+        return f"fs type {fs_type!r} is not supported on this node: mkfs.{fs_type} is missing"
+    return None
 
 
 _CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=_-.:/+@")

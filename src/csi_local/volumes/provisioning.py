@@ -17,7 +17,7 @@ RPC edge (csi/rpc.py) gives them their codes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,11 +49,10 @@ class VolumeRequest:
     limit: int  # bytes; 0: no limit
     source: Source | None  # a snapshot to restore or a volume to clone
     parameters: Mapping[str, str]  # the CO's, for the volume's name tags
-    # The smallest size the requested capabilities allow in a class whose
-    # default file system is the one given; it raises (the front end's own
-    # error) when that class cannot serve them. Asked for the class chosen
-    # first, and again when a source takes the volume to its own class.
-    minimum_size: Callable[[str], int]
+    # The file systems the capabilities ask for, "" for the class's default:
+    # the class chosen first, or a source's own, sets the smallest size (and
+    # refuses one whose mkfs this node lacks).
+    fs_types: tuple[str, ...]
 
 
 class UseRecords(Protocol):
@@ -96,7 +95,7 @@ class Provisioner:
         name's volume differs, LvNotFound for a source that is not there."""
         asked = req.device_class
         pool = self.pools.select(asked)
-        minimum = req.minimum_size(pool.default_fs_type)
+        minimum = sizes.minimum_size(req.fs_types, pool.default_fs_type)
         source = req.source
         volume_id = naming.volume_id_for(req.name)
         with contextlib.ExitStack() as stack:
@@ -122,7 +121,7 @@ class Provisioner:
                 if source is not None and asked is None and source.id in elsewhere:
                     # A restore or clone stays in its source's class.
                     pool = elsewhere[source.id][0]
-                    minimum = req.minimum_size(pool.default_fs_type)
+                    minimum = sizes.minimum_size(req.fs_types, pool.default_fs_type)
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
             # Without a source no volume's device is acted on: the committed

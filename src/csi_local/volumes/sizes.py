@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-from csi_local.errors import SizeOutOfRange
+from csi_local.errors import SizeOutOfRange, UnsupportedFilesystem
+from csi_local.host import filesystem_rules as fsrules
 
 _SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -83,3 +84,17 @@ def grow_target(current: int, required: int, limit: int, extent: int) -> int:
             f"extents of {extent} bytes"
         )
     return size
+
+
+def minimum_size(fs_types: tuple[str, ...], default_fs: str) -> int:
+    """The smallest volume that every file system of `fs_types` can be made on
+    ("" is `default_fs`, the class's default); 0 when none asks for more.
+    UnsupportedFilesystem when one cannot be made on this node."""
+    smallest = 0
+    for asked in fs_types:
+        fs_type = asked or default_fs
+        problem = fsrules.filesystem_problem(fs_type)
+        if problem is not None:
+            raise UnsupportedFilesystem(problem)
+        smallest = max(smallest, fsrules.min_size(fs_type))
+    return smallest
