@@ -111,6 +111,20 @@ class FormatRefused(StorageError):
     """The one formatting rule said no: the device may hold data."""
 
 
+class KeyMissing(StorageError):
+    """An encrypted volume was to be opened or resized, and no key was given."""
+
+
+class KeyRefused(StorageError):
+    """The key given opens none of a LUKS2 header's keyslots."""
+
+
+class EncryptionMismatch(StorageError):
+    """An encrypted volume's device is not what it should be: a mapper device
+    of its name over another device, or a volume tagged encrypted whose LV
+    holds no LUKS2 header but was used before."""
+
+
 class StillMounted(StorageError):
     """Something stays mounted where it was to be unmounted."""
 
