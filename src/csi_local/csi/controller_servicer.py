@@ -30,6 +30,7 @@ from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
@@ -87,7 +88,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _asked_class(self, parameters: Mapping[str, str]) -> str | None:
         """The device class the parameters name (None: the default); INVALID_ARGUMENT
         for unknown parameters."""
-        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,))
+        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,
+                                                 encryption.PARAMETER))
         return own.get(vols.DEVICE_CLASS_PARAMETER) or None
 
     def _elsewhere(self, pool: Pool, lv: LogicalVolume | None, what: str,
@@ -162,7 +164,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                         raise NotFound(f"{source.kind} {source.id!r} not found")
                     self._elsewhere(pool, source_lv, f"{source.kind} {source.id}", asked)
                 lv = self._create(pool, report, volume_id, caps, rng, source, source_lv,
-                                  vols.co_name_tags(dict(request.parameters)))
+                                  vols.co_name_tags(dict(request.parameters)),
+                                  request.parameters)
         return pb.CreateVolumeResponse(volume=self._volume_message(lv))
 
     def _reuse(self, pool: Pool, report: VgReport, lv: LogicalVolume, name: str,
@@ -200,11 +203,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _create(self, pool: Pool, report: VgReport, volume_id: str,
                 caps: list[validation.Capability], rng: pb.CapacityRange | None,
                 source: Source | None, source_lv: LogicalVolume | None,
-                co_tags: list[str]) -> LogicalVolume:
+                co_tags: list[str], parameters: Mapping[str, str]) -> LogicalVolume:
         """Make the volume (hold its lock, its source's and the pool's); `source_lv`
         is the source, found in `pool`."""
         extent = report.extent_size
-        minimum = max(fsrules.min_size(c.fs_type) for c in caps)
+        encrypted = validation.encryption_tags(parameters, pool.encrypted_by_default,
+                                               vols.TAG_ENCRYPTED, source_lv)
+        # An encrypted volume's file system is its LUKS2 header smaller.
+        minimum = max(fsrules.min_size(c.fs_type) for c in caps) + (
+            encryption.OVERHEAD_BYTES if encrypted else 0)
         if source_lv is not None:
             if rng is not None and rng.limit_bytes and rng.limit_bytes < source_lv.size:
                 raise OutOfRange(
@@ -213,7 +220,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 )
             minimum = max(minimum, source_lv.size)
         size = validation.size_for(rng, extent, minimum=minimum)
-        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags]
+        tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={size}", *co_tags,
+                *encrypted]
         if source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
             # device maps no block (see VolumeSteps.freshness).

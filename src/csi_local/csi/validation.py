@@ -16,9 +16,11 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import InvalidArgument, OutOfRange, ResourceExhausted
 from csi_local.errors import MountOptionError, SizeOutOfRange
 from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.crypt import Key
 from csi_local.host.filesystem_rules import SUPPORTED_FS
 from csi_local.nodestate.state_file import AccessType
-from csi_local.volumes import sizes
+from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import encryption, sizes
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 SINGLE_NODE_MODES = frozenset({
@@ -155,6 +157,27 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
             raise InvalidArgument(f"unknown parameter {key!r}")
         own[key] = value
     return own
+
+
+def encryption_key(secrets: Mapping[str, str]) -> Key | None:
+    """The encryption key in a request's secrets (None: none given); a value
+    that cannot be a key is INVALID_ARGUMENT, its message naming the secret
+    and never its value."""
+    try:
+        return encryption.key_from(secrets)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
+
+
+def encryption_tags(parameters: Mapping[str, str], default: bool, tag: str,
+                    source: LogicalVolume | None) -> list[str]:
+    """A new volume's encryption tag (encryption.new_volume_tags);
+    INVALID_ARGUMENT for a value that is neither luks2 nor none, or one
+    that differs from the content source's."""
+    try:
+        return encryption.new_volume_tags(parameters, default, tag, source)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
 
 
 def size_for(
