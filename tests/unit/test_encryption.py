@@ -278,3 +278,38 @@ def test_volume_ids_make_distinct_mapper_names() -> None:
     a, b = vol_id("a"), vol_id("b")
     assert encryption.mapper_name(a) != encryption.mapper_name(b)
     assert len(encryption.mapper_name(a).encode()) <= 127
+
+
+def test_a_lost_state_file_is_rebuilt_through_the_dm_crypt_device(n: Node) -> None:
+    from csi_local.nodestate.recovery import rebuild_state, reconcile_state
+    _, vid = create(n)
+    stage(n, vid)
+    target = n.path("pods", "vol")
+    assert call(n.node.NodePublishVolume, pb.NodePublishVolumeRequest(
+        volume_id=vid, target_path=target, staging_target_path=n.path("stage"),
+        volume_capability=mount_cap()))[0] == "OK"
+    rebuilt = rebuild_state(n.backend.pools, n.host)
+    staging = rebuilt[vid].staging
+    assert staging is not None and staging.path == n.path("stage")
+    assert set(rebuilt[vid].publishes) == {target}
+    kept = reconcile_state(n.backend.pools, n.host, {vid: n.state.get(vid)})
+    assert kept[vid].staging is not None and set(kept[vid].publishes) == {target}
+
+
+def test_status_shows_encrypted_volumes_and_their_dm_crypt_devices(n: Node) -> None:
+    from csi_local.ops.status.collect import collect_classes
+    from csi_local.ops.status.render import render
+    _, vid = create(n)
+    _, closed = create(n, "pvc-closed")
+    _, plain = create(n, "pvc-plain", params={})
+    stage(n, vid)
+    st = collect_classes(n.host, n.backend.config.classes, n.backend.config.state_dir,
+                         host=n.host)
+    by_id = {v.id: v for v in st.volumes}
+    assert by_id[vid].encrypted and by_id[vid].crypt_device == \
+        f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert by_id[closed].encrypted and by_id[closed].crypt_device is None
+    assert not by_id[plain].encrypted and by_id[plain].crypt_device is None
+    text = render(st)
+    assert f"encrypted (LUKS2): /dev/mapper/{encryption.mapper_name(vid)}" in text
+    assert "encrypted (LUKS2): closed" in text

@@ -21,6 +21,8 @@ from typing import NamedTuple
 from csi_local.host.crypt import HEADER_BYTES, Key, mapper_path
 from csi_local.host.kernel import Host
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import host_volume_names as hvn
+from csi_local.volumes import naming
 
 # The StorageClass / Nomad volume parameter, and its one value.
 PARAMETER = "encryption"
@@ -93,9 +95,16 @@ class TopDevice(NamedTuple):
     encrypted: bool  # it is the dm-crypt device
 
 
+def is_encrypted(lv: LogicalVolume) -> bool:
+    """Whether either plugin made `lv` encrypted (its tag)."""
+    return naming.TAG_ENCRYPTED in lv.tags or hvn.TAG_ENCRYPTED in lv.tags
+
+
 def top_device(host: Host, lv: LogicalVolume) -> TopDevice:
-    """The volume's open dm-crypt device when there is one (one stat of its
-    node: the name says whose it is), else the LV."""
+    """An encrypted volume's open dm-crypt device when there is one (one stat
+    of its node: the name says whose it is), else the LV."""
+    if not is_encrypted(lv):
+        return TopDevice(lv.path, lv.kernel_major, lv.kernel_minor, False)
     path = mapper_path(mapper_name(lv.name))
     numbers = host.device_numbers(path)
     if numbers is not None:
