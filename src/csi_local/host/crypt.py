@@ -21,10 +21,12 @@ exists or is busy.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from dataclasses import dataclass
 from typing import NoReturn
 
-from csi_local.errors import CommandError, KeyRefused
+from csi_local.errors import CommandError, KeyMissing, KeyRefused
 from csi_local.host.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,33 @@ class Key:
 
     def __reduce__(self) -> NoReturn:  # never pickled (into a cache, a queue, a log)
         raise TypeError("a Key is not picklable")
+
+
+def read_key_file(path: str) -> Key:
+    """The key in a key file, every byte of it (as `cryptsetup --key-file
+    PATH` reads it, so an operator opens the device by hand with the same
+    file). Only a regular file, not through a symlink, of root's (or this
+    process's user's), that no group or other may read or write: KeyMissing
+    (naming the file, never its content) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise KeyMissing(f"key file {path}: {err.strerror or err}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyMissing(f"key file {path} is not a regular file")
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o077:
+            raise KeyMissing(f"key file {path} must be root's and readable by it alone "
+                             "(chown root: and chmod 600 it)")
+        data = os.read(fd, MAX_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return Key(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        why = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err)
+        raise KeyMissing(f"key file {path}: {why}") from None
 
 
 @dataclass(frozen=True)
