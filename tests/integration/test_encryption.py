@@ -6,7 +6,11 @@ round trip opened with the source's key."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,6 +19,12 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.host import mounts
 from csi_local.volumes import encryption
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
+from tests.integration.dhvkit import (
+    Dhv,
+    dhv_fixture,  # noqa: F401 - the `dhv` fixture
+    new_id,
+    ok,
+)
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -160,3 +170,97 @@ def test_block_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
     # Handed out raw: a stage as a file system refuses to format it.
     expect_code(Code.FAILED_PRECONDITION, stage, plugin, vid, plugin.path("stage-fs"))
     assert not os.path.exists(mapper(vid))
+
+
+def kill_tree(plugin: PluginProcess) -> None:
+    """SIGKILL the plugin and every process it started (cryptsetup, mkfs), as
+    the end of its container does."""
+    assert plugin.proc is not None
+    parent = plugin.proc.pid
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(entry))
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # each command runs in a group of its own
+        except ProcessLookupError:
+            pass
+    plugin.kill()
+
+
+# The step a kill lands in: after the command the log names has run, the
+# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
+@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
+                                   "cryptsetup open"])
+def test_kill_during_an_encrypted_stage_then_retry_converges(
+        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
+    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
+    staging = plugin.path("stage-kill")
+    req = pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=staging,
+                                    volume_capability=mount_cap(), secrets=SECRETS)
+    mark = len(plugin.log())
+    fut = plugin.node.NodeStageVolume.future(req, timeout=300)
+    deadline = time.monotonic() + 240
+    while f"{after} " not in plugin.log()[mark:] or "ran " not in plugin.log()[mark:]:
+        assert time.monotonic() < deadline and not fut.done(), plugin.log()[mark:]
+        time.sleep(0.02)
+    kill_tree(plugin)
+    try:
+        fut.result()
+    except grpc.RpcError:
+        pass
+    plugin.start()
+    plugin.node.NodeStageVolume(req, timeout=300)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid) and top.fs_type == "ext4"
+    with open(f"{staging}/data", "wb") as f:
+        f.write(PATTERN)
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+    stage(plugin, vid, staging)  # opened, never formatted again: the data is there
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+    unstage(plugin, vid, staging)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    assert vid not in vg.lv_names()
+    assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
+
+
+def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+    key = dhv.workdir / "class.key"
+    key.write_text("a host volume's passphrase")
+    key.chmod(0o600)
+    config = dhv.plugin_dir / "csi-local-dhv.json"
+    data = json.loads(config.read_text())
+    data["encryption_key_files"] = {"class:default": str(key)}
+    config.write_text(json.dumps(data))
+    vid = new_id()
+    params = {encryption.PARAMETER: encryption.LUKS2}
+    made = ok(dhv.call("create", vid, cap_min=64 * MiB, params=params))
+    path = made["path"]
+    lv = dhv.lv(vid)
+    assert lv is not None and "csi-local-dhv.encryption=luks2" in lv.tags
+    crypt = mapper(lv.name)
+    top = mounts.top_mount(path)
+    assert top is not None and top.source == crypt
+    with open(f"{path}/data", "wb") as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    assert not lv_holds(vg, lv.name, PATTERN[:4096])
+    before = os.statvfs(path)
+    grown = ok(dhv.call("create", vid, cap_min=160 * MiB, params=params))
+    assert grown["bytes"] >= 160 * MiB and size_of(crypt) == grown["bytes"] - HEADER
+    after = os.statvfs(path)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 64 * MiB
+    with open(f"{path}/data", "rb") as f:
+        assert f.read() == PATTERN
+    ok(dhv.call("delete", vid))
+    assert dhv.lv(vid) is None and not os.path.exists(crypt)
+    assert not os.path.exists(path)
+

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from csi_local.errors import EncryptionMismatch, KeyMissing, KeyRefused
+from csi_local.errors import CommandError, EncryptionMismatch, KeyMissing, KeyRefused
 from csi_local.host.crypt import Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
@@ -318,12 +318,15 @@ class VolumeSteps:
         if self.crypt.is_luks(lv.path):
             try:
                 path = self.crypt.open(lv.path, name, key)
-            except KeyRefused:
+            except (KeyRefused, CommandError):
+                # A luksFormat killed part-way may leave a header whose keyslot
+                # is missing or torn; only the plugin's own unfinished format
+                # (never handed out) is formatted again.
                 fresh = self.freshness(lv)
                 if not fresh.fresh:
                     raise
-                log.warning("volume %s/%s: the LUKS2 header of an unfinished format takes no "
-                            "key; formatting it again", lv.vg, lv.name)
+                log.warning("volume %s/%s: the LUKS2 header of an unfinished format does "
+                            "not open; formatting it again", lv.vg, lv.name)
                 path = self._format_and_open(lv, name, key, fresh)
         else:
             fresh = self.freshness(lv)
