@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
+from csi_local._gen import csi_pb2_grpc
 from csi_local.host import mounts
 from csi_local.volumes import encryption
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
@@ -25,6 +26,7 @@ from tests.integration.dhvkit import (
     new_id,
     ok,
 )
+from tests.integration.test_group_snapshots import groups
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -264,3 +266,97 @@ def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     assert dhv.lv(vid) is None and not os.path.exists(crypt)
     assert not os.path.exists(path)
 
+
+def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,
+                                                          vg: LoopVG) -> None:
+    """The ranges GetMetadataDelta gives are the LV's, ciphertext: copied from
+    the target snapshot's LV onto a restore of the base, they make the target,
+    which then opens with the volume's key and reads as the target's data."""
+    vid = create(plugin, "enc-cbt", cap=block_cap())
+    staging, dev = plugin.path("stage-cbt"), plugin.path("pod", "cbt")
+    stage(plugin, vid, staging, block_cap())
+    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=vid, staging_target_path=staging, target_path=dev,
+        volume_capability=block_cap()))
+
+    def write(offset: int, seed: int) -> None:
+        with open(dev, "r+b", buffering=0) as f:
+            f.seek(offset)
+            f.write(bytes((seed + i) % 251 + 1 for i in range(256 * 1024)))
+            os.fsync(f.fileno())
+
+    def snapshot(name: str) -> str:
+        time.sleep(1.1)  # LVM's creation times are in seconds: base strictly older
+        return str(plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+            name=name, source_volume_id=vid)).snapshot.snapshot_id)
+
+    write(0, 1)
+    write(8 * MiB, 2)
+    base = snapshot("enc-cbt-1")
+    write(8 * MiB, 3)  # overwritten
+    write(20 * MiB, 4)  # new
+    target = snapshot("enc-cbt-2")
+    with open(dev, "rb") as f:
+        expected = f.read()
+    assert plugin.channel is not None
+    sm = csi_pb2_grpc.SnapshotMetadataStub(plugin.channel)
+    ranges = [(b.byte_offset, b.size_bytes) for r in sm.GetMetadataDelta(
+        pb.GetMetadataDeltaRequest(base_snapshot_id=base, target_snapshot_id=target),
+        timeout=300) for b in r.block_metadata]
+    # LV offsets: the data area starts past the 16 MiB header.
+    assert ranges and all(off >= HEADER for off, _ in ranges)
+    # A restore of the base, plus the delta's ranges read off the target's LV.
+    restored = create(plugin, "enc-cbt-restore", cap=block_cap(), source=pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=base)))
+    run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{target}")
+    run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{restored}")
+    src = os.open(f"/dev/{vg.name}/{target}", os.O_RDONLY)
+    dst = os.open(f"/dev/{vg.name}/{restored}", os.O_WRONLY)
+    try:
+        for off, n in ranges:
+            os.pwrite(dst, os.pread(src, n, off), off)
+        os.fsync(dst)
+    finally:
+        os.close(src)
+        os.close(dst)
+    run("lvchange", "--activate", "n", f"{vg.name}/{target}")
+    r_staging, r_dev = plugin.path("stage-cbt-r"), plugin.path("pod", "cbt-r")
+    stage(plugin, restored, r_staging, block_cap())
+    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=restored, staging_target_path=r_staging, target_path=r_dev,
+        volume_capability=block_cap()))
+    with open(r_dev, "rb") as f:
+        assert f.read() == expected, "the restored backup is not the target's data"
+    for v, st, t in ((vid, staging, dev), (restored, r_staging, r_dev)):
+        plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=v,
+                                                                      target_path=t))
+        unstage(plugin, v, st)
+
+
+def test_group_snapshot_of_mounted_encrypted_volumes_on_this_kernel(
+        plugin: PluginProcess) -> None:
+    """Debian 12's kernel refuses LVM's snapshot of a thin LV whose own file
+    system is frozen (test_group_refusal.py: plain mounted volumes are refused
+    together). An encrypted volume's file system is one device higher, on
+    dm-crypt: frozen there, its LV is snapshotted, and the group is taken."""
+    members = []
+    for name in ("enc-g1", "enc-g2"):
+        vid = create(plugin, name)
+        staging = plugin.path(f"stage-{name}")
+        stage(plugin, vid, staging)
+        with open(f"{staging}/data", "wb") as f:
+            f.write(name.encode() * 1000)
+        members.append((vid, staging))
+    group = groups(plugin).CreateVolumeGroupSnapshot(pb.CreateVolumeGroupSnapshotRequest(
+        name="enc-group", source_volume_ids=[v for v, _ in members]),
+        timeout=600).group_snapshot
+    by_source = {s.source_volume_id: s.snapshot_id for s in group.snapshots}
+    for (vid, staging), name in zip(members, ("enc-g1", "enc-g2"), strict=True):
+        copy = create(plugin, f"{name}-restore", source=pb.VolumeContentSource(
+            snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=by_source[vid])))
+        path = plugin.path(f"stage-{name}-restore")
+        stage(plugin, copy, path)
+        with open(f"{path}/data", "rb") as f:
+            assert f.read() == name.encode() * 1000
+        unstage(plugin, copy, path)
+        unstage(plugin, vid, staging)

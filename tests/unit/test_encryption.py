@@ -313,3 +313,42 @@ def test_status_shows_encrypted_volumes_and_their_dm_crypt_devices(n: Node) -> N
     text = render(st)
     assert f"encrypted (LUKS2): /dev/mapper/{encryption.mapper_name(vid)}" in text
     assert "encrypted (LUKS2): closed" in text
+
+
+def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
+        n: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member's file system, on its dm-crypt device, is frozen. LVM's
+    suspend of the thin LV below does not meet that freeze, so even a kernel
+    that cannot snapshot a frozen file system's own LV (Debian 12's) takes
+    the group."""
+    from csi_local.csi.group_controller_servicer import GroupControllerServicer
+    from csi_local.volumes.group_snapshots import GroupSnapshots
+    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
+                            n.backend.config.state_dir)
+    gc = GroupControllerServicer(n.backend, groups)
+    n.host.nested_freeze = False
+    _, a = create(n, "pvc-a")
+    _, b = create(n, "pvc-b")
+    stage(n, a, path="sa")
+    stage(n, b, path="sb")
+    frozen: list[str] = []
+    freeze = n.host.freeze
+
+    def spy(path: str) -> None:
+        frozen.append(path)
+        freeze(path)
+
+    monkeypatch.setattr(n.host, "freeze", spy)
+    code, reply = call(gc.CreateVolumeGroupSnapshot, pb.CreateVolumeGroupSnapshotRequest(
+        name="g", source_volume_ids=[a, b]))
+    assert code == "OK", reply
+    assert sorted(frozen) == sorted([n.path("sa"), n.path("sb")]) and not n.host.frozen
+    for snap in reply.group_snapshot.snapshots:
+        assert vols.TAG_ENCRYPTED in n.host.lv(snap.snapshot_id).tags
+
+
+def test_the_same_name_with_another_encryption_already_exists(n: Node) -> None:
+    assert create(n)[0] == "OK"
+    assert create(n)[0] == "OK"  # a retry
+    code, msg = create(n, params={})
+    assert code == "ALREADY_EXISTS" and "encryption" in msg

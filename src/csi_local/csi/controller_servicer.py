@@ -155,6 +155,11 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
             if existing is not None:
                 lv = self._reuse(pool, report, existing, name, caps, rng, source, asked)
+                if source is None and (vols.TAG_ENCRYPTED in lv.tags) != bool(
+                        validation.encryption_tags(request.parameters, pool.encrypted_by_default,
+                                                   vols.TAG_ENCRYPTED, None)):
+                    raise AlreadyExists(f"volume {name!r} exists, and its encryption is not "
+                                        "what the request asks")
             else:
                 source_lv = None
                 if source is not None:

@@ -87,6 +87,14 @@ class Freshness:
     empty: bool  # it maps no block: it holds nothing at all (implies fresh)
 
 
+def carried_tags(tags: StepTags, source: LogicalVolume) -> list[str]:
+    """The tags a copy of `source` (a snapshot, a clone, a group's member)
+    inherits: its grow-fs tag (its LV was extended and its file system not
+    yet grown, so the copy's must grow), and its encryption tag (the copy
+    holds its LUKS2 header)."""
+    return [t for t in (tags.grow_fs, tags.encrypted) if t in source.tags]
+
+
 class VolumeSteps:
     """The volume steps of one plugin: its file systems, its host, its tags
     and (the CSI node) its record of unfinished mkfs runs."""
@@ -151,10 +159,7 @@ class VolumeSteps:
             self.host.thaw(mount.mount_point)
 
     def _carried(self, source: LogicalVolume) -> list[str]:
-        """The tags a copy of `source` inherits: its grow-fs tag (its LV was
-        extended and its file system not yet grown, so the copy's must grow),
-        and its encryption tag (the copy holds its LUKS2 header)."""
-        return [t for t in (self.tags.grow_fs, self.tags.encrypted) if t in source.tags]
+        return carried_tags(self.tags, source)
 
     def snapshot(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
                  tags: Sequence[str]) -> LogicalVolume:
