@@ -69,6 +69,7 @@ LABEL org.opencontainers.image.title="csi-local" \
 # lvm2 + thin-provisioning-tools: thin pools and thin volumes/snapshots
 # e2fsprogs, xfsprogs, btrfs-progs: mkfs/fsck/resize for ext4, xfs, btrfs
 # util-linux: mount, umount, blkid, findmnt, losetup (loop-backed demo VG)
+# cryptsetup-bin: LUKS2 encryption at rest (docs/encryption.md)
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
@@ -79,6 +80,7 @@ RUN apt-get update \
       xfsprogs \
       btrfs-progs \
       util-linux \
+      cryptsetup-bin \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 
 # LVM inside a container.

@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the largest)")
     parser.add_argument("--rounds", type=_positive, default=5,
                         help="rounds per latency figure; the median is shown (default 5)")
+    parser.add_argument("--encryption-rounds", type=int, default=3,
+                        help="rounds of the encrypted volume section: stage, publish and dd "
+                        "throughput beside the bare cryptsetup commands and a plain volume "
+                        "(default 3; 0: none)")
     parser.add_argument("--concurrency", type=_positive, default=20,
                         help="concurrent CreateVolume calls (default 20)")
     parser.add_argument("--startup-rounds", type=_positive, default=None,
@@ -100,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         storm=max(0, args.storm), storm_workers=args.storm_workers,
         idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
         idle_at=args.idle_at, scale_only=args.scale_only,
+        encryption_rounds=max(0, args.encryption_rounds),
         progress=None if args.quiet else (lambda s: print(f"bench: {s}", file=sys.stderr,
                                                            flush=True)),
     )

@@ -36,7 +36,9 @@ from benchmarks.fill import Clone, fill_vg, pool_metadata_bytes
 from benchmarks.lab import SCRATCH, Lab, PluginProcess, run, timed
 from benchmarks.report import ExecRow, MiB, Results, Row, fmt_value
 from csi_local._gen import csi_pb2 as pb
+from csi_local.host.crypt import LuksSettings
 from csi_local.storage.lvm import LV_FIELDS
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 
 try:  # the very options the plugin formats with
@@ -51,6 +53,7 @@ LVS_REPORT = ["lvs", "--reportformat", "json", "--units", "b", "--nosuffix", "--
               'report/time_format="%s"', "-o", LV_FIELDS + ",vg_extent_size"]
 VOLUME_BYTES = 64 * MiB
 FILLER_BYTES = 4 * MiB  # one extent: a thousand fit a small pool
+DD_MIB = 24  # written and read back on a 64 MiB volume's ext4 (48 MiB when encrypted)
 SNAPSHOT_EVERY = 10  # the scale cases snapshot a tenth of their volumes
 SNAPSHOT_SELECT = "lv_tags=csi-local.kind=snapshot"
 # The storm's VG: 2 GiB of sparse file whose pool (80 %) holds what the storm
@@ -79,6 +82,7 @@ class Options:
     scrape_interval: float = 15.0
     idle_at: int | None = None  # measure the idle cost at this scale (None: after the last)
     scale_only: bool = False  # no latency, exec count, concurrency or storm sections
+    encryption_rounds: int = 3  # rounds of the encrypted volume section (0: none)
 
 
 def _mount_cap() -> pb.VolumeCapability:
@@ -234,6 +238,9 @@ class Bench:
             if not self.opts.scale_only:
                 with self.section("latency"):
                     self.latency()
+                if self.opts.encryption_rounds:
+                    with self.section("encryption"):
+                        self.encryption()
                 with self.section("exec counts"):
                     self.exec_counts()
                 with self.section("concurrency"):
@@ -330,6 +337,98 @@ class Bench:
             row("NodeUnpublishVolume", ["unpublish"], ["umount bind"], "umount"),
             row("NodeUnstageVolume", ["unstage"], ["umount"], "umount"),
             row("DeleteVolume", ["delete"], ["lvremove"], "lvremove"),
+        ]
+
+    def encryption(self) -> None:
+        """Encrypted volumes (LUKS2): stage and publish through the plugin
+        beside the bare commands it runs (lvcreate; cryptsetup luksFormat and
+        open with the plugin's own settings, mkfs.ext4, mount; mount --bind),
+        and sequential throughput (dd, direct I/O) on the encrypted file
+        system beside the same on a plain volume and on the bare commands'."""
+        assert self.lab is not None
+        key = "benchmark passphrase"
+        secrets = {encryption.SECRET_KEY: key}
+        settings = LuksSettings().argv()
+        raw: dict[str, list[float]] = collections.defaultdict(list)
+        rpc: dict[str, list[float]] = collections.defaultdict(list)
+
+        def throughput(times: dict[str, list[float]], prefix: str, directory: str) -> None:
+            data = os.path.join(directory, "bench-data")
+            times[f"{prefix}write"].append(timed(
+                run, "dd", "if=/dev/zero", f"of={data}", "bs=1M", f"count={DD_MIB}",
+                "oflag=direct", "conv=fsync", "status=none"))
+            times[f"{prefix}read"].append(timed(
+                run, "dd", f"if={data}", "of=/dev/null", "bs=1M", "iflag=direct",
+                "status=none"))
+            os.unlink(data)
+
+        for i in range(self.opts.encryption_rounds):
+            def raw_round(i: int = i) -> None:
+                assert self.lab is not None
+                name, crypt = f"rawenc{i}", f"bench-rawenc{i}"
+                dev = f"/dev/{self.vg}/{name}"
+                run("lvcreate", "--yes", "--thin", "-V", "64m", "-n", name, self.pool)
+                raw["format"].append(timed(run, "cryptsetup", "luksFormat", "--batch-mode",
+                                           *settings, "--key-file", "-", dev, input=key))
+                raw["open"].append(timed(run, "cryptsetup", "open", "--type", "luks2",
+                                         "--key-file", "-", dev, crypt, input=key))
+                raw["mkfs"].append(timed(run, *MKFS_EXT4, f"/dev/mapper/{crypt}"))
+                mnt, bind = self.lab.path(f"rawenc-m{i}"), self.lab.path(f"rawenc-b{i}")
+                raw["mount"].append(timed(run, "mount", "-t", "ext4",
+                                          f"/dev/mapper/{crypt}", mnt))
+                raw["bind"].append(timed(run, "mount", "--bind", mnt, bind))
+                throughput(raw, "", bind)
+                run("umount", bind)
+                run("umount", mnt)
+                run("cryptsetup", "close", crypt)
+                run("lvremove", "--yes", f"{self.vg}/{name}")
+
+            def rpc_round(i: int = i) -> None:
+                assert self.lab is not None
+                for kind in ("enc", "plain"):
+                    params = {encryption.PARAMETER: encryption.LUKS2} if kind == "enc" else {}
+                    vid = str(self.p().controller.CreateVolume(pb.CreateVolumeRequest(
+                        name=f"bench-{kind}-{i}", parameters=params,
+                        capacity_range=pb.CapacityRange(required_bytes=VOLUME_BYTES),
+                        volume_capabilities=[_mount_cap()]), timeout=600).volume.volume_id)
+                    staging = os.path.join(self.lab.path(f"{kind}{i}"), "staging")
+                    target = os.path.join(self.lab.path(f"{kind}{i}"), "target")
+                    rpc[f"{kind} stage"].append(timed(
+                        self.p().node.NodeStageVolume, pb.NodeStageVolumeRequest(
+                            volume_id=vid, staging_target_path=staging,
+                            volume_capability=_mount_cap(), secrets=secrets), timeout=600))
+                    rpc[f"{kind} publish"].append(timed(self.publish, vid, staging, target))
+                    throughput(rpc, f"{kind} ", target)
+                    self.unpublish(vid, target)
+                    self.unstage(vid, staging)
+                    self.delete(vid)
+
+            for step in ((raw_round, rpc_round) if i % 2 == 0 else (rpc_round, raw_round)):
+                step()
+            self.say(f"  round {i + 1}/{self.opts.encryption_rounds}")
+
+        def row(op: str, value: list[float], base: list[float], label: str,
+                goal: float | None = None) -> Row:
+            return Row(op, median(value), median(base), label, goal=goal, samples=value,
+                       raw_samples=base)
+
+        bare_stage = [sum(x) for x in zip(raw["format"], raw["open"], raw["mkfs"],
+                                          raw["mount"], strict=True)]
+        self.res.rows += [
+            row("NodeStageVolume (ext4, LUKS2)", rpc["enc stage"], bare_stage,
+                "luksFormat + open + mkfs.ext4 + mount", 1.1),
+            row("NodeStageVolume, LUKS2 vs plain", rpc["enc stage"], rpc["plain stage"],
+                "a plain volume's stage"),
+            row("NodePublishVolume (LUKS2)", rpc["enc publish"], raw["bind"], "mount --bind",
+                1.5),
+            row(f"write {DD_MIB} MiB (LUKS2)", rpc["enc write"], raw["write"],
+                "the same on the bare commands' volume"),
+            row(f"read {DD_MIB} MiB (LUKS2)", rpc["enc read"], raw["read"],
+                "the same on the bare commands' volume"),
+            row(f"write {DD_MIB} MiB, LUKS2 vs plain", rpc["enc write"], rpc["plain write"],
+                "the same on a plain volume"),
+            row(f"read {DD_MIB} MiB, LUKS2 vs plain", rpc["enc read"], rpc["plain read"],
+                "the same on a plain volume"),
         ]
 
     def exec_counts(self) -> None:

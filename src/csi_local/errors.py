@@ -74,6 +74,11 @@ class NameTaken(StorageError):
     none of the plugin's."""
 
 
+class SourceMismatch(StorageError):
+    """A request asks that a copy of its content source (a restore or a
+    clone) differ from the source where no copy can: its encryption."""
+
+
 class LvNotFound(StorageError):
     """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
     "not found", mapped once, in storage/lvm.py."""
@@ -115,6 +120,20 @@ class DeviceMissing(StorageError):
 
 class FormatRefused(StorageError):
     """The one formatting rule said no: the device may hold data."""
+
+
+class KeyMissing(StorageError):
+    """An encrypted volume was to be opened or resized, and no key was given."""
+
+
+class KeyRefused(StorageError):
+    """The key given opens none of a LUKS2 header's keyslots."""
+
+
+class EncryptionMismatch(StorageError):
+    """An encrypted volume's device is not what it should be: a mapper device
+    of its name over another device, or a volume tagged encrypted whose LV
+    holds no LUKS2 header but was used before."""
 
 
 class StillMounted(StorageError):

@@ -53,7 +53,7 @@ def test_structure() -> None:
     final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
     final_runs = " ".join(rest for op, rest in final if op == "RUN")
     for pkg in ("lvm2", "thin-provisioning-tools", "e2fsprogs", "xfsprogs", "btrfs-progs",
-                "util-linux", "python3"):
+                "util-linux", "cryptsetup-bin", "python3"):
         assert re.search(rf"(?<![\w-]){re.escape(pkg)}(?![\w-])", final_runs), pkg
     assert "--no-install-recommends" in final_runs
     assert "rm -rf /var/lib/apt/lists/*" in final_runs

@@ -239,8 +239,8 @@ class Guest:
         work = shlex.quote(str(self.workdir))
         script = self.workdir / "guest.sh"
         script.write_text(
-            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot btrfs xfs 2>/dev/null || "
-            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot\n"
+            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot dm-crypt btrfs xfs 2>/dev/null || "
+            "modprobe -a loop dm-mod dm-thin-pool dm-snapshot dm-crypt\n"
             f"echo BOOTED $(cut -d' ' -f1 /proc/uptime) > {work}/booted\n"
             f"cd {shlex.quote(str(REPO))}\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())

@@ -18,7 +18,8 @@ def test_benchmark_figures_are_all_produced() -> None:
     # 1,000 volumes (and 100 snapshots) by the fast fill (benchmarks/fill.py).
     res = run_bench(Options(scales=[10, 1000], rounds=2, concurrency=20, startup_rounds=1,
                             import_rounds=1, storm=8, storm_workers=3, idle_seconds=10,
-                            scrape_interval=5, idle_at=10, progress=progress.append))
+                            scrape_interval=5, idle_at=10, encryption_rounds=1,
+                            progress=progress.append))
     print("\n" + format_tables(res))
     if res.errors or res.missing():
         print("--- bench progress ---\n" + "\n".join(progress))
@@ -35,6 +36,7 @@ def test_benchmark_figures_are_all_produced() -> None:
                "start-up to first Probe, 10 volumes", "20 concurrent CreateVolume",
                "pod storm: 8 PVCs to published", "pod storm: 8 up while 8 go",
                "pod storm CreateVolume p99", "pod storm DeleteVolume p50",
+               "NodeStageVolume (ext4, LUKS2)", "write 24 MiB, LUKS2 vs plain",
                "python + grpc + CSI stubs (the floor)",
                "idle: programs a minute, 10 volumes, nothing happening",
                "idle: programs a minute, 10 volumes, metrics scraped every 5 s",

@@ -6,11 +6,13 @@ import os
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from csi_local.errors import CommandError
 from csi_local.host.runner import Result
+from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
 
 
@@ -28,6 +30,25 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(os, "execve", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
     yield
+
+
+@pytest.fixture(autouse=True)
+def close_state_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A StateStore holds its directory's lock file open for the life of its
+    process, one per plugin. A test makes one or more of its own: close them
+    when it ends, or the suite leaks a descriptor per test, past the 1,024
+    that protoc's plugin runner (test_stubs) can watch before it aborts."""
+    opened: list[StateStore] = []
+    init = StateStore.__init__
+
+    def tracked(self: StateStore, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(StateStore, "__init__", tracked)
+    yield
+    for store in opened:
+        store.close()
 
 
 @pytest.fixture(autouse=True)

@@ -39,8 +39,9 @@ Its parts, one class each in tests/unit/fakes: lvm.py (VGs, pools, LVs, the
 LVM commands, device-mapper's and the thin tools' view of a pool),
 devices.py (block devices, what is on them, mkfs & co., loop devices),
 mounts.py (the mount table, mount(8), umount(8), binds, freezes, the tools
-that grow a mounted file system). FakeHost composes them, holds their state
-and is the Runner: it dispatches each command to its part's simulation.
+that grow a mounted file system), crypt.py (cryptsetup and dm-crypt
+devices). FakeHost composes them, holds their state and is the Runner: it
+dispatches each command to its part's simulation.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from tests.unit.fakes.common import (
     MiB,
     _Fail,
 )
+from tests.unit.fakes.crypt import FakeCrypt, FakeMapper
 from tests.unit.fakes.devices import Content, FakeDevices, FakeLoop
 from tests.unit.fakes.lvm import FakeLv, FakeLvm, FakeVg, lv_text
 from tests.unit.fakes.mounts import FakeMounts, _Rec
@@ -65,7 +67,7 @@ __all__ = ["DM_MAJOR", "LOOP_MAJOR", "Content", "FakeHost", "FakeLoop", "FakeLv"
            "GiB", "MiB", "lv_text"]
 
 
-class FakeHost(FakeLvm, FakeDevices, FakeMounts):
+class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts):
     """The host's LVM, devices and mounts in memory; also the Runner."""
 
     def __init__(self, vg: str = "vg0", pool: str = "pool0", pool_size: int = 10 * GiB,
@@ -75,6 +77,8 @@ class FakeHost(FakeLvm, FakeDevices, FakeMounts):
         self.pool_name = pool  # its first pool: the default of add_lv
         self.vgs: dict[str, FakeVg] = {}
         self.loops: dict[int, FakeLoop] = {}
+        self.mappers: dict[str, FakeMapper] = {}  # dm-crypt devices, by name
+        self.crypt_inputs: list[str | None] = []
         self.calls: list[tuple[str, ...]] = []
         self.clock = 1_700_000_000  # lv_time of the next LV; each lvcreate advances it
         self._loop_nodes: set[int] = set()  # loop nodes ever made (they outlive detach)
@@ -121,6 +125,11 @@ class FakeHost(FakeLvm, FakeDevices, FakeMounts):
                 del self._failures[i]
                 if timed_out:
                     raise CommandError(full, -9, "", "timed out", timed_out=True)
+                return self._result(full, fail.rc, fail.stdout, fail.stderr, ok_codes)
+        if call[0] == "cryptsetup":  # the one tool that reads its standard input
+            try:
+                return self._result(full, 0, self._cryptsetup(call, input), "", ok_codes)
+            except _Fail as fail:
                 return self._result(full, fail.rc, fail.stdout, fail.stderr, ok_codes)
         tool = self._tools.get(call[0])
         if tool is None:

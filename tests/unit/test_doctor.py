@@ -31,7 +31,7 @@ from tests.unit.test_x509 import pem as x509_pem
 from tests.unit.test_x509 import tlv
 
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
-             *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools))
+             *(t for tools, _ in doctor.FS_TOOLS.values() for t in tools), "cryptsetup")
 SETTINGS_ARGV = ("lvmconfig", "--type", "full", *doctor.LVM_SETTINGS)
 PROFILE_DIR_ARGV = ("lvmconfig", "--type", "full", "config/profile_dir")
 GOOD_SETTINGS = "udev_sync=1\nudev_rules=1\nmonitoring=0\n"
@@ -72,7 +72,8 @@ class Machine:
         runner.on(SETTINGS_ARGV, GOOD_SETTINGS)
         runner.on(PROFILE_DIR_ARGV, 'profile_dir="/etc/lvm/profile"\n')
         self.write("proc/modules", "dm_thin_pool 36864 1 - Live 0x0\n"
-                                   "dm_snapshot 53248 0 - Live 0x0\ndm_mod 184320 9 - Live 0x0\n")
+                                   "dm_snapshot 53248 0 - Live 0x0\ndm_mod 184320 9 - Live 0x0\n"
+                                   "dm_crypt 61440 0 - Live 0x0\n")
         self.write("proc/misc", "236 device-mapper\n 60 loop-control\n")
         self.write("dev/mapper/control", "")
         self.write("run/udev/control", "")
@@ -120,7 +121,8 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
                                                          if c.status != OK]
     assert list(checks) == [
         "kernel module dm_thin_pool", "kernel module dm_snapshot", "device-mapper",
-        "lvm tools", "tools", "xfs tools", "btrfs tools", "volume group vg0",
+        "lvm tools", "tools", "xfs tools", "btrfs tools", "kernel module dm_crypt",
+        "cryptsetup", "volume group vg0",
         "volume group vg0 metadata", "thin pool vg0/pool0",
         "volume group vg0 metadata area", "thin pool device IDs", "thin pool zeroing",
         "thin pool fill", "thin pool metadata snapshot", "lvm.conf udev",
@@ -142,7 +144,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("22 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("24 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -550,7 +552,7 @@ def test_every_class_is_checked(classes: Machine, listening: None) -> None:
     checks = class_checks(classes)
     assert {c.status for c in checks.values()} == {OK}, [c for c in checks.values()
                                                          if c.status != OK]
-    lvm_part = list(checks)[list(checks).index("btrfs tools") + 1:
+    lvm_part = list(checks)[list(checks).index("cryptsetup") + 1:
                             list(checks).index("lvm.conf udev")]
     assert lvm_part == [
         f"configuration file {CONFIG}",
@@ -946,3 +948,12 @@ def test_lvm_view_pvs_without_a_report_is_a_warning(views: Views) -> None:
     got = views.check()
     assert (got.status, got.message) == (
         WARN, "not checked: pvs printed no JSON report: '  WARNING: something\\n'")
+
+
+def test_encryption_needs_cryptsetup_and_dm_crypt(m: Machine) -> None:
+    """Warnings only: encryption is opt-in."""
+    del m.tools["cryptsetup"]
+    m.write("proc/modules", "dm_thin_pool 36864 1 - Live 0x0\n")
+    checks = m.checks()
+    assert checks["cryptsetup"].status == WARN and "cryptsetup-bin" in checks["cryptsetup"].fix
+    assert checks["kernel module dm_crypt"].status == WARN

@@ -27,6 +27,7 @@ from csi_local.csi.rpc import (
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
@@ -89,7 +90,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _asked_class(self, parameters: Mapping[str, str]) -> str | None:
         """The device class the parameters name (None: the default); INVALID_ARGUMENT
         for unknown parameters."""
-        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,))
+        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,
+                                                 encryption.PARAMETER))
         return own.get(vols.DEVICE_CLASS_PARAMETER) or None
 
     # volumes -------------------------------------------------------------
@@ -106,9 +108,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             if request.HasField("accessibility_requirements") else None,
             self.topology_key, self.node_id,
         )
+        encrypted = validation.encryption_asked(request.parameters)
         source = self._requested_source(request)
         lv = self.volumes.create_volume(VolumeRequest(
-            name, asked, required, limit, source, request.parameters, fs_types))
+            name, asked, required, limit, source, request.parameters, fs_types, encrypted))
         # Its content source is the request's: a new volume is tagged with it,
         # and an existing one is returned only when its tag names the same.
         return pb.CreateVolumeResponse(volume=self._volume_message(lv, source))

@@ -25,10 +25,13 @@ from csi_local.csi.rpc import (
 )
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.crypt import Key, mapper_path
+from csi_local.host.kernel import Host
 from csi_local.host.locks import volume_key
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.pool import Pool
@@ -54,6 +57,13 @@ class Device(NamedTuple):
     @classmethod
     def of(cls, lv: LogicalVolume) -> Device:
         return cls(lv.path, lv.kernel_major, lv.kernel_minor)
+
+    @classmethod
+    def top(cls, host: Host, lv: LogicalVolume) -> Device:
+        """The device the volume is used through: its open dm-crypt device
+        when it is encrypted, else the LV (volumes/encryption.py)."""
+        top = encryption.top_device(host, lv)
+        return cls(top.path, top.major, top.minor)
 
 
 class NodeServicer(csi_pb2_grpc.NodeServicer):
@@ -85,13 +95,18 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
     def _staged_device(self, volume_id: str) -> Device:
         """The device of a staged volume, from its node under /dev: a staged volume
         is active, and a stat costs nothing where an `lvs` costs a process.
-        Falls back to LVM (NOT_FOUND when the LV is gone)."""
+        Falls back to LVM (NOT_FOUND when the LV is gone). An encrypted volume
+        is used through its dm-crypt device, named after it."""
+        crypt_path = mapper_path(encryption.mapper_name(volume_id))
+        numbers = self.host.device_numbers(crypt_path)
+        if numbers is not None:
+            return Device(crypt_path, *numbers)
         for vg in self.pools.classes.volume_groups:
             path = os.path.join("/dev", vg, volume_id)
             numbers = self.host.device_numbers(path)
             if numbers is not None:
                 return Device(path, *numbers)
-        return Device.of(self._volume(volume_id)[1])
+        return Device.top(self.host, self._volume(volume_id)[1])
 
     # stage ---------------------------------------------------------------
 
@@ -103,6 +118,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             raise InvalidArgument("volume_capability is required")
         default_fs = self.pools.default.default_fs_type
         cap = validation.capability(request.volume_capability, default_fs)
+        key = validation.encryption_key(request.secrets)
         with self._lock(volume_id):
             # Stage needs the LV's tags, class and device, which the VG's
             # committed metadata and the kernel give without a process.
@@ -125,37 +141,43 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             lv = pool.lvm.activate(lv)
             self.host.wait_for_device(lv.path)
             if cap.access_type is AccessType.BLOCK:
-                staging = self._stage_block(pool, lv, staging_path, cap)
+                staging = self._stage_block(pool, lv, staging_path, cap, key)
             else:
-                staging = self._stage_mount(pool, lv, staging_path, cap)
+                staging = self._stage_mount(pool, lv, staging_path, cap, key)
             if rec.staging != staging:
                 self.state.set_staging(volume_id, staging)
         return pb.NodeStageVolumeResponse()
 
     def _stage_block(self, pool: Pool, lv: LogicalVolume, staging_path: str,
-                     cap: validation.Capability) -> Staging:
+                     cap: validation.Capability, key: Key | None) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
-        if not self._device_mounted_at(Device.of(lv), target):
-            self.steps.mark_used(pool.lvm, lv)  # handed out raw: never formatted after
-            if not os.path.exists(target):
-                with open(target, "a"):
-                    pass
-            self.fs.bind(lv.path, target, readonly=False)
+        if not self._device_mounted_at(Device.top(self.host, lv), target):
+            device, opened = self.steps.open_device(lv, key)
+            try:
+                self.steps.mark_used(pool.lvm, lv)  # handed out raw: never formatted after
+                if not os.path.exists(target):
+                    with open(target, "a"):
+                        pass
+                self.fs.bind(device, target, readonly=False)
+            except BaseException:
+                if opened:
+                    self.steps.close_device(lv.name)
+                raise
         # A grow-fs tag stays for the first stage as a file system (nothing to grow here).
         return Staging(path=staging_path, access_type=AccessType.BLOCK, access_mode=cap.mode)
 
     def _stage_mount(self, pool: Pool, lv: LogicalVolume, staging_path: str,
-                     cap: validation.Capability) -> Staging:
+                     cap: validation.Capability, key: Key | None) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
-        if self._device_mounted_at(Device.of(lv), staging_path):
+        if self._device_mounted_at(Device.top(self.host, lv), staging_path):
             top = self.host.top_mount(staging_path)
             assert top is not None
             fs_type = top.fs_type
         else:
             fs_type = self.steps.first_mount(pool.lvm, lv, staging_path, cap.fs_type,
-                                             cap.mount_flags)
+                                             cap.mount_flags, key)
         self.steps.grow_pending(pool.lvm, lv, staging_path, fs_type)
         return Staging(path=staging_path, access_type=AccessType.MOUNT, fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
@@ -181,7 +203,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             block_file = block_stage_file(staging_path, volume_id)
             block_staged = (rec.staging is not None
                             and rec.staging.access_type is AccessType.BLOCK)
-            dev = Device.of(lv) if lv is not None else None
+            dev = Device.top(self.host, lv) if lv is not None else None
             if block_staged or (dev is not None and self._device_mounted_at(dev, block_file)):
                 # Only a file this plugin made and bound its device onto is removed.
                 self.fs.umount(block_file)
@@ -192,6 +214,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 or (dev is not None and self._device_mounted_at(dev, staging_path))
             ):
                 self.fs.umount(staging_path)
+            # An encrypted volume's dm-crypt device goes with its last user,
+            # recorded or not (a stage killed before its state write).
+            self.steps.close_device(volume_id)
             if rec.staging is not None:
                 self.state.set_staging(volume_id, None)
         return pb.NodeUnstageVolumeResponse()
@@ -306,7 +331,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             ours = target in rec.publishes
             if not ours and vols.is_volume_id(volume_id) and self.host.is_mount_point(target):
                 lv = self._find(volume_id)
-                ours = lv is not None and self._device_mounted_at(Device.of(lv), target)
+                ours = lv is not None and self._device_mounted_at(Device.top(self.host, lv),
+                                                                  target)
             if ours:
                 self._unmount_target(target)
                 if os.path.isdir(target):
@@ -361,14 +387,19 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         block = rec.staging.access_type is AccessType.BLOCK
         check = block_stage_file(path, volume_id) if block and path == rec.staging.path else path
         top = self.host.top_mount(check)
-        mounted = top is not None and lv is not None and self.host.shows_device(
-            top, lv.kernel_major, lv.kernel_minor)
-        if not mounted:
+        dev = Device.top(self.host, lv) if lv is not None else None
+        mounted = top is not None and dev is not None and self.host.shows_device(
+            top, dev.major, dev.minor)
+        if lv is not None and self.steps.is_encrypted(lv) and dev is not None and \
+                dev.path == lv.path:
+            problems.append(f"its dm-crypt device "
+                            f"{mapper_path(encryption.mapper_name(volume_id))} is gone")
+        elif not mounted:
             problems.append(f"{path} is not mounted")
         if block:
-            if lv is not None and lv.active:
+            if lv is not None and lv.active and dev is not None and dev.major >= 0:
                 resp.usage.append(pb.VolumeUsage(unit=pb.VolumeUsage.BYTES,
-                                                 total=self.host.device_size(lv.path)))
+                                                 total=self.host.device_size(dev.path)))
         elif mounted and top is not None:
             # A flag may hold several options ("noatime,ro"): ro asked for is no fault.
             asked = {o for flag in rec.staging.mount_flags for o in fsrules.split(flag)}
@@ -392,6 +423,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                          context: grpc.ServicerContext) -> pb.NodeExpandVolumeResponse:
         volume_id = validation.object_id(request.volume_id, "volume_id")
         raw_path = validation.required(request.volume_path, "volume_path")
+        key = validation.encryption_key(request.secrets)
         with self._lock(volume_id):
             pool, lv = self._volume(volume_id)
             rec = self.state.get(volume_id)
@@ -400,8 +432,10 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             if request.HasField("capacity_range"):
                 rng = request.capacity_range
                 lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
+            # An encrypted volume's dm-crypt device grows to its LV first.
+            device = self.steps.grow_device(lv, key)
             if rec.staging.access_type is AccessType.MOUNT:
-                self.fs.grow(lv.path, rec.staging.path, rec.staging.fs_type)
+                self.fs.grow(device, rec.staging.path, rec.staging.fs_type)
         return pb.NodeExpandVolumeResponse(capacity_bytes=lv.size)
 
     # info ------------------------------------------------------------------

@@ -77,6 +77,7 @@ CODES: dict[type[errors.StorageError], str] = {
     # CreateVolume's and CreateSnapshot's "incompatible with the name".
     errors.NameTaken: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
+    errors.SourceMismatch: "INVALID_ARGUMENT",
     errors.PoolUnusable: "FAILED_PRECONDITION",
     errors.NoRoom: "RESOURCE_EXHAUSTED",
     # CreateVolume's and CreateSnapshot's "unable to provision": the node's
@@ -89,6 +90,17 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.DeviceMissing: "FAILED_PRECONDITION",
     errors.FormatRefused: "FAILED_PRECONDITION",
     errors.StillMounted: "FAILED_PRECONDITION",
+    # The spec's "Missing required field": the node-stage (or node-expand)
+    # secret with the volume's key. Kubelet passes it only when the
+    # StorageClass names the secret.
+    errors.KeyMissing: "INVALID_ARGUMENT",
+    # The spec's general table: "The invoked RPC does not carry secrets that
+    # are valid for authentication"; the caller fixes the secret and retries.
+    # Not FAILED_PRECONDITION (nothing is wrong with the volume, which is left
+    # untouched) nor INVALID_ARGUMENT (the request is well formed; only its
+    # secret's value is wrong).
+    errors.KeyRefused: "UNAUTHENTICATED",
+    errors.EncryptionMismatch: "FAILED_PRECONDITION",
     errors.MountOptionError: "INVALID_ARGUMENT",
     errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
     errors.SnapshotsNotComparable: "INVALID_ARGUMENT",

@@ -15,7 +15,9 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
 from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.crypt import Key
 from csi_local.nodestate.state_file import AccessType
+from csi_local.volumes import encryption
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 SINGLE_NODE_MODES = frozenset({
@@ -162,6 +164,28 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
             raise InvalidArgument(f"unknown parameter {key!r}")
         own[key] = value
     return own
+
+
+def encryption_key(secrets: Mapping[str, str]) -> Key | None:
+    """The encryption key in a request's secrets (None: none given); a value
+    that cannot be a key is INVALID_ARGUMENT, its message naming the secret
+    and never its value."""
+    try:
+        return encryption.key_from(secrets)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
+
+
+def encryption_asked(parameters: Mapping[str, str]) -> bool | None:
+    """Whether the parameters ask for encryption (None: they do not say, so
+    the class's default or the content source decides); INVALID_ARGUMENT
+    for a value that is neither luks2 nor none."""
+    if encryption.PARAMETER not in parameters:
+        return None
+    try:
+        return encryption.asked(parameters)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
 
 
 def capacity_range(rng: pb.CapacityRange | None) -> tuple[int, int]:

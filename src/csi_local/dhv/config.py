@@ -51,6 +51,10 @@ class PluginConfig:
     pool_metadata_limit_percent: float = 90.0
     # The CSI plugin's device classes file (TOML, csi_local.volumes.device_classes; absolute).
     classes_file: str = ""
+    # Encrypted volumes' keys (docs/encryption.md): key files by "volume:<Nomad
+    # volume ID>" or "class:<device class>" (absolute paths, root's, mode 0600
+    # or stricter); a volume's own wins over its class's.
+    encryption_key_files: dict[str, str] = field(default_factory=dict)
     # The device classes, read once (from classes_file) when the configuration is.
     classes: DeviceClasses = field(init=False, repr=False, compare=False)
 
@@ -95,6 +99,17 @@ class PluginConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not 0 < value <= 100:
                 raise DhvError(f"config: {key} must be a percentage in (0, 100]")
+        keys = self.encryption_key_files
+        if not isinstance(keys, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in keys.items()):
+            raise DhvError("config: encryption_key_files must map names to paths")
+        for name, path in keys.items():
+            if not name.startswith(("volume:", "class:")) or name.endswith(":"):
+                raise DhvError(f"config: encryption_key_files: {name!r} must be "
+                               "\"volume:<volume ID>\" or \"class:<device class>\"")
+            if "\0" in path or not os.path.isabs(path):
+                raise DhvError(f"config: encryption_key_files: {name!r}: {path!r} must be an "
+                               "absolute path")
         object.__setattr__(self, "classes", self._read_classes())
 
     def _read_classes(self) -> DeviceClasses:
@@ -110,6 +125,11 @@ class PluginConfig:
                                 default_fs_type=self.fs_type)
         except ClassConfigError as err:  # says the file (and line)
             raise DhvError(f"config: classes_file: {err}") from None
+
+    def key_file(self, volume_id: str, device_class: str) -> str | None:
+        """The key file of a host volume: its own, else its class's (None: none)."""
+        keys = self.encryption_key_files
+        return keys.get(f"volume:{volume_id}") or keys.get(f"class:{device_class}")
 
     @property
     def pool_policy(self) -> PoolPolicy:
@@ -129,6 +149,8 @@ class PluginConfig:
             "timeout_seconds": self.timeout_seconds,
             "pool_data_limit_percent": self.pool_data_limit_percent,
             "pool_metadata_limit_percent": self.pool_metadata_limit_percent,
+            **({"encryption_key_files": dict(self.encryption_key_files)}
+               if self.encryption_key_files else {}),
         }
 
 

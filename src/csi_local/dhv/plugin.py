@@ -37,15 +37,17 @@ from csi_local.dhv.request import (
 )
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
+from csi_local.host.crypt import Key, read_key_file
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
-from csi_local.volumes import sizes
+from csi_local.volumes import encryption, sizes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
     KIND_VOLUME,
+    TAG_ENCRYPTED,
     TAG_FRESH,
     TAG_FS,
     TAG_GROW_FS,
@@ -80,7 +82,7 @@ class HostVolumePlugin:
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
         self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS)
-        self.removal = VolumeRemoval(self.fs, self.host)
+        self.removal = VolumeRemoval(self.fs, self.host, self.steps.close_device)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * RESERVE)
@@ -209,6 +211,10 @@ class HostVolumePlugin:
                 f"{asked!r}; a volume cannot change class (delete it first to make it anew "
                 "in another)")
         _check_same_source(lv, req, params)
+        if params.encryption is not None and params.encryption != (TAG_ENCRYPTED in lv.tags):
+            raise DhvError(
+                f"volume {req.volume_id} {'is' if TAG_ENCRYPTED in lv.tags else 'is not'} "
+                "encrypted; encryption cannot be turned on or off for an existing volume")
         fs_type = lv.tag_value(TAG_FS) or ""
         if not fs_type:
             raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
@@ -222,11 +228,17 @@ class HostVolumePlugin:
     def _new_lv(self, pool: Pool, req: Request, fs_type: str,
                 report: VgReport) -> LogicalVolume:
         """A new thin LV for the volume (inside `pool.reserved()`)."""
+        assert req.parameters is not None
+        asked = req.parameters.encryption
+        encrypted = pool.encrypted_by_default if asked is None else asked
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
-            default=self.config.default_size, minimum=fsrules.min_size(fs_type),
+            default=self.config.default_size,
+            minimum=fsrules.min_size(fs_type) + (encryption.OVERHEAD_BYTES if encrypted else 0),
         )
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
+        if encrypted:
+            tags.append(TAG_ENCRYPTED)
         return pool.create_thin(report, req.lv_name, size, tags)
 
     def _new_clone(self, pool: Pool, req: Request, params: Parameters,
@@ -256,6 +268,11 @@ class HostVolumePlugin:
                 f"the source holds a {fs_type} file system, not {params.fs_type}; a "
                 "clone keeps its source's file system (leave fs_type out)"
             )
+        if params.encryption is not None and params.encryption != (TAG_ENCRYPTED in source.tags):
+            raise DhvError(
+                f"the source {'is' if TAG_ENCRYPTED in source.tags else 'is not'} encrypted, "
+                "and a clone is what its source is (its LUKS2 header and key included); "
+                "leave encryption out")
         if req.capacity_max and source.size > req.capacity_max:
             raise DhvError(
                 f"the source is {source.size} bytes, more than capacity_max "
@@ -331,11 +348,27 @@ class HostVolumePlugin:
             lv = lvm.activate(lv)
         self.host.wait_for_device(lv.path, timeout=min(30.0, self.deadline.left()))
         lv = self._grow_lv(pool, req, lv)
-        self._mount(lvm, req, lv, fs_type, mount_options)
+        key = self._key(req, pool, lv)
+        self._mount(lvm, req, lv, fs_type, mount_options, key)
+        if TAG_GROW_FS in lv.tags:
+            self.steps.grow_device(lv, key)  # an open dm-crypt device grows to its LV
         if self.steps.grow_pending(lvm, lv, req.path, fs_type):
             lv = lvm.get(lv.name)
             log.info("grew the %s file system of %s to %d bytes", fs_type, lv.name, lv.size)
         return lv
+
+    def _key(self, req: Request, pool: Pool, lv: LogicalVolume) -> Key | None:
+        """An encrypted volume's key, from the key file the configuration
+        names for it or its class; None for a volume that is not encrypted."""
+        if not self.steps.is_encrypted(lv):
+            return None
+        path = self.config.key_file(req.volume_id, pool.class_name)
+        if path is None:
+            raise DhvError(
+                f"volume {req.volume_id} is encrypted, and the configuration names no key "
+                f"file for it: add \"volume:{req.volume_id}\" or \"class:{pool.class_name}\" "
+                "to encryption_key_files (docs/encryption.md)")
+        return read_key_file(path)
 
     def _grow_lv(self, pool: Pool, req: Request, lv: LogicalVolume) -> LogicalVolume:
         """The LV grown to capacity_min (a shrink is refused); the grow-fs tag goes
@@ -351,14 +384,14 @@ class HostVolumePlugin:
         return grown
 
     def _mount(self, lvm: Lvm, req: Request, lv: LogicalVolume, fs_type: str,
-               options: Sequence[str]) -> None:
+               options: Sequence[str], key: Key | None) -> None:
         os.makedirs(req.volumes_dir, mode=0o711, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(req.path, 0o755)
         major, minor = device_numbers(self.host, lv)
         top = self.host.top_mount(req.path)
         if top is None:
-            self.steps.first_mount(lvm, lv, req.path, fs_type, options)
+            self.steps.first_mount(lvm, lv, req.path, fs_type, options, key)
             log.info("mounted %s at %s", lv.path, req.path)
         elif not self.host.shows_device(top, major, minor):
             raise DhvError(

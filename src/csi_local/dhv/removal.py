@@ -10,7 +10,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from csi_local.dhv.request import DhvError, Request
 from csi_local.host.filesystems import Filesystems
@@ -18,6 +18,7 @@ from csi_local.host.holders import VolumeUsers, volume_users
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import encryption
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger("csi_local.dhv")
@@ -35,7 +36,12 @@ _SETTLE = (0.2, 0.5)
 
 
 def device_numbers(host: Host, lv: LogicalVolume) -> tuple[int, int]:
-    """The LV's major:minor, from the report or else from its device node."""
+    """The major:minor of the device the volume's file system is on: an
+    encrypted volume's open dm-crypt device, else the LV's, from the report or
+    else from its device node."""
+    top = encryption.top_device(host, lv)
+    if top.encrypted:
+        return top.major, top.minor
     if lv.kernel_major >= 0 and lv.kernel_minor >= 0:
         return lv.kernel_major, lv.kernel_minor
     found = host.device_numbers(lv.path)
@@ -48,9 +54,13 @@ def device_numbers(host: Host, lv: LogicalVolume) -> tuple[int, int]:
 class VolumeRemoval:
     """Takes a host volume down: its mounts, its LV, its directories."""
 
-    def __init__(self, fs: Filesystems, host: Host) -> None:
+    def __init__(self, fs: Filesystems, host: Host,
+                 close: Callable[[str], bool] | None = None) -> None:
         self.fs = fs
         self.host = host
+        # Closes an encrypted volume's dm-crypt device, by LV name, before its
+        # lvremove (VolumeSteps.close_device).
+        self.close = close
 
     def remove(self, req: Request, found: tuple[Pool, LogicalVolume] | None) -> None:
         lv = found[1] if found is not None else None
@@ -77,6 +87,8 @@ class VolumeRemoval:
                         f"LV {lv.vg}/{lv.name} is still mounted at {', '.join(left)} "
                         "(in use?); not removing it"
                     )
+                if self.close is not None:
+                    self.close(lv.name)  # an encrypted volume's dm-crypt device
                 pool.lvm.remove(lv.name)
             except Exception as err:
                 if not unmounted:
@@ -124,7 +136,10 @@ class VolumeRemoval:
                 if mount.mount_point in restored:
                     continue
                 flags = sorted(mount.options & _VFS_FLAGS)
-                self.fs.mount(lv.path, mount.mount_point, mount.fs_type, flags)
+                # Its dm-crypt device, while open (a closed one needs its key:
+                # this mount fails and says to run create).
+                device = encryption.top_device(self.host, lv).path
+                self.fs.mount(device, mount.mount_point, mount.fs_type, flags)
                 restored.append(mount.mount_point)
         except Exception as again:
             log.error("could not mount %s again at %s: %s", lv.path, points, again)

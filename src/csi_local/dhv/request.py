@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
+from csi_local.volumes import encryption
 from csi_local.volumes.device_classes import check_class_name
 from csi_local.volumes.host_volume_names import LV_PREFIX, SNAPSHOT_LV_PREFIX
 
 OPERATIONS = ("fingerprint", "create", "delete")
 PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode",
-              "device_class")
+              "device_class", "encryption")
 ATTACHMENT_MODES = ("file-system", "block-device")
 _MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
@@ -50,6 +51,10 @@ class Parameters:
     # The device class (pool) of a new volume; None: the default class, or a
     # clone's source's class. Never moves an existing volume.
     device_class: str | None = None
+    # LUKS2 (docs/encryption.md): True/False as the parameter says ("luks2" /
+    # "none"); None when it says nothing (the class's default, or a clone's
+    # source's).
+    encryption: bool | None = None
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -188,7 +193,17 @@ def parse_parameters(raw: str) -> Parameters:
         check_snapshot_name(source_snapshot)
     return Parameters(fs_type=fs_type, mount_options=parse_mount_options(
         data.get("mount_options", "")), source_volume=source_volume,
-        source_snapshot=source_snapshot, device_class=_device_class(data))
+        source_snapshot=source_snapshot, device_class=_device_class(data),
+        encryption=_encryption(data))
+
+
+def _encryption(data: Mapping[str, str]) -> bool | None:
+    if "encryption" not in data:
+        return None
+    try:
+        return encryption.asked(data)
+    except ValueError as err:
+        raise DhvError(str(err)) from None
 
 
 def _device_class(data: Mapping[str, str]) -> str | None:

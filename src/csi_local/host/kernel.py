@@ -204,6 +204,25 @@ class Host:
         """The backing file of a loop device node such as /dev/loop3, if attached."""
         return mounts.loop_backing(node)
 
+    def underlying(self, major: int, minor: int) -> list[tuple[int, int]]:
+        """The devices block device major:minor is stacked on (a dm-crypt
+        device's LV), from /sys/dev/block/M:m/slaves; [] for none or no such
+        device."""
+        base = f"/sys/dev/block/{major}:{minor}/slaves"
+        try:
+            names = os.listdir(base)
+        except OSError:
+            return []
+        found = []
+        for name in sorted(names):
+            try:
+                with open(f"{base}/{name}/dev", encoding="ascii") as f:
+                    major_s, _, minor_s = f.read().strip().partition(":")
+                found.append((int(major_s), int(minor_s)))
+            except (OSError, ValueError):
+                continue
+        return found
+
     def device_size(self, path: str) -> int:
         """Bytes of the block device at `path`."""
         with open(path, "rb") as f:

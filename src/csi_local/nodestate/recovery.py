@@ -23,6 +23,7 @@ from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.pool import Pools
 
@@ -147,7 +148,9 @@ def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
     for lv in lvs:
         if lv.kernel_major < 0:
             continue
-        rec = _record_from_mounts(lv, host.mounts_of(lv.kernel_major, lv.kernel_minor, table))
+        # An encrypted volume is mounted through its dm-crypt device.
+        top = encryption.top_device(host, lv)
+        rec = _record_from_mounts(lv, host.mounts_of(top.major, top.minor, table))
         if rec is not None:
             records[lv.name] = rec
     return records
@@ -180,8 +183,10 @@ def reconcile_state(pools: Pools, host: Host,
         if lv is None or lv.kernel_major < 0:
             continue  # the LV is gone or inactive: nothing of it can be mounted
 
-        def mounted(path: str, lv: LogicalVolume = lv) -> bool:
-            return any(host.shows_device(m, lv.kernel_major, lv.kernel_minor)
+        top = encryption.top_device(host, lv)  # an encrypted one's dm-crypt device
+
+        def mounted(path: str, top: encryption.TopDevice = top) -> bool:
+            return any(host.shows_device(m, top.major, top.minor)
                        for m in host.mounts_at(path, table))
 
         staging = rec.staging

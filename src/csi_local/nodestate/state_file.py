@@ -271,8 +271,12 @@ class StateStore:
                     os.unlink(os.path.join(self.directory, name))
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._lock_fd)
+        """Release the directory's lock; a second call does nothing (the
+        descriptor's number may belong to another file by then)."""
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def get(self, volume_id: str) -> VolumeRecord:
         """The record, or an empty one: missing means not staged, not published."""

@@ -224,6 +224,8 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         (*POOL_LABELS, "status")),
     "volumes": ("CSI volumes in the device class's thin pool", POOL_LABELS),
     "snapshots": ("CSI snapshots in the device class's thin pool", POOL_LABELS),
+    "encrypted_volumes": ("CSI volumes in the device class's thin pool that are encrypted "
+                          "(LUKS2)", POOL_LABELS),
     "volume_size_bytes": ("Virtual size of a CSI volume", VOLUME_LABELS),
     "volume_data_percent": (
         "How much of a CSI volume's virtual size the thin pool has allocated (absent while "
@@ -351,7 +353,8 @@ class PoolCollector(Collector):
                 yield family
 
     def _volumes(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
-        counts = {"volumes": _gauge("volumes"), "snapshots": _gauge("snapshots")}
+        counts = {"volumes": _gauge("volumes"), "snapshots": _gauge("snapshots"),
+                  "encrypted_volumes": _gauge("encrypted_volumes")}
         size, data = _gauge("volume_size_bytes"), _gauge("volume_data_percent")
         for monitor, reading in readable:
             # The reading is the whole VG's: only this class's pool's LVs.
@@ -360,6 +363,8 @@ class PoolCollector(Collector):
             snapshots = [lv for lv in mine if vols.is_csi_snapshot(lv)]
             counts["volumes"].add_metric(_pool_labels(monitor), len(volumes))
             counts["snapshots"].add_metric(_pool_labels(monitor), len(snapshots))
+            counts["encrypted_volumes"].add_metric(
+                _pool_labels(monitor), sum(vols.TAG_ENCRYPTED in lv.tags for lv in volumes))
             for lv in volumes:
                 labels = _volume_labels(lv, monitor.pool.class_name)
                 size.add_metric(labels, lv.size)

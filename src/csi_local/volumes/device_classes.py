@@ -25,7 +25,7 @@ DEFAULT_CLASS = "default"  # the class the flags define
 # Shown in StorageClass parameters and Nomad volume specs: keep it plain.
 _CLASS_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _CLASS_KEYS = ("volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",
-               "lvcreate")
+               "lvcreate", "encryption")
 # Extra lvcreate options a class may carry: only what lvcreate accepts for a
 # thin volume and what cannot break the plugin's own handling of the LV.
 # Striping is not here: lvcreate refuses --stripes for a thin volume ("is
@@ -56,6 +56,9 @@ class DeviceClass:
     # lvcreate arguments rendered from the allow-list, for every new thin LV
     # (volumes, clones and restores) of the class.
     lvcreate_args: tuple[str, ...] = ()
+    # The class's volumes are encrypted (LUKS2) unless a request says
+    # `encryption: none` (docs/encryption.md).
+    encrypted: bool = False
 
     @property
     def pool_name(self) -> str:
@@ -246,8 +249,12 @@ def _parse_class(name: str, body: Mapping[str, Any], table: str,
         raise fail(f"class {name!r}: default_fs_type {fs_type!r} is not one of "
                    f"{', '.join(SUPPORTED_FS)}", table, "default_fs_type")
     args = _lvcreate_args(name, body.get("lvcreate", {}), f"{table}.lvcreate", fail)
+    encryption = body.get("encryption", "none")
+    if encryption not in ("luks2", "none"):
+        raise fail(f"class {name!r}: encryption must be \"luks2\" or \"none\"", table,
+                   "encryption")
     return DeviceClass(name, names["volume_group"], names["thin_pool"], float(ratio),
-                       fs_type, args)
+                       fs_type, args, encrypted=encryption == "luks2")
 
 
 def _lvcreate_args(name: str, body: object, table: str, fail: Any) -> tuple[str, ...]:

@@ -60,8 +60,9 @@ from csi_local.host.atomic_files import write_atomic
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.storage.lvm import LogicalVolume, VgReport
+from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
-from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
+from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps, carried_tags
 from csi_local.volumes.pool import Pool, Pools
 
 # Seconds a group snapshot may keep its members' file systems frozen
@@ -233,6 +234,7 @@ class GroupSnapshots:
             vols.Source(vols.SourceKind.VOLUME, lv.name).tag(),
             f"{vols.TAG_GROUP}={group_id}",
             f"{vols.TAG_GROUP_SIZE}={len(sources)}",
+            *carried_tags(CSI_TAGS, lv),
         ] for _, lv in sources}
         made: list[tuple[Pool, LogicalVolume]] = []
         journal = os.path.join(self.journal_dir, JOURNAL_PREFIX + group_id)
@@ -287,9 +289,11 @@ class GroupSnapshots:
         table = self.host.mounts()
         paths = []
         for _, lv in sources:
+            # An encrypted member's file system is on its dm-crypt device.
+            top = encryption.top_device(self.host, lv)
             fs = self.steps.mounted_filesystem(lv, table)
             if fs is not None:
-                paths.append((fs.mount_point, (lv.kernel_major, lv.kernel_minor)))
+                paths.append((fs.mount_point, (top.major, top.minor)))
             elif (lv.open or self.steps.device_mounts(lv, table)) and len(sources) > 1:
                 raise CannotQuiesce(
                     f"volume {lv.name} is in use as a raw block device, which cannot be "

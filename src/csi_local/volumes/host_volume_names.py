@@ -25,6 +25,7 @@ TAG_FS = "csi-local-dhv.fs"  # the file system the volume was made with
 TAG_FRESH = "csi-local-dhv.fresh"  # never formatted: mkfs is allowed
 TAG_GROW_FS = "csi-local-dhv.grow-fs"  # extended, fs not yet grown
 TAG_NEW_FSID = "csi-local-dhv.new-fsid"  # a clone whose fs needs its own identity first
+TAG_ENCRYPTED = "csi-local-dhv.encryption=luks2"  # LUKS2 (volumes/encryption.py)
 # What a clone or snapshot was made from: "volume:<Nomad ID>" or "snapshot:<name>".
 TAG_SOURCE = "csi-local-dhv.source"
 TAG_SNAPSHOT = "csi-local-dhv.snapshot"  # a snapshot's name, verbatim (validated)

@@ -29,21 +29,29 @@ Two rules the plugins once decided differently, decided here:
   after mkfs, before the volume is ever handed out; an older CSI version's
   fresh tag). A volume whose count cannot be read is never formatted.
   See freshness().
+- An encrypted volume (volumes/encryption.py) takes the same rule one step
+  earlier: its LUKS2 header is written (luksFormat) only with the same proof,
+  and then the file system on its dm-crypt device with it. A volume with a
+  header is opened, never formatted again; one that is to be encrypted, has
+  no header and holds data is refused (EncryptionMismatch) without a write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from csi_local.errors import CommandError, EncryptionMismatch, KeyMissing, KeyRefused
+from csi_local.host.crypt import Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
+from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as hvn
-from csi_local.volumes import naming
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -56,10 +64,12 @@ class StepTags:
     fresh: str  # never handed out: the plugin's own mkfs may format it
     new_fsid: str  # a clone: its file system needs an identity of its own first
     grow_fs: str  # extended: its file system is grown at its next mount
+    encrypted: str  # LUKS2: used through its dm-crypt device (carried to copies)
 
 
-CSI_TAGS = StepTags(naming.TAG_FRESH, naming.TAG_NEW_FSID, naming.TAG_GROW_FS)
-DHV_TAGS = StepTags(hvn.TAG_FRESH, hvn.TAG_NEW_FSID, hvn.TAG_GROW_FS)
+CSI_TAGS = StepTags(naming.TAG_FRESH, naming.TAG_NEW_FSID, naming.TAG_GROW_FS,
+                    naming.TAG_ENCRYPTED)
+DHV_TAGS = StepTags(hvn.TAG_FRESH, hvn.TAG_NEW_FSID, hvn.TAG_GROW_FS, hvn.TAG_ENCRYPTED)
 
 
 class FormatMarks(Protocol):
@@ -77,16 +87,25 @@ class Freshness:
     empty: bool  # it maps no block: it holds nothing at all (implies fresh)
 
 
+def carried_tags(tags: StepTags, source: LogicalVolume) -> list[str]:
+    """The tags a copy of `source` (a snapshot, a clone, a group's member)
+    inherits: its grow-fs tag (its LV was extended and its file system not
+    yet grown, so the copy's must grow), and its encryption tag (the copy
+    holds its LUKS2 header)."""
+    return [t for t in (tags.grow_fs, tags.encrypted) if t in source.tags]
+
+
 class VolumeSteps:
     """The volume steps of one plugin: its file systems, its host, its tags
     and (the CSI node) its record of unfinished mkfs runs."""
 
     def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
-                 marks: FormatMarks | None = None) -> None:
+                 marks: FormatMarks | None = None, crypt: Crypt | None = None) -> None:
         self.fs = fs
         self.host = host
         self.tags = tags
         self.marks = marks
+        self.crypt = crypt if crypt is not None else Crypt(fs.runner)
 
     # snapshots and clones ------------------------------------------------------
 
@@ -98,13 +117,15 @@ class VolumeSteps:
         can make wrong."""
         if not lv.active or lv.kernel_major < 0:
             return []
-        return self.host.mounts_of(lv.kernel_major, lv.kernel_minor, table)
+        top = encryption.top_device(self.host, lv)  # an encrypted one's dm-crypt device
+        return self.host.mounts_of(top.major, top.minor, table)
 
     def mounted_filesystem(self, lv: LogicalVolume,
                            table: list[Mount] | None = None) -> Mount | None:
         """Where the LV's file system is mounted (the first such mount), None
         when it is not: an inactive LV, a raw block volume whose node is only
-        bound onto a file, or nothing at all."""
+        bound onto a file, or nothing at all. From the kernel's mount table,
+        which no lost state write can make wrong."""
         return next((m for m in self.device_mounts(lv, table) if mount_node(m) is None), None)
 
     def flush(self, source: LogicalVolume) -> None:
@@ -123,10 +144,29 @@ class VolumeSteps:
         if mount is not None:
             self.fs.sync(mount.mount_point)
 
+    @contextlib.contextmanager
+    def _still(self, source: LogicalVolume) -> Iterator[None]:
+        """Flush a mounted source, and hold an encrypted one's file system
+        frozen for the snapshot. LVM's lockfs suspend freezes a file system
+        on the thin LV itself; an encrypted volume's is one device higher, on
+        dm-crypt, where that suspend does not reach it, so it is frozen here
+        (FIFREEZE, as fsfreeze does) and thawed whatever happens."""
+        mount = self.mounted_filesystem(source)
+        if mount is None:
+            yield
+            return
+        self.fs.sync(mount.mount_point)
+        if not self.is_encrypted(source):
+            yield
+            return
+        self.host.freeze(mount.mount_point)
+        try:
+            yield
+        finally:
+            self.host.thaw(mount.mount_point)
+
     def _carried(self, source: LogicalVolume) -> list[str]:
-        """The tags a copy of `source` inherits: its grow-fs tag (its LV was
-        extended and its file system not yet grown, so the copy's must grow)."""
-        return [self.tags.grow_fs] if self.tags.grow_fs in source.tags else []
+        return carried_tags(self.tags, source)
 
     def snapshot(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
                  tags: Sequence[str]) -> LogicalVolume:
@@ -135,9 +175,9 @@ class VolumeSteps:
         may own every block once the source is rewritten), the source flushed
         first."""
         pool.admit(report, source.size)
-        self.flush(source)
-        return pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
-                                 writable_volume=False)
+        with self._still(source):
+            return pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
+                                     writable_volume=False)
 
     def clone(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
               tags: Sequence[str], size: int) -> LogicalVolume:
@@ -152,11 +192,11 @@ class VolumeSteps:
         tags = [*tags, self.tags.new_fsid, *self._carried(source)]
         if size > source.size and self.tags.grow_fs not in tags:
             tags.append(self.tags.grow_fs)
-        self.flush(source)
         # Described from what lvcreate was told (a thin snapshot has its origin's
         # size) and grown with one lvextend: no report after either.
-        lv = pool.lvm.snapshot(source.name, name, tags, writable_volume=True,
-                               read_back=False, size=source.size)
+        with self._still(source):
+            lv = pool.lvm.snapshot(source.name, name, tags, writable_volume=True,
+                                   read_back=False, size=source.size)
         try:
             return pool.lvm.extend_to(lv, size)
         except BaseException:
@@ -198,31 +238,45 @@ class VolumeSteps:
         if self.tags.fresh in lv.tags:
             lvm.delete_tags(lv.name, [self.tags.fresh])
 
-    def format_once(self, lvm: Lvm, lv: LogicalVolume, fs_type: str) -> str:
-        """The file system on the volume: made by mkfs only if it is fresh
+    def _mark(self, lv: LogicalVolume, fresh: Freshness) -> None:
+        if fresh.fresh and self.marks is not None and lv.uuid:
+            # Before the first write: a run killed inside mkfs (or luksFormat)
+            # may format again.
+            self.marks.mark_formatting(lv.uuid)
+
+    def format_once(self, lvm: Lvm, lv: LogicalVolume, fs_type: str,
+                    device: str | None = None) -> str:
+        """The file system on the volume (on `device`, its dm-crypt device
+        when it is encrypted): made by mkfs only if the volume is fresh
         (Filesystems.ensure_filesystem has the rest of the rule); returns its
         type. The volume is then used: never formatted again."""
         fresh = self.freshness(lv)
-        if fresh.fresh and self.marks is not None and lv.uuid:
-            # Before the first write: a run killed inside mkfs may format again.
-            self.marks.mark_formatting(lv.uuid)
-        found = self.fs.ensure_filesystem(lv.path, fs_type, fresh=fresh.fresh,
-                                          empty=fresh.empty, name=f"{lv.vg}/{lv.name}")
+        self._mark(lv, fresh)
+        found = self.fs.ensure_filesystem(device or lv.path, fs_type, fresh=fresh.fresh,
+                                          empty=fresh.empty and device in (None, lv.path),
+                                          name=f"{lv.vg}/{lv.name}")
         self.mark_used(lvm, lv)
         return found
 
     def first_mount(self, lvm: Lvm, lv: LogicalVolume, target: str, fs_type: str,
-                    options: Sequence[str]) -> str:
-        """Format (once), give a clone's file system its own identity, and
-        mount the active volume at `target`, where it is not mounted yet;
-        returns the file system's type. Each tag goes once its step is done,
-        so a run killed part-way repeats only what is left."""
-        found = self.format_once(lvm, lv, fs_type)
-        if self.tags.new_fsid in lv.tags:
-            # The source is on this node too, most likely mounted.
-            self.fs.new_fsid(lv.path, found)
-            lvm.delete_tags(lv.name, [self.tags.new_fsid])
-        self.fs.mount(lv.path, target, found, list(options))
+                    options: Sequence[str], key: Key | None = None) -> str:
+        """Open an encrypted volume (`key`), format (once), give a clone's file
+        system its own identity, and mount the active volume at `target`,
+        where it is not mounted yet; returns the file system's type. Each tag
+        goes once its step is done, so a run killed part-way repeats only what
+        is left; a failure closes a dm-crypt device this call opened."""
+        device, opened = self.open_device(lv, key)
+        try:
+            found = self.format_once(lvm, lv, fs_type, device)
+            if self.tags.new_fsid in lv.tags:
+                # The source is on this node too, most likely mounted.
+                self.fs.new_fsid(device, found)
+                lvm.delete_tags(lv.name, [self.tags.new_fsid])
+            self.fs.mount(device, target, found, list(options))
+        except BaseException:
+            if opened:
+                self.close_device(lv.name)
+            raise
         return found
 
     def grow_pending(self, lvm: Lvm, lv: LogicalVolume, mount_point: str,
@@ -231,6 +285,102 @@ class VolumeSteps:
         is due (grow-fs tag), then drop the tag; True when it grew."""
         if self.tags.grow_fs not in lv.tags:
             return False
-        self.fs.grow(lv.path, mount_point, fs_type)
+        self.fs.grow(encryption.top_device(self.host, lv).path, mount_point, fs_type)
         lvm.delete_tags(lv.name, [self.tags.grow_fs])
         return True
+
+    # encryption ------------------------------------------------------------------
+
+    def is_encrypted(self, lv: LogicalVolume) -> bool:
+        return self.tags.encrypted in lv.tags
+
+    def _open_over(self, lv: LogicalVolume) -> str | None:
+        """The path of the volume's dm-crypt device when it is open over this
+        LV; None when it is not open. EncryptionMismatch when a device of its
+        name is open over something else (never used, never closed here)."""
+        top = encryption.top_device(self.host, lv)
+        if not top.encrypted:
+            return None
+        if (lv.kernel_major, lv.kernel_minor) in self.host.underlying(top.major, top.minor):
+            return top.path
+        raise EncryptionMismatch(
+            f"{top.path} is open, but not over volume {lv.vg}/{lv.name}; it is left alone")
+
+    def open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
+        """The device to use the active volume through: the LV itself, or for
+        an encrypted volume its dm-crypt device, opened with `key` (and its
+        LUKS2 header made first, only on a volume with the proof freshness()
+        gives). Returns (path, whether this call opened it).
+
+        A header whose keyslots refuse the key: KeyRefused, nothing written;
+        unless the plugin's own luksFormat of this never handed out volume
+        was cut short (its formatting mark or fresh tag, as for mkfs), which
+        may leave a header without a keyslot: formatted again. No header and
+        used before: EncryptionMismatch, nothing written."""
+        if not self.is_encrypted(lv):
+            return lv.path, False
+        path = self._open_over(lv)
+        if path is not None:
+            return path, False
+        if key is None:
+            raise KeyMissing(
+                f"volume {lv.vg}/{lv.name} is encrypted: its key is needed, in the secret "
+                f"{encryption.SECRET_KEY!r} (docs/encryption.md)")
+        name = encryption.mapper_name(lv.name)
+        if self.crypt.is_luks(lv.path):
+            try:
+                path = self.crypt.open(lv.path, name, key)
+            except (KeyRefused, CommandError):
+                # A luksFormat killed part-way may leave a header whose keyslot
+                # is missing or torn; only the plugin's own unfinished format
+                # (never handed out) is formatted again.
+                fresh = self.freshness(lv)
+                if not fresh.fresh:
+                    raise
+                log.warning("volume %s/%s: the LUKS2 header of an unfinished format does "
+                            "not open; formatting it again", lv.vg, lv.name)
+                path = self._format_and_open(lv, name, key, fresh)
+        else:
+            fresh = self.freshness(lv)
+            if not fresh.fresh:
+                raise EncryptionMismatch(
+                    f"volume {lv.vg}/{lv.name} is to be encrypted but has no LUKS2 header and "
+                    "has been used before (it may hold data); refusing to format it: its "
+                    "data is left untouched")
+            path = self._format_and_open(lv, name, key, fresh)
+        self.host.wait_for_device(path)
+        return path, True
+
+    def _format_and_open(self, lv: LogicalVolume, name: str, key: Key,
+                         fresh: Freshness) -> str:
+        self._mark(lv, fresh)
+        self.crypt.format(lv.path, key)
+        return self.crypt.open(lv.path, name, key)
+
+    def close_device(self, lv_name: str) -> bool:
+        """Close the volume's dm-crypt device, if open; True when it was.
+        Busy (still mounted): CommandError."""
+        path = mapper_path(encryption.mapper_name(lv_name))
+        if self.host.device_numbers(path) is None:
+            return False
+        self.crypt.close(encryption.mapper_name(lv_name))
+        return True
+
+    def grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
+        """After the LV grew: grow an encrypted volume's open dm-crypt device
+        to it (cryptsetup resize, online, `key`: LUKS2 keeps its volume key
+        in the kernel); returns the path of the device to grow a file system
+        on (the LV itself for a volume that is not encrypted, or whose
+        dm-crypt device is not open: it takes the LV's size when opened)."""
+        if not self.is_encrypted(lv):
+            return lv.path
+        path = self._open_over(lv)
+        if path is None:
+            return lv.path
+        if key is None:
+            raise KeyMissing(
+                f"volume {lv.vg}/{lv.name} is encrypted: growing its open dm-crypt device "
+                f"needs its key, in the secret {encryption.SECRET_KEY!r} (on Kubernetes, the "
+                "node-expand secret; docs/encryption.md)")
+        self.crypt.resize(encryption.mapper_name(lv.name), key)
+        return path

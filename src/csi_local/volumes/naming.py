@@ -42,6 +42,10 @@ TAG_GROW_FS = "csi-local.grow-fs"  # grown past its source: grow the fs at first
 # A clone or restore: its file system has its source's UUID, which xfs and
 # btrfs refuse to mount twice; a new one is given at the first mount stage.
 TAG_NEW_FSID = "csi-local.new-fsid"
+# LUKS2 encryption at rest (volumes/encryption.py): set at CreateVolume when
+# asked for, carried to snapshots, restores and clones (their data starts
+# with the source's LUKS2 header).
+TAG_ENCRYPTED = "csi-local.encryption=luks2"
 # The CO's names for the volume, hex-encoded, when it passes them (Kubernetes'
 # external-provisioner with --extra-create-metadata): shown by metrics and
 # `csi-local status`, so an operator sees which claim an LV belongs to.

@@ -178,6 +178,10 @@ class Pool:
         return self.device_class.default_fs_type
 
     @property
+    def encrypted_by_default(self) -> bool:
+        return self.device_class.encrypted
+
+    @property
     def name(self) -> str:
         return f"{self.lvm.vg}/{self.lvm.pool}"
 

@@ -30,7 +30,7 @@ from csi_local.errors import (
 )
 from csi_local.host.locks import Locks, volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import naming, sizes
+from csi_local.volumes import encryption, naming, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
@@ -53,6 +53,9 @@ class VolumeRequest:
     # the class chosen first, or a source's own, sets the smallest size (and
     # refuses one whose mkfs this node lacks).
     fs_types: tuple[str, ...]
+    # Whether the parameters ask for LUKS2 encryption; None: they do not
+    # say, so the class's default (a new volume) or the source (a copy) does.
+    encrypted: bool | None = None
 
 
 class UseRecords(Protocol):
@@ -155,6 +158,11 @@ class Provisioner:
                 f"{pool.class_name!r}" + ("" if req.device_class else " (the default)"))
         if naming.source_of(lv) != req.source:
             raise NameTaken(f"volume {name!r} exists with another content source")
+        if req.source is None and (naming.TAG_ENCRYPTED in lv.tags) != bool(
+                encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
+                                           naming.TAG_ENCRYPTED, None)):
+            raise NameTaken(f"volume {name!r} exists, and its encryption is not what the "
+                            "request asks")
         want = naming.requested_size(lv)
         if not sizes.in_range(want, req.required, req.limit):
             raise NameTaken(
@@ -174,6 +182,10 @@ class Provisioner:
                 minimum: int, source_lv: LogicalVolume | None) -> LogicalVolume:
         """Make the volume (under its lock, its source's and the pool's);
         `source_lv` is the source, found in `pool`."""
+        encrypted = encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
+                                               naming.TAG_ENCRYPTED, source_lv)
+        if encrypted:  # its file system is the LUKS2 header smaller
+            minimum += encryption.OVERHEAD_BYTES
         if source_lv is not None:
             if req.limit and req.limit < source_lv.size:
                 raise SizeOutOfRange(
@@ -184,7 +196,7 @@ class Provisioner:
         size = sizes.size_for(req.required, req.limit, report.extent_size,
                               default=DEFAULT_SIZE, minimum=minimum)
         tags = [f"{naming.TAG_KIND}={naming.KIND_VOLUME}", f"{naming.TAG_SIZE}={size}",
-                *naming.co_name_tags(dict(req.parameters))]
+                *naming.co_name_tags(dict(req.parameters)), *encrypted]
         if req.source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
             # device maps no block (see VolumeSteps.freshness).

@@ -22,6 +22,7 @@ from tests.unit.fakes.common import (
 )
 
 if TYPE_CHECKING:
+    from tests.unit.fakes.crypt import Luks
     from tests.unit.fakes.lvm import FakeLv
 
 
@@ -35,6 +36,7 @@ class Content:
     ambivalent: bool = False  # stray/conflicting signatures: blkid exits 8
     unreadable: bool = False  # reads fail: blkid finds nothing, read_error says why
     written: bool = False  # something wrote to it (a thin volume then maps blocks)
+    luks: Luks | None = None  # a LUKS2 header (fakes/crypt.py): its key and data area
 
     @property
     def holds_data(self) -> bool:
@@ -74,6 +76,7 @@ class FakeDevices(Host):
         def _mapper(lv: FakeLv) -> str: ...
         def _follow(self, path: str) -> str: ...
         def _is_open(self, dev_node: str) -> bool: ...
+        def _mapper_device(self, path: str) -> _Dev | None: ...
 
     def set_content(self, name: str, fs: str | None = None, *, ambivalent: bool = False,
                     unreadable: bool = False, uuid: str | None = None,
@@ -126,6 +129,9 @@ class FakeDevices(Host):
         if lv is not None:
             return _Dev(f"/dev/dm-{lv.minor}", (DM_MAJOR, lv.minor), self._mapper(lv), lv.size,
                         lv.content, False)
+        crypt = self._mapper_device(path)
+        if crypt is not None:
+            return crypt
         m = re.fullmatch(r"/dev/loop(\d+)", path)
         if m is None or (loop := self.loops.get(int(m.group(1)))) is None:
             return None

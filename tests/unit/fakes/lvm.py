@@ -4,7 +4,7 @@ tools' view of a pool (dmsetup, thin_dump, thin_delta)."""
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -117,6 +117,7 @@ class FakeLvm(Host):
                         fs_size: int | None = None, vg: str | None = None) -> Content: ...
         def _need_device(self, path: str, rc: int, message: str) -> _Dev: ...
         def _is_open(self, dev_node: str) -> bool: ...
+        def _crypt_holds(self, lv: FakeLv) -> bool: ...
 
     def add_vg(self, name: str, *, pool: str | None = "pool0", pool_size: int = 10 * GiB,
                extent: int = 4 * MiB, vg_size: int | None = None,
@@ -274,7 +275,8 @@ class FakeLvm(Host):
     def _lv_open(self, lv: FakeLv) -> bool:
         if lv.kind == "pool":
             return any(x.active and x.pool == lv.name for x in self.vgs[lv.vg].lvs.values())
-        return lv.busy or (lv.active and self._is_open(f"/dev/dm-{lv.minor}"))
+        return lv.busy or (lv.active and (self._is_open(f"/dev/dm-{lv.minor}")
+                                          or self._crypt_holds(lv)))
 
     def _attr(self, lv: FakeLv) -> str:
         a = "a" if lv.active else "-"
@@ -469,7 +471,8 @@ class FakeLvm(Host):
                                f"  Unable to suspend {name} ({DM_MAJOR}:{src.minor})\n"
                                f"  Failed to suspend thin snapshot origin {target}.\n")
             pool_name, size, origin = src.pool, src.size, src.name
-            content, default_skip = dataclasses.replace(src.content), "y"
+            # A deep copy: a LUKS2 header's data area is copied with it.
+            content, default_skip = copy.deepcopy(src.content), "y"
         else:
             raise AssertionError(f"FakeHost does not simulate {argv!r}")
         skip = opts.get("--setactivationskip", [default_skip])[-1] == "y"

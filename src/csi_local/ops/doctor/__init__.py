@@ -48,6 +48,7 @@ from csi_local.ops.doctor.host_checks import (
     FS_TOOLS,
     LVM_TOOLS,
     check_device_mapper,
+    check_encryption,
     check_fs_tools,
     check_lvm_tools,
     check_module,
@@ -161,6 +162,7 @@ def run_checks(system: System, opts: Options) -> list[Check]:
         check_lvm_tools(system),
         check_tools(system),
         *(check_fs_tools(system, fs) for fs in FS_TOOLS),
+        *check_encryption(system),
     ]
     checks += _class_checks(system, opts)
     checks += check_lvm_settings(system)

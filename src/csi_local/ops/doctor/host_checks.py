@@ -20,6 +20,22 @@ FS_TOOLS = {"xfs": (("mkfs.xfs", "xfs_growfs"), "xfsprogs"),
             "btrfs": (("mkfs.btrfs", "btrfs", "btrfstune"), "btrfs-progs")}
 
 
+def check_encryption(system: System) -> list[Check]:
+    """What encrypted volumes (LUKS2, opt-in) need: cryptsetup, and the
+    kernel's dm-crypt. Warnings, not failures: a node without encrypted
+    volumes needs neither; a stage of an encrypted one fails without them."""
+    checks = [check_module(system, "dm_crypt", required=False,
+                           why=" (encrypted volumes need it; cryptsetup loads it at the first "
+                               "open where the plugin can run modprobe)")]
+    found = system.which("cryptsetup")
+    if found is None:
+        checks.append(Check("cryptsetup", WARN, "not installed: encrypted volumes cannot be "
+                            "staged", "apt-get install cryptsetup-bin"))
+    else:
+        checks.append(Check("cryptsetup", OK, found))
+    return checks
+
+
 def check_module(system: System, name: str, *, required: bool = True,
                  why: str = "") -> Check:
     """A kernel module, loaded (/proc/modules) or built in (/sys/module/NAME)."""

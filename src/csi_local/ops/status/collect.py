@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from csi_local.errors import LockDirError, StorageError
+from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.host.runner import Runner
 from csi_local.nodestate.state_file import STATE_FILE, VolumeRecord, parse
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, Lvm, MetadataArea, VgReport
+from csi_local.volumes import encryption
 from csi_local.volumes import host_volume_names as dhv_tags
 from csi_local.volumes import naming as volumes
 from csi_local.volumes.device_classes import (
@@ -121,6 +123,8 @@ class VolumeInfo:
     created: int
     age_seconds: int
     possible_orphan: bool
+    encrypted: bool = False  # LUKS2 (docs/encryption.md)
+    crypt_device: str | None = None  # its dm-crypt device, while open
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class HostVolumeInfo:
     kind: str = "volume"  # or "snapshot" (csi-local-dhv snapshot create)
     source: str | None = None  # a clone's or snapshot's: "volume:<ID>" or "snapshot:<name>"
     device_class: str | None = None  # None: in a thin pool that is no class's
+    encrypted: bool = False  # LUKS2 (docs/encryption.md)
+    crypt_device: str | None = None  # its dm-crypt device, while open
 
 
 @dataclass(frozen=True)
@@ -286,7 +292,7 @@ class _PoolContext:
 
 def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                     orphan_age: float = DEFAULT_ORPHAN_AGE,
-                    now: float | None = None) -> Status:
+                    now: float | None = None, host: Host | None = None) -> Status:
     """The node's status over every device class: one `vgs` and one `lvs` per
     VG. A VG that cannot be read is shown as its classes' error; when none
     can, its error is raised (VolumeGroupMissing or another StorageError)."""
@@ -331,16 +337,23 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
     status = Status(default.volume_group, default.thin_pool, state_info, classes.default,
                     [infos[c.name] for c in classes.classes], classes.source or None,
                     orphan_age_seconds=orphan_age)
+    host = host if host is not None else Host()
     for report in reports:
         for lv in report.lvs:
-            _add_lv(status, classes, contexts, report, lv, records, orphan_age, now)
+            _add_lv(status, classes, contexts, report, lv, records, orphan_age, now, host)
     return status
+
+
+def _crypt_device(host: Host, lv: LogicalVolume) -> str | None:
+    """The LV's open dm-crypt device (found by its name: one stat), if any."""
+    top = encryption.top_device(host, lv)
+    return top.path if top.encrypted else None
 
 
 def _add_lv(status: Status, classes: DeviceClasses,
             contexts: dict[tuple[str, str], _PoolContext], report: VgReport,
             lv: LogicalVolume, records: dict[str, VolumeRecord] | None, orphan_age: float,
-            now: float) -> None:
+            now: float, host: Host) -> None:
     age = max(0, int(now) - lv.created) if lv.created else 0
     owner = classes.of_pool(lv.vg, lv.pool) if lv.pool else None
     # A thin LV of a pool that is no class's (a class taken out of the file)
@@ -349,7 +362,9 @@ def _add_lv(status: Status, classes: DeviceClasses,
         f"{lv.vg}/{lv.pool}", report.find(lv.pool) if lv.pool else None)
     device_class = owner.name if owner is not None else None
     if volumes.is_csi_volume(lv) or volumes.is_csi_snapshot(lv):
-        info = _volume_info(lv, device_class, records, pool, age, orphan_age)
+        info = dataclasses.replace(
+            _volume_info(lv, device_class, records, pool, age, orphan_age),
+            encrypted=volumes.TAG_ENCRYPTED in lv.tags, crypt_device=_crypt_device(host, lv))
         (status.volumes if info.kind == "volume" else status.snapshots).append(info)
         if info.possible_orphan:
             status.possible_orphans.append(Orphan(
@@ -367,7 +382,8 @@ def _add_lv(status: Status, classes: DeviceClasses,
             fs_type=lv.tag_value(dhv_tags.TAG_FS), size=lv.size,
             data_percent=lv.data_percent,
             condition=_condition(lv, pool.lv, pool.name, pool.fill, pool.metadata),
-            created=lv.created, age_seconds=age, device_class=device_class))
+            created=lv.created, age_seconds=age, device_class=device_class,
+            encrypted=dhv_tags.TAG_ENCRYPTED in lv.tags, crypt_device=_crypt_device(host, lv)))
     elif any(t.startswith(TAG_NAMESPACE) for t in lv.tags):
         status.possible_orphans.append(Orphan(lv.name, "stray LV", _stray_reason(lv),
                                               lv.created, age))

@@ -139,6 +139,8 @@ def render(status: Status) -> str:
         out.append(lines[0])
         for v, line in zip(items, lines[1:], strict=True):
             out.append(line)
+            if v.encrypted:
+                out.append(f"      encrypted (LUKS2): {v.crypt_device or 'closed'}")
             if v.staged:
                 fs = f", {v.staged.fs_type}" if v.staged.fs_type else ""
                 out.append(f"      staged at {v.staged.path} ({v.staged.access_type}{fs})")
@@ -156,7 +158,12 @@ def render(status: Status) -> str:
                   human_size(h.size), _pct(h.data_percent), human_age(h.age_seconds),
                   h.fs_type or "-", f"{h.name or '-'} ({h.namespace or '-'})", h.id or "-",
                   h.source or "-", _cond(h.condition)] for h in status.host_volumes]
-        out += _table(rows)
+        lines = _table(rows)
+        out.append(lines[0])
+        for h, line in zip(status.host_volumes, lines[1:], strict=True):
+            out.append(line)
+            if h.encrypted:
+                out.append(f"      encrypted (LUKS2): {h.crypt_device or 'closed'}")
 
     out.append("")
     out.append(f"Possible orphans: {len(status.possible_orphans)}")

@@ -1,0 +1,184 @@
+"""LUKS2 encryption with cryptsetup: format, open, close, resize, through the Runner.
+
+Knows nothing of volumes: a device path, a device-mapper name and a key.
+
+The key never reaches a process's argv or environment, a log line or an
+error: cryptsetup reads it from its standard input (`--key-file -`, a pipe
+the Runner writes and closes), every byte of it up to the end, so a key is
+exactly the string given, newlines included. The Runner logs argv only, and
+a CommandError carries argv, the exit code and cryptsetup's own output,
+which never echoes a key. A `Key` hides its value from repr() and str(), so
+that a traceback's locals or a logged object cannot show it either.
+
+cryptsetup's exit codes (cryptsetup(8), "RETURN CODES"), as the calls here
+take them: 0 done; 1 wrong parameters (also: "not a valid LUKS device" for
+open); 2 no permission (a wrong passphrase: "No key available with this
+passphrase"); 3 out of memory; 4 wrong device specified (close of a device
+that is not active, isLuks of a device it cannot read); 5 device already
+exists or is busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from typing import NoReturn
+
+from csi_local.errors import CommandError, KeyMissing, KeyRefused
+from csi_local.host.runner import Runner
+
+log = logging.getLogger(__name__)
+
+MAPPER_DIR = "/dev/mapper"
+# LUKS2's default header, keyslots included: the data starts this far into the
+# device, so an encrypted device is this much smaller than its LV.
+HEADER_BYTES = 16 << 20
+# A key longer than this is refused before cryptsetup sees it: cryptsetup's
+# own limit for a key file is 8 MiB, and a CO's secret is never that big.
+MAX_KEY_BYTES = 64 << 10
+
+
+class Key:
+    """A passphrase, kept out of every repr, str, log line and error."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not value:
+            raise ValueError("an encryption key must not be empty")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise ValueError(f"an encryption key must be at most {MAX_KEY_BYTES} bytes")
+        self._value = value
+
+    def reveal(self) -> str:
+        """The passphrase itself: only for cryptsetup's standard input."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Key(<hidden>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Key", self._value))
+
+    def __reduce__(self) -> NoReturn:  # never pickled (into a cache, a queue, a log)
+        raise TypeError("a Key is not picklable")
+
+
+def read_key_file(path: str) -> Key:
+    """The key in a key file, every byte of it (as `cryptsetup --key-file
+    PATH` reads it, so an operator opens the device by hand with the same
+    file). Only a regular file, not through a symlink, of root's (or this
+    process's user's), that no group or other may read or write: KeyMissing
+    (naming the file, never its content) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise KeyMissing(f"key file {path}: {err.strerror or err}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyMissing(f"key file {path} is not a regular file")
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o077:
+            raise KeyMissing(f"key file {path} must be root's and readable by it alone "
+                             "(chown root: and chmod 600 it)")
+        data = os.read(fd, MAX_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return Key(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        why = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err)
+        raise KeyMissing(f"key file {path}: {why}") from None
+
+
+@dataclass(frozen=True)
+class LuksSettings:
+    """How a new LUKS2 header is made (docs/encryption.md says why these).
+
+    aes-xts-plain64 with a 512-bit key (AES-256 in XTS mode), dm-crypt's
+    default and hardware-accelerated (AES-NI, ARMv8 crypto extensions) on
+    any node; argon2id, memory-hard, as LUKS2's default PBKDF, but capped at
+    64 MiB and one thread (cryptsetup's default takes up to 1 GiB and four
+    threads at every open) and one second of work, so that a small node
+    opening many volumes at a restart neither runs out of memory nor waits
+    minutes. A slower node gets fewer iterations for the same second, never
+    fewer than argon2's minimum of 4."""
+
+    cipher: str = "aes-xts-plain64"
+    key_size_bits: int = 512
+    pbkdf: str = "argon2id"
+    pbkdf_memory_kib: int = 65536
+    pbkdf_parallel: int = 1
+    iter_time_ms: int = 1000
+
+    def argv(self) -> list[str]:
+        return ["--type", "luks2", "--cipher", self.cipher,
+                "--key-size", str(self.key_size_bits), "--pbkdf", self.pbkdf,
+                "--pbkdf-memory", str(self.pbkdf_memory_kib),
+                "--pbkdf-parallel", str(self.pbkdf_parallel),
+                "--iter-time", str(self.iter_time_ms)]
+
+
+def mapper_path(name: str) -> str:
+    return f"{MAPPER_DIR}/{name}"
+
+
+class Crypt:
+    """cryptsetup's LUKS2 commands, each one process through the Runner."""
+
+    def __init__(self, runner: Runner, settings: LuksSettings | None = None) -> None:
+        self.runner = runner
+        self.settings = settings or LuksSettings()
+
+    def is_luks(self, device: str) -> bool:
+        """Whether `device` starts with a LUKS2 header. A device cryptsetup
+        cannot read (exit 4) is a CommandError, never "no header": a caller
+        would take that for a device it may format."""
+        res = self.runner.run(["cryptsetup", "isLuks", "--type", "luks2", device],
+                              ok_codes=(0, 1))
+        return res.returncode == 0
+
+    def format(self, device: str, key: Key) -> None:
+        """luksFormat: a new LUKS2 header and volume key on `device`, its one
+        keyslot opened by `key`. Destroys what the device held: callers
+        prove first that it held nothing (volumes/lifecycle.py)."""
+        self.runner.run(["cryptsetup", "luksFormat", "--batch-mode", *self.settings.argv(),
+                         "--key-file", "-", device], input=key.reveal())
+
+    def open(self, device: str, name: str, key: Key) -> str:
+        """Open `device` as /dev/mapper/`name`; returns that path. KeyRefused
+        when no keyslot takes `key` (nothing is changed on the device)."""
+        try:
+            self.runner.run(["cryptsetup", "open", "--type", "luks2", "--key-file", "-",
+                             device, name], input=key.reveal())
+        except CommandError as err:
+            if err.returncode == 2:
+                raise KeyRefused(f"the key given does not open the LUKS2 header of {device}: "
+                                 "no keyslot takes it (the data is left untouched)") from None
+            raise
+        return mapper_path(name)
+
+    def close(self, name: str) -> None:
+        """Close /dev/mapper/`name`. Busy (a file system still mounted on it):
+        CommandError, exit 5."""
+        self.runner.run(["cryptsetup", "close", name])
+
+    def resize(self, name: str, key: Key) -> None:
+        """Grow the open device to the whole of its (grown) backing device.
+        LUKS2 keeps the volume key in the kernel's keyring, out of reach of
+        user space, so the resize asks for the passphrase again."""
+        try:
+            self.runner.run(["cryptsetup", "resize", "--key-file", "-", name],
+                            input=key.reveal())
+        except CommandError as err:
+            if err.returncode == 2:
+                raise KeyRefused(f"the key given does not open the LUKS2 header under "
+                                 f"{mapper_path(name)}: not resized") from None
+            raise

@@ -1,0 +1,362 @@
+"""Encrypted volumes (LUKS2) through the CSI API, as the provisioner and
+kubelet drive it, on real dm-crypt: no plaintext on the LV, the data back
+after an unstage and a restage, a wrong key refused with the data intact,
+online growth in mount and block mode, and a snapshot, restore and clone
+round trip opened with the source's key."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from csi_local._gen import csi_pb2 as pb
+from csi_local._gen import csi_pb2_grpc
+from csi_local.host import mounts
+from csi_local.volumes import encryption
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
+from tests.integration.dhvkit import (
+    Dhv,
+    dhv_fixture,  # noqa: F401 - the `dhv` fixture
+    new_id,
+    ok,
+)
+from tests.integration.test_group_snapshots import groups
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+HEADER = 16 * MiB
+Code = grpc.StatusCode
+KEY = "a passphrase from a Secret\n"
+SECRETS = {encryption.SECRET_KEY: KEY}
+# A line no file system writes by itself, repeated over 1 MiB.
+PATTERN = (b"csi-local encryption test pattern 0123456789abcdef\n" * 20560)[:MiB]
+
+
+def create(p: PluginProcess, name: str, size: int = 64 * MiB,
+           cap: pb.VolumeCapability | None = None,
+           source: pb.VolumeContentSource | None = None) -> str:
+    req = pb.CreateVolumeRequest(
+        name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+        volume_capabilities=[cap or mount_cap()],
+        parameters={encryption.PARAMETER: encryption.LUKS2})
+    if source is not None:
+        req.volume_content_source.CopyFrom(source)
+    return p.controller.CreateVolume(req).volume.volume_id
+
+
+def stage(p: PluginProcess, vid: str, path: str, cap: pb.VolumeCapability | None = None,
+          secrets: dict[str, str] | None = None) -> None:
+    p.node.NodeStageVolume(pb.NodeStageVolumeRequest(
+        volume_id=vid, staging_target_path=path, volume_capability=cap or mount_cap(),
+        secrets=SECRETS if secrets is None else secrets), timeout=300)
+
+
+def unstage(p: PluginProcess, vid: str, path: str) -> None:
+    p.node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vid,
+                                                         staging_target_path=path))
+
+
+def expand(p: PluginProcess, vid: str, path: str, size: int) -> None:
+    p.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=size)))
+    p.node.NodeExpandVolume(pb.NodeExpandVolumeRequest(
+        volume_id=vid, volume_path=path, capacity_range=pb.CapacityRange(required_bytes=size),
+        secrets=SECRETS), timeout=300)
+
+
+def mapper(vid: str) -> str:
+    return f"/dev/mapper/{encryption.mapper_name(vid)}"
+
+
+def lv_holds(vg: LoopVG, vid: str, needle: bytes) -> bool:
+    """Whether `needle` appears anywhere on the LV itself (read past the cache)."""
+    run("sync")
+    with open(f"/dev/{vg.name}/{vid}", "rb", buffering=0) as f:
+        data = f.read()
+    return needle in data
+
+
+def size_of(path: str) -> int:
+    with open(path, "rb") as f:
+        return f.seek(0, os.SEEK_END)
+
+
+def test_mount_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
+    vid = create(plugin, "enc-mount")
+    staging = plugin.path("stage-enc")
+    expect_code(Code.INVALID_ARGUMENT, stage, plugin, vid, staging, secrets={})
+    stage(plugin, vid, staging)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid) and top.fs_type == "ext4"
+    assert run("cryptsetup", "isLuks", "--type", "luks2", f"/dev/{vg.name}/{vid}",
+               check=False).returncode == 0
+    with open(f"{staging}/data", "wb") as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid)) and mounts.top_mount(staging) is None
+    # The known pattern is nowhere on the LV: only ciphertext is.
+    assert not lv_holds(vg, vid, PATTERN[:4096])
+
+    # A wrong key is refused, and nothing changes.
+    err = expect_code(Code.UNAUTHENTICATED, stage, plugin, vid, staging,
+                      secrets={encryption.SECRET_KEY: "not the passphrase"})
+    assert "not the passphrase" not in (err.details() or "")
+    assert not os.path.exists(mapper(vid)) and mounts.top_mount(staging) is None
+    assert "not the passphrase" not in plugin.log() and KEY.strip() not in plugin.log()
+
+    # Restaged with the key: the same data.
+    stage(plugin, vid, staging)
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+
+    # Online growth: the LV, then the dm-crypt device, then ext4.
+    before = os.statvfs(staging)
+    expand(plugin, vid, staging, 128 * MiB)
+    assert size_of(mapper(vid)) == 128 * MiB - HEADER
+    after = os.statvfs(staging)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    stats = plugin.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+        volume_id=vid, volume_path=staging))
+    assert not stats.volume_condition.abnormal, stats.volume_condition.message
+
+    # A snapshot of the mounted volume, a restore and a clone, opened with the
+    # source's key (a wrong one refused), each with the data.
+    snap = plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="enc-snap", source_volume_id=vid)).snapshot.snapshot_id
+    restored = create(plugin, "enc-restore", 128 * MiB, source=pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap)))
+    clone = create(plugin, "enc-clone", 160 * MiB, source=pb.VolumeContentSource(
+        volume=pb.VolumeContentSource.VolumeSource(volume_id=vid)))
+    for copy in (restored, clone):
+        path = plugin.path(f"stage-{copy}")
+        expect_code(Code.UNAUTHENTICATED, stage, plugin, copy, path,
+                    secrets={encryption.SECRET_KEY: "another"})
+        stage(plugin, copy, path)
+        top = mounts.top_mount(path)
+        assert top is not None and top.source == mapper(copy)
+        with open(f"{path}/data", "rb") as f:
+            assert f.read() == PATTERN
+        unstage(plugin, copy, path)
+        assert not os.path.exists(mapper(copy))
+    # The clone was made bigger than its source: its file system grew to it.
+    unstage(plugin, vid, staging)
+
+
+def test_block_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
+    vid = create(plugin, "enc-block", cap=block_cap())
+    staging, target = plugin.path("stage-blk"), plugin.path("pod", "blk")
+    stage(plugin, vid, staging, block_cap())
+    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=vid, staging_target_path=staging, target_path=target,
+        volume_capability=block_cap()))
+    assert size_of(target) == 64 * MiB - HEADER
+    with open(target, "r+b", buffering=0) as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    assert not lv_holds(vg, vid, PATTERN[:4096])
+    expand(plugin, vid, staging, 96 * MiB)
+    assert size_of(target) == 96 * MiB - HEADER
+    with open(target, "rb") as f:
+        assert f.read(len(PATTERN)) == PATTERN
+    plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=vid,
+                                                                  target_path=target))
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+    # Handed out raw: a stage as a file system refuses to format it.
+    expect_code(Code.FAILED_PRECONDITION, stage, plugin, vid, plugin.path("stage-fs"))
+    assert not os.path.exists(mapper(vid))
+
+
+def kill_tree(plugin: PluginProcess) -> None:
+    """SIGKILL the plugin and every process it started (cryptsetup, mkfs), as
+    the end of its container does."""
+    assert plugin.proc is not None
+    parent = plugin.proc.pid
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(entry))
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # each command runs in a group of its own
+        except ProcessLookupError:
+            pass
+    plugin.kill()
+
+
+# The step a kill lands in: after the command the log names has run, the
+# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
+@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
+                                   "cryptsetup open"])
+def test_kill_during_an_encrypted_stage_then_retry_converges(
+        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
+    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
+    staging = plugin.path("stage-kill")
+    req = pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=staging,
+                                    volume_capability=mount_cap(), secrets=SECRETS)
+    mark = len(plugin.log())
+    fut = plugin.node.NodeStageVolume.future(req, timeout=300)
+    deadline = time.monotonic() + 240
+    while f"{after} " not in plugin.log()[mark:] or "ran " not in plugin.log()[mark:]:
+        assert time.monotonic() < deadline and not fut.done(), plugin.log()[mark:]
+        time.sleep(0.02)
+    kill_tree(plugin)
+    try:
+        fut.result()
+    except grpc.RpcError:
+        pass
+    plugin.start()
+    plugin.node.NodeStageVolume(req, timeout=300)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid) and top.fs_type == "ext4"
+    with open(f"{staging}/data", "wb") as f:
+        f.write(PATTERN)
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+    stage(plugin, vid, staging)  # opened, never formatted again: the data is there
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+    unstage(plugin, vid, staging)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    assert vid not in vg.lv_names()
+    assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
+
+
+def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+    key = dhv.workdir / "class.key"
+    key.write_text("a host volume's passphrase")
+    key.chmod(0o600)
+    config = dhv.plugin_dir / "csi-local-dhv.json"
+    data = json.loads(config.read_text())
+    data["encryption_key_files"] = {"class:default": str(key)}
+    config.write_text(json.dumps(data))
+    vid = new_id()
+    params = {encryption.PARAMETER: encryption.LUKS2}
+    made = ok(dhv.call("create", vid, cap_min=64 * MiB, params=params))
+    path = made["path"]
+    lv = dhv.lv(vid)
+    assert lv is not None and "csi-local-dhv.encryption=luks2" in lv.tags
+    crypt = mapper(lv.name)
+    top = mounts.top_mount(path)
+    assert top is not None and top.source == crypt
+    with open(f"{path}/data", "wb") as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    assert not lv_holds(vg, lv.name, PATTERN[:4096])
+    before = os.statvfs(path)
+    grown = ok(dhv.call("create", vid, cap_min=160 * MiB, params=params))
+    assert grown["bytes"] >= 160 * MiB and size_of(crypt) == grown["bytes"] - HEADER
+    after = os.statvfs(path)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 64 * MiB
+    with open(f"{path}/data", "rb") as f:
+        assert f.read() == PATTERN
+    ok(dhv.call("delete", vid))
+    assert dhv.lv(vid) is None and not os.path.exists(crypt)
+    assert not os.path.exists(path)
+
+
+def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,
+                                                          vg: LoopVG) -> None:
+    """The ranges GetMetadataDelta gives are the LV's, ciphertext: copied from
+    the target snapshot's LV onto a restore of the base, they make the target,
+    which then opens with the volume's key and reads as the target's data."""
+    vid = create(plugin, "enc-cbt", cap=block_cap())
+    staging, dev = plugin.path("stage-cbt"), plugin.path("pod", "cbt")
+    stage(plugin, vid, staging, block_cap())
+    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=vid, staging_target_path=staging, target_path=dev,
+        volume_capability=block_cap()))
+
+    def write(offset: int, seed: int) -> None:
+        with open(dev, "r+b", buffering=0) as f:
+            f.seek(offset)
+            f.write(bytes((seed + i) % 251 + 1 for i in range(256 * 1024)))
+            os.fsync(f.fileno())
+
+    def snapshot(name: str) -> str:
+        time.sleep(1.1)  # LVM's creation times are in seconds: base strictly older
+        return str(plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+            name=name, source_volume_id=vid)).snapshot.snapshot_id)
+
+    write(0, 1)
+    write(8 * MiB, 2)
+    base = snapshot("enc-cbt-1")
+    write(8 * MiB, 3)  # overwritten
+    write(20 * MiB, 4)  # new
+    target = snapshot("enc-cbt-2")
+    with open(dev, "rb") as f:
+        expected = f.read()
+    assert plugin.channel is not None
+    sm = csi_pb2_grpc.SnapshotMetadataStub(plugin.channel)
+    ranges = [(b.byte_offset, b.size_bytes) for r in sm.GetMetadataDelta(
+        pb.GetMetadataDeltaRequest(base_snapshot_id=base, target_snapshot_id=target),
+        timeout=300) for b in r.block_metadata]
+    # LV offsets: the data area starts past the 16 MiB header.
+    assert ranges and all(off >= HEADER for off, _ in ranges)
+    # A restore of the base, plus the delta's ranges read off the target's LV.
+    restored = create(plugin, "enc-cbt-restore", cap=block_cap(), source=pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=base)))
+    run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{target}")
+    run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{restored}")
+    src = os.open(f"/dev/{vg.name}/{target}", os.O_RDONLY)
+    dst = os.open(f"/dev/{vg.name}/{restored}", os.O_WRONLY)
+    try:
+        for off, n in ranges:
+            os.pwrite(dst, os.pread(src, n, off), off)
+        os.fsync(dst)
+    finally:
+        os.close(src)
+        os.close(dst)
+    run("lvchange", "--activate", "n", f"{vg.name}/{target}")
+    r_staging, r_dev = plugin.path("stage-cbt-r"), plugin.path("pod", "cbt-r")
+    stage(plugin, restored, r_staging, block_cap())
+    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=restored, staging_target_path=r_staging, target_path=r_dev,
+        volume_capability=block_cap()))
+    with open(r_dev, "rb") as f:
+        assert f.read() == expected, "the restored backup is not the target's data"
+    for v, st, t in ((vid, staging, dev), (restored, r_staging, r_dev)):
+        plugin.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=v,
+                                                                      target_path=t))
+        unstage(plugin, v, st)
+
+
+def test_group_snapshot_of_mounted_encrypted_volumes_on_this_kernel(
+        plugin: PluginProcess) -> None:
+    """Debian 12's kernel refuses LVM's snapshot of a thin LV whose own file
+    system is frozen (test_group_refusal.py: plain mounted volumes are refused
+    together). An encrypted volume's file system is one device higher, on
+    dm-crypt: frozen there, its LV is snapshotted, and the group is taken."""
+    members = []
+    for name in ("enc-g1", "enc-g2"):
+        vid = create(plugin, name)
+        staging = plugin.path(f"stage-{name}")
+        stage(plugin, vid, staging)
+        with open(f"{staging}/data", "wb") as f:
+            f.write(name.encode() * 1000)
+        members.append((vid, staging))
+    group = groups(plugin).CreateVolumeGroupSnapshot(pb.CreateVolumeGroupSnapshotRequest(
+        name="enc-group", source_volume_ids=[v for v, _ in members]),
+        timeout=600).group_snapshot
+    by_source = {s.source_volume_id: s.snapshot_id for s in group.snapshots}
+    for (vid, staging), name in zip(members, ("enc-g1", "enc-g2"), strict=True):
+        copy = create(plugin, f"{name}-restore", source=pb.VolumeContentSource(
+            snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=by_source[vid])))
+        path = plugin.path(f"stage-{name}-restore")
+        stage(plugin, copy, path)
+        with open(f"{path}/data", "rb") as f:
+            assert f.read() == name.encode() * 1000
+        unstage(plugin, copy, path)
+        unstage(plugin, vid, staging)

@@ -1,0 +1,149 @@
+"""The fake dm-crypt: cryptsetup's LUKS2 commands as the plugin runs them
+(isLuks, luksFormat, open, close, resize), with cryptsetup's exit codes, and
+the dm-crypt devices they make, /dev/mapper/NAME over an LV.
+
+A LUKS2-formatted LV's content is a header (blkid: crypto_LUKS) holding the
+one key it takes, and the data area's own content, which is what the
+dm-crypt device shows: a snapshot of the LV copies both. The key must come
+on standard input (`--key-file -`); one in argv is an AssertionError."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tests.unit.fakes.common import DM_MAJOR, MiB, _Fail, _one, _options
+from tests.unit.fakes.devices import Content, _Dev
+
+if TYPE_CHECKING:
+    from tests.unit.fakes.lvm import FakeLv
+
+HEADER = 16 * MiB
+FIRST_MINOR = 1000  # dm-crypt devices' minors: clear of the LVs'
+
+
+@dataclass
+class Luks:
+    """A LUKS2 header's one key, and the content of the data area behind it."""
+
+    key: str
+    data: Content = field(default_factory=Content)
+
+
+@dataclass
+class FakeMapper:
+    lv: FakeLv
+    minor: int
+
+    @property
+    def node(self) -> str:
+        return f"/dev/dm-{self.minor}"
+
+
+class FakeCrypt:
+    """cryptsetup and its dm-crypt devices (a FakeHost part)."""
+
+    mappers: dict[str, FakeMapper]
+    crypt_inputs: list[str | None]  # each cryptsetup call's standard input
+
+    if TYPE_CHECKING:  # what it uses of the other parts (fakehost.FakeHost has all)
+        def _device(self, path: str) -> _Dev | None: ...
+        def _need_device(self, path: str, rc: int, message: str) -> _Dev: ...
+        def _active_lv(self, path: str) -> FakeLv | None: ...
+        def _is_open(self, dev_node: str) -> bool: ...
+        def _follow(self, path: str) -> str: ...
+
+    def _mapper_device(self, path: str) -> _Dev | None:
+        """A dm-crypt device by /dev/mapper/NAME or /dev/dm-N."""
+        for name, m in self.mappers.items():
+            if path in (f"/dev/mapper/{name}", m.node):
+                luks = m.lv.content.luks
+                assert luks is not None
+                return _Dev(m.node, (DM_MAJOR, m.minor), f"/dev/mapper/{name}",
+                            m.lv.size - HEADER, luks.data, False)
+        return None
+
+    def underlying(self, major: int, minor: int) -> list[tuple[int, int]]:
+        for m in self.mappers.values():
+            if (major, minor) == (DM_MAJOR, m.minor):
+                return [(DM_MAJOR, m.lv.minor)]
+        return []
+
+    def _crypt_holds(self, lv: FakeLv) -> bool:
+        return any(m.lv is lv for m in self.mappers.values())
+
+    def open_luks(self, lv: FakeLv, name: str) -> str:
+        """A dm-crypt device over `lv`, as if opened before (a test's setup)."""
+        minor = max((m.minor for m in self.mappers.values()), default=FIRST_MINOR - 1) + 1
+        self.mappers[name] = FakeMapper(lv, minor)
+        return f"/dev/mapper/{name}"
+
+    def _cryptsetup(self, argv: Sequence[str], stdin: str | None) -> str:
+        self.crypt_inputs.append(stdin)
+        sub = argv[1]
+        opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
+                                        "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
+                                        "--key-file"}, {"--batch-mode"})
+        if "--key-file" in opts:
+            assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
+            assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
+        if sub == "isLuks":
+            dev = self._need_device(_one(pos, argv)[0], 4, "Device {d} does not exist or "
+                                                           "access denied.")
+            if dev.content.unreadable:
+                raise _Fail(4, f"Device {pos[0]} cannot be read.\n")
+            if dev.content.luks is None:
+                raise _Fail(1, "")
+            return ""
+        if sub == "luksFormat":
+            assert "--batch-mode" in opts and stdin, f"FakeHost: {argv!r}"
+            path = _one(pos, argv)[0]
+            lv = self._active_lv(self._follow(path))
+            if lv is None:
+                raise _Fail(4, f"Device {path} does not exist or access denied.\n")
+            if self._is_open(f"/dev/dm-{lv.minor}") or self._crypt_holds(lv):
+                raise _Fail(5, f"Cannot format device {path} in use.\n")
+            lv.content = Content("crypto_LUKS", f"luks-{lv.name}", 0, written=True,
+                                 luks=Luks(stdin))
+            return ""
+        if sub == "open":
+            path, name = _one(pos, argv, 2)
+            lv = self._active_lv(self._follow(path))
+            if lv is None:
+                raise _Fail(4, f"Device {path} does not exist or access denied.\n")
+            if name in self.mappers or self._crypt_holds(lv):
+                raise _Fail(5, f"Device {name} already exists.\n")
+            luks = lv.content.luks
+            if luks is None:
+                raise _Fail(1, f"Device {path} is not a valid LUKS device.\n")
+            if luks.key != stdin:
+                raise _Fail(2, "No key available with this passphrase.\n")
+            self.open_luks(lv, name)
+            return ""
+        if sub == "close":
+            (name,) = _one(pos, argv)
+            m = self.mappers.get(name)
+            if m is None:
+                raise _Fail(4, f"Device {name} is not active.\n")
+            if self._is_open(m.node):
+                raise _Fail(5, f"Device {name} is still in use.\n")
+            del self.mappers[name]
+            return ""
+        if sub == "resize":
+            (name,) = _one(pos, argv)
+            m = self.mappers.get(name)
+            if m is None:
+                raise _Fail(4, f"Device {name} is not active.\n")
+            luks = m.lv.content.luks
+            assert luks is not None
+            if luks.key != stdin:
+                raise _Fail(2, "No key available with this passphrase.\n")
+            return ""  # the dm-crypt device's size follows its LV's here
+        raise AssertionError(f"FakeHost does not simulate {argv!r}")
+
+
+def mapper_minor(node: str) -> int | None:
+    m = re.fullmatch(r"/dev/dm-(\d+)", node)
+    return int(m.group(1)) if m else None

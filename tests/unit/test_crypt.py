@@ -1,0 +1,111 @@
+"""host/crypt.py: cryptsetup's commands as the plugin runs them, the key on
+standard input only, and cryptsetup's exit codes as errors."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+
+import pytest
+
+from csi_local.errors import CommandError, KeyRefused
+from csi_local.host.crypt import Crypt, Key, LuksSettings
+from csi_local.host.runner import Result
+
+SECRET = "correct horse\nbattery staple"
+
+
+class Recorder:
+    """A Runner that records argv and standard input, and answers with exit
+    codes a test sets per subcommand (cryptsetup's second argument)."""
+
+    def __init__(self, codes: dict[str, int] | None = None) -> None:
+        self.calls: list[tuple[tuple[str, ...], str | None]] = []
+        self.codes = codes or {}
+
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | None = None, timeout: float | None = None) -> Result:
+        argv = tuple(argv)
+        self.calls.append((argv, input))
+        code = self.codes.get(argv[1], 0)
+        stderr = "No key available with this passphrase.\n" if code == 2 else ""
+        if code not in ok_codes:
+            raise CommandError(argv, code, "", stderr)
+        return Result(argv, code, "", stderr)
+
+
+def test_key_hides_its_value() -> None:
+    key = Key(SECRET)
+    assert SECRET not in repr(key) and SECRET not in str(key)
+    assert SECRET not in f"{key!r} {key}" and key.reveal() == SECRET
+    with pytest.raises(TypeError):
+        pickle.dumps(key)
+    with pytest.raises(ValueError):
+        Key("")
+    with pytest.raises(ValueError):
+        Key("x" * (64 * 1024 + 1))
+
+
+def test_format_passes_the_key_on_stdin_only() -> None:
+    runner = Recorder()
+    Crypt(runner).format("/dev/vg0/lv", Key(SECRET))
+    ((argv, stdin),) = runner.calls
+    assert stdin == SECRET
+    assert all(SECRET not in a and "horse" not in a for a in argv)
+    assert argv[:3] == ("cryptsetup", "luksFormat", "--batch-mode")
+    assert argv[-3:] == ("--key-file", "-", "/dev/vg0/lv")
+    # The documented defaults.
+    joined = " ".join(argv)
+    for part in ("--type luks2", "--cipher aes-xts-plain64", "--key-size 512",
+                 "--pbkdf argon2id", "--pbkdf-memory 65536", "--pbkdf-parallel 1",
+                 "--iter-time 1000"):
+        assert part in joined
+
+
+def test_settings_reach_the_command() -> None:
+    runner = Recorder()
+    Crypt(runner, LuksSettings(pbkdf_memory_kib=32768, iter_time_ms=200)).format(
+        "/dev/x", Key("k"))
+    argv = runner.calls[0][0]
+    assert argv[argv.index("--pbkdf-memory") + 1] == "32768"
+    assert argv[argv.index("--iter-time") + 1] == "200"
+
+
+def test_open_and_a_wrong_key() -> None:
+    runner = Recorder()
+    assert Crypt(runner).open("/dev/vg0/lv", "csi-local-luks-lv", Key(SECRET)) == \
+        "/dev/mapper/csi-local-luks-lv"
+    argv, stdin = runner.calls[0]
+    assert argv == ("cryptsetup", "open", "--type", "luks2", "--key-file", "-",
+                    "/dev/vg0/lv", "csi-local-luks-lv")
+    assert stdin == SECRET
+    refused = Recorder({"open": 2})
+    with pytest.raises(KeyRefused) as err:
+        Crypt(refused).open("/dev/vg0/lv", "m", Key(SECRET))
+    assert SECRET not in err.value.message and "no keyslot" in err.value.message
+    # Any other failure stays a CommandError, with its exit code.
+    other = Recorder({"open": 5})
+    with pytest.raises(CommandError) as cerr:
+        Crypt(other).open("/dev/vg0/lv", "m", Key(SECRET))
+    assert cerr.value.returncode == 5 and not isinstance(cerr.value, KeyRefused)
+
+
+def test_is_luks_answers_only_yes_or_no() -> None:
+    assert Crypt(Recorder()).is_luks("/dev/a")
+    assert not Crypt(Recorder({"isLuks": 1})).is_luks("/dev/a")
+    # A device cryptsetup cannot read is never "no header" (that could format it).
+    with pytest.raises(CommandError):
+        Crypt(Recorder({"isLuks": 4})).is_luks("/dev/a")
+
+
+def test_resize_and_close() -> None:
+    runner = Recorder()
+    crypt = Crypt(runner)
+    crypt.resize("m", Key(SECRET))
+    crypt.close("m")
+    assert runner.calls == [
+        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET),
+        (("cryptsetup", "close", "m"), None),
+    ]
+    with pytest.raises(KeyRefused):
+        Crypt(Recorder({"resize": 2})).resize("m", Key(SECRET))

@@ -1,0 +1,114 @@
+"""Encrypted host volumes (csi-local-dhv) over the fake host's cryptsetup:
+the parameter, the key file the configuration names (per volume or per
+class), create, grow and delete, clones, and what is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from csi_local.dhv import removal as dhv_removal
+from csi_local.dhv.config import PluginConfig
+from csi_local.dhv.request import DhvError, lv_name_for
+from csi_local.errors import KeyMissing, KeyRefused
+from csi_local.host.holders import VolumeUsers
+from csi_local.volumes import encryption
+from csi_local.volumes.host_volume_names import TAG_ENCRYPTED
+from tests.unit.dhvnode import DhvNode
+from tests.unit.fakehost import FakeHost, GiB, MiB
+
+VG, POOL = "vg0", "pool0"
+KEY = "host volume key"
+ENC = {"encryption": "luks2"}
+
+
+def key_file(tmp_path: Path, name: str, text: str = KEY, mode: int = 0o600) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: dict[str, str]) -> DhvNode:
+    monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
+    monkeypatch.setattr(dhv_removal, "_SETTLE", ())
+    config = PluginConfig(volume_group=VG, thin_pool=POOL, lock_dir=str(tmp_path / "locks"),
+                          encryption_key_files=keys)
+    return DhvNode(FakeHost(VG, POOL, pool_size=10 * GiB), config, tmp_path)
+
+
+def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    path, _ = d.create("vol-1", params=ENC, cap_min=256 * MiB)
+    lv = d.host.lvs[lv_name_for("vol-1")]
+    assert TAG_ENCRYPTED in lv.tags and lv.content.fs == "crypto_LUKS"
+    assert lv.content.luks is not None and lv.content.luks.key == KEY
+    mapper = f"/dev/mapper/{encryption.mapper_name(lv.name)}"
+    top = d.host.top_mount(path)
+    assert top is not None and top.source == mapper and lv.content.luks.data.fs == "ext4"
+    assert KEY in d.host.crypt_inputs
+    assert not any("host volume key" in a for c in d.host.calls for a in c)
+    # Nomad repeats the create at every client start: nothing is done again.
+    calls = len(d.host.calls)
+    d.create("vol-1", params=ENC, cap_min=256 * MiB)
+    assert not [c for c in d.host.calls[calls:] if c[0] in ("cryptsetup", "mkfs.ext4")]
+    # Grown: the LV, then the dm-crypt device, then the file system on it.
+    d.create("vol-1", params=ENC, cap_min=512 * MiB)
+    grew = d.host.calls[calls:]
+    resize = grew.index(("cryptsetup", "resize", "--key-file", "-",
+                         encryption.mapper_name(lv.name)))
+    assert grew.index(("resize2fs", mapper)) > resize
+    assert d.host.lvs[lv.name].size == 512 * MiB
+    # Deleted: unmounted, closed, removed.
+    d.delete("vol-1")
+    assert lv.name not in d.host.lvs and not d.host.mappers
+    assert not os.path.exists(path)
+
+
+def test_a_volumes_own_key_file_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key"),
+                                     "volume:vol-2": key_file(tmp_path, "v2.key", "own key")})
+    d.create("vol-2", params=ENC)
+    luks = d.host.lvs[lv_name_for("vol-2")].content.luks
+    assert luks is not None and luks.key == "own key"
+
+
+def test_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loose = key_file(tmp_path, "loose.key", mode=0o644)
+    d = make(tmp_path, monkeypatch, {"volume:loose": loose})
+    with pytest.raises(DhvError, match="names no key file"):
+        d.create("nokey", params=ENC)
+    with pytest.raises(KeyMissing, match="chmod 600") as err:
+        d.create("loose", params=ENC)
+    assert KEY not in err.value.message
+    assert not d.host.commands("cryptsetup")
+    with pytest.raises(DhvError, match="encryption"):
+        d.create("bad", params={"encryption": "yes"})
+    # A plain volume stays plain; its encryption cannot change.
+    d.create("plain")
+    with pytest.raises(DhvError, match="cannot be turned on"):
+        d.create("plain", params=ENC)
+
+
+def test_clones_carry_the_header_and_a_wrong_key_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.create("src", params=ENC)
+    data = d.host.lvs[lv_name_for("src")].content.luks.data.uuid  # type: ignore[union-attr]
+    d.create("copy", params={"source_volume": "src"})
+    copy = d.host.lvs[lv_name_for("copy")]
+    assert TAG_ENCRYPTED in copy.tags and len(d.host.commands("cryptsetup")) > 0
+    assert copy.content.luks is not None and copy.content.luks.data.uuid == data
+    assert len([c for c in d.host.commands("cryptsetup") if c[1] == "luksFormat"]) == 1
+    with pytest.raises(DhvError, match="is encrypted"):
+        d.create("copy2", params={"source_volume": "src", "encryption": "none"})
+    # A volume whose key file now holds another key: refused, nothing written.
+    d.delete("copy")
+    d.config.encryption_key_files["class:default"] = key_file(tmp_path, "new.key", "rotated")
+    d.host.run(["umount", d.path("src")])
+    d.host.run(["cryptsetup", "close", encryption.mapper_name(lv_name_for("src"))])
+    with pytest.raises(KeyRefused):
+        d.create("src", params=ENC)
+    assert len([c for c in d.host.commands("cryptsetup") if c[1] == "luksFormat"]) == 1

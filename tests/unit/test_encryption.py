@@ -1,0 +1,354 @@
+"""Encrypted volumes through the CSI servicers, over the fake host's cryptsetup
+(tests/unit/fakes/crypt.py): CreateVolume's parameter and tag, stage (format
+the header only with the proof, open, mkfs on the dm-crypt device), a wrong
+or missing key, unstage, block mode, growth, restores and clones, stats.
+The VM tests (tests/integration/test_encryption.py) prove the same on real
+dm-crypt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from csi_local._gen import csi_pb2 as pb
+from csi_local.volumes import encryption
+from csi_local.volumes import naming as vols
+from tests.unit.servicers import (
+    NO_CONTEXT,
+    GiB,
+    Node,
+    block_cap,
+    call,
+    make_node,
+    mount_cap,
+    vol_id,
+)
+
+KEY = "s3cret key\n"
+SECRETS = {encryption.SECRET_KEY: KEY}
+
+
+@pytest.fixture
+def n(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
+    return make_node(tmp_path, monkeypatch)
+
+
+def create(n: Node, name: str = "pvc-1", size: int = GiB, *,
+           params: dict[str, str] | None = None,
+           source: pb.VolumeContentSource | None = None) -> tuple[str, str]:
+    req = pb.CreateVolumeRequest(
+        name=name, capacity_range=pb.CapacityRange(required_bytes=size),
+        volume_capabilities=[mount_cap()],
+        parameters={encryption.PARAMETER: "luks2"} if params is None else params)
+    if source is not None:
+        req.volume_content_source.CopyFrom(source)
+    code, reply = call(n.controller.CreateVolume, req)
+    return code, reply.volume.volume_id if code == "OK" else reply
+
+
+def stage(n: Node, vid: str, secrets: dict[str, str] | None = None, *, block: bool = False,
+          path: str = "stage") -> tuple[str, object]:
+    return call(n.node.NodeStageVolume, pb.NodeStageVolumeRequest(
+        volume_id=vid, staging_target_path=n.path(path),
+        volume_capability=block_cap() if block else mount_cap(),
+        secrets=SECRETS if secrets is None else secrets))
+
+
+def unstage(n: Node, vid: str, path: str = "stage") -> tuple[str, object]:
+    return call(n.node.NodeUnstageVolume, pb.NodeUnstageVolumeRequest(
+        volume_id=vid, staging_target_path=n.path(path)))
+
+
+def crypt_calls(n: Node, sub: str) -> list[tuple[str, ...]]:
+    return [c for c in n.host.commands("cryptsetup") if c[1] == sub]
+
+
+def top_source(n: Node, path: str) -> str:
+    top = n.host.top_mount(path)
+    assert top is not None, path
+    return top.source
+
+
+def test_create_tags_an_encrypted_volume_and_refuses_other_values(n: Node) -> None:
+    code, vid = create(n)
+    assert code == "OK"
+    assert vols.TAG_ENCRYPTED in n.host.lv(vid).tags
+    code, plain = create(n, "pvc-plain", params={})
+    assert code == "OK" and vols.TAG_ENCRYPTED not in n.host.lv(plain).tags
+    code, msg = create(n, "pvc-bad", params={encryption.PARAMETER: "aes"})
+    assert code == "INVALID_ARGUMENT" and "luks2" in msg
+    assert not n.host.commands("cryptsetup")  # nothing happens on the controller
+
+
+def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
+    _, vid = create(n)
+    code, msg = stage(n, vid, secrets={})
+    assert code == "INVALID_ARGUMENT" and encryption.SECRET_KEY in str(msg)
+    assert not n.host.commands("cryptsetup") and n.host.lv(vid).content.fs is None
+    assert stage(n, vid)[0] == "OK"
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert top_source(n, n.path("stage")) == mapper
+    lv = n.host.lv(vid)
+    assert lv.content.fs == "crypto_LUKS" and lv.content.luks is not None
+    assert lv.content.luks.data.fs == "ext4"  # the file system is behind the header
+    assert [c[-1] for c in n.host.commands("mkfs.ext4")] == [mapper]
+    # The key went to cryptsetup's standard input, and never into an argv.
+    assert KEY in n.host.crypt_inputs
+    assert not any("s3cret" in a for c in n.host.calls for a in c)
+    # Staged again (a retry): nothing is opened or formatted again, no key needed.
+    before = len(n.host.commands("cryptsetup"))
+    assert stage(n, vid, secrets={})[0] == "OK"
+    assert len(n.host.commands("cryptsetup")) == before
+    # Unstage closes the dm-crypt device; the LV is free again.
+    assert unstage(n, vid)[0] == "OK"
+    assert not n.host.mappers and not n.host.is_mount_point(n.path("stage"))
+    assert crypt_calls(n, "close") == [("cryptsetup", "close", encryption.mapper_name(vid))]
+
+
+def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
+    _, vid = create(n)
+    stage(n, vid)
+    unstage(n, vid)
+    uuid = n.host.lv(vid).content.luks.data.uuid  # type: ignore[union-attr]
+    code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"})
+    assert code == "UNAUTHENTICATED" and "no keyslot" in str(msg)
+    assert "wrong" not in str(msg)
+    assert not n.host.mappers and not n.host.is_mount_point(n.path("stage"))
+    assert len(crypt_calls(n, "luksFormat")) == 1  # never formatted again
+    assert stage(n, vid)[0] == "OK"
+    assert n.host.lv(vid).content.luks.data.uuid == uuid  # type: ignore[union-attr]
+    assert len(n.host.commands("mkfs.ext4")) == 1
+
+
+def test_an_encrypted_volume_that_holds_data_without_a_header_is_never_formatted(
+        n: Node) -> None:
+    _, vid = create(n)
+    n.host.set_content(vid, "ext4")  # written in plain text, somehow
+    code, msg = stage(n, vid)
+    assert code == "FAILED_PRECONDITION" and "no LUKS2 header" in str(msg)
+    assert not crypt_calls(n, "luksFormat") and n.host.lv(vid).content.fs == "ext4"
+
+
+def test_a_luks_format_cut_short_is_formatted_again(n: Node) -> None:
+    """Killed after luksFormat wrote a header (its keyslot not yet, say): the
+    mark says the plugin's own format never finished, so the retry formats
+    again, whatever key it brings; the volume was never handed out."""
+    _, vid = create(n)
+    n.host.fail_next(["cryptsetup", "open"], timed_out=True)
+    assert stage(n, vid)[0] == "INTERNAL"
+    assert n.host.lv(vid).content.luks is not None and not n.host.mappers
+    assert stage(n, vid, {encryption.SECRET_KEY: "another"})[0] == "OK"
+    assert len(crypt_calls(n, "luksFormat")) == 2
+    assert n.host.lv(vid).content.luks.key == "another"  # type: ignore[union-attr]
+    # Once formatted and handed out, a wrong key never formats it again.
+    unstage(n, vid)
+    assert stage(n, vid)[0] == "UNAUTHENTICATED"
+    assert len(crypt_calls(n, "luksFormat")) == 2
+
+
+def test_a_failed_mount_closes_what_the_stage_opened(n: Node) -> None:
+    _, vid = create(n)
+    n.host.fail_next(["mkfs.ext4"], rc=1, stderr="mkfs failed")
+    assert stage(n, vid)[0] == "INTERNAL"
+    assert not n.host.mappers  # no stray dm-crypt device
+
+
+def test_block_mode_hands_out_the_dm_crypt_device(n: Node) -> None:
+    _, vid = create(n)
+    assert stage(n, vid, block=True)[0] == "OK"
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    dev = n.host.device_numbers(mapper)
+    assert dev is not None
+    staged = f"{n.path('stage')}/{vid}"
+    assert n.host.device_numbers(staged) == dev
+    target = n.path("pods", "dev")
+    code, _ = call(n.node.NodePublishVolume, pb.NodePublishVolumeRequest(
+        volume_id=vid, target_path=target, staging_target_path=n.path("stage"),
+        volume_capability=block_cap()))
+    assert code == "OK" and n.host.device_numbers(target) == dev
+    stats = n.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+        volume_id=vid, volume_path=n.path("stage")), NO_CONTEXT)
+    assert stats.usage[0].total == n.host.lv(vid).size - 16 * (1 << 20)
+    assert not stats.volume_condition.abnormal
+    # Handed out raw: a later stage as a file system never formats it.
+    call(n.node.NodeUnpublishVolume, pb.NodeUnpublishVolumeRequest(volume_id=vid,
+                                                                    target_path=target))
+    assert unstage(n, vid)[0] == "OK" and not n.host.mappers
+    code, _ = stage(n, vid)
+    assert code == "FAILED_PRECONDITION" and not n.host.commands("mkfs.ext4")
+    assert not n.host.mappers
+
+
+def test_node_expand_resizes_the_dm_crypt_device_then_the_file_system(n: Node) -> None:
+    _, vid = create(n)
+    stage(n, vid)
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
+    code, msg = call(n.node.NodeExpandVolume, req)
+    assert code == "INVALID_ARGUMENT" and "node-expand secret" in str(msg)
+    req.secrets[encryption.SECRET_KEY] = KEY
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert crypt_calls(n, "resize") == [("cryptsetup", "resize", "--key-file", "-",
+                                         encryption.mapper_name(vid))]
+    assert n.host.commands("resize2fs") == [("resize2fs", mapper)]
+    assert n.host.lv(vid).size == 2 * GiB
+
+
+def test_restores_and_clones_keep_the_header_and_key(n: Node,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _, vid = create(n)
+    stage(n, vid)
+    frozen: list[str] = []
+    freeze = n.host.freeze
+
+    def spy(path: str) -> None:
+        frozen.append(path)
+        freeze(path)
+
+    monkeypatch.setattr(n.host, "freeze", spy)
+    data_uuid = n.host.lv(vid).content.luks.data.uuid  # type: ignore[union-attr]
+    code, snap = call(n.controller.CreateSnapshot, pb.CreateSnapshotRequest(
+        name="snap-1", source_volume_id=vid))
+    assert code == "OK"
+    snap_id = snap.snapshot.snapshot_id
+    assert vols.TAG_ENCRYPTED in n.host.lv(snap_id).tags
+    # A mounted encrypted source is frozen for the instant of the snapshot
+    # (LVM's own suspend freezes the LV's file system, which has none).
+    assert frozen == [n.path("stage")] and not n.host.frozen  # thawed
+    source = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(
+        snapshot_id=snap_id))
+    code, msg = create(n, "restore-plain", params={encryption.PARAMETER: "none"},
+                       source=source)
+    assert code == "INVALID_ARGUMENT" and "is encrypted" in msg
+    code, restored = create(n, "restore", params={}, source=source)
+    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(restored).tags
+    clone_src = pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(
+        volume_id=vid))
+    code, clone = create(n, "clone", params={}, source=clone_src)
+    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(clone).tags
+    formats = len(crypt_calls(n, "luksFormat"))
+    for copy in (restored, clone):
+        assert stage(n, copy, {encryption.SECRET_KEY: "other"}, path=f"s-{copy}")[0] == \
+            "UNAUTHENTICATED"
+        assert stage(n, copy, path=f"s-{copy}")[0] == "OK"  # the source's key
+        assert top_source(n, n.path(f"s-{copy}")) == \
+            f"/dev/mapper/{encryption.mapper_name(copy)}"
+        assert n.host.lv(copy).content.luks.data.uuid == data_uuid  # type: ignore[union-attr]
+    assert len(crypt_calls(n, "luksFormat")) == formats  # never formatted
+    # A plain source cannot become encrypted on the way.
+    code, plain = create(n, "plain", params={})
+    code, msg = create(n, "plain-clone", source=pb.VolumeContentSource(
+        volume=pb.VolumeContentSource.VolumeSource(volume_id=plain)))
+    assert code == "INVALID_ARGUMENT" and "is not encrypted" in msg
+
+
+def test_stats_report_a_dm_crypt_device_gone_while_staged(n: Node,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    _, vid = create(n)
+    stage(n, vid)
+    monkeypatch.setattr(n.backend.fs, "usage", lambda path: None)
+    n.host.mappers.clear()  # removed behind the plugin's back (dmsetup remove -f)
+    stats = n.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+        volume_id=vid, volume_path=n.path("stage")), NO_CONTEXT)
+    assert stats.volume_condition.abnormal
+    assert "dm-crypt device" in stats.volume_condition.message
+
+
+def test_a_class_may_encrypt_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    from tests.unit.servicers import make_class_node
+    n = make_class_node(tmp_path, monkeypatch, """\
+default = "secure"
+
+[classes.secure]
+volume_group = "vg0"
+thin_pool = "pool0"
+encryption = "luks2"
+""")
+    code, vid = create(n, params={})
+    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(vid).tags
+    code, plain = create(n, "pvc-2", params={encryption.PARAMETER: "none"})
+    assert code == "OK" and vols.TAG_ENCRYPTED not in n.host.lv(plain).tags
+
+
+def test_volume_ids_make_distinct_mapper_names() -> None:
+    a, b = vol_id("a"), vol_id("b")
+    assert encryption.mapper_name(a) != encryption.mapper_name(b)
+    assert len(encryption.mapper_name(a).encode()) <= 127
+
+
+def test_a_lost_state_file_is_rebuilt_through_the_dm_crypt_device(n: Node) -> None:
+    from csi_local.nodestate.recovery import rebuild_state, reconcile_state
+    _, vid = create(n)
+    stage(n, vid)
+    target = n.path("pods", "vol")
+    assert call(n.node.NodePublishVolume, pb.NodePublishVolumeRequest(
+        volume_id=vid, target_path=target, staging_target_path=n.path("stage"),
+        volume_capability=mount_cap()))[0] == "OK"
+    rebuilt = rebuild_state(n.backend.pools, n.host)
+    staging = rebuilt[vid].staging
+    assert staging is not None and staging.path == n.path("stage")
+    assert set(rebuilt[vid].publishes) == {target}
+    kept = reconcile_state(n.backend.pools, n.host, {vid: n.state.get(vid)})
+    assert kept[vid].staging is not None and set(kept[vid].publishes) == {target}
+
+
+def test_status_shows_encrypted_volumes_and_their_dm_crypt_devices(n: Node) -> None:
+    from csi_local.ops.status.collect import collect_classes
+    from csi_local.ops.status.render import render
+    _, vid = create(n)
+    _, closed = create(n, "pvc-closed")
+    _, plain = create(n, "pvc-plain", params={})
+    stage(n, vid)
+    st = collect_classes(n.host, n.backend.config.classes, n.backend.config.state_dir,
+                         host=n.host)
+    by_id = {v.id: v for v in st.volumes}
+    assert by_id[vid].encrypted and by_id[vid].crypt_device == \
+        f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert by_id[closed].encrypted and by_id[closed].crypt_device is None
+    assert not by_id[plain].encrypted and by_id[plain].crypt_device is None
+    text = render(st)
+    assert f"encrypted (LUKS2): /dev/mapper/{encryption.mapper_name(vid)}" in text
+    assert "encrypted (LUKS2): closed" in text
+
+
+def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
+        n: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each member's file system, on its dm-crypt device, is frozen. LVM's
+    suspend of the thin LV below does not meet that freeze, so even a kernel
+    that cannot snapshot a frozen file system's own LV (Debian 12's) takes
+    the group."""
+    from csi_local.csi.group_controller_servicer import GroupControllerServicer
+    from csi_local.volumes.group_snapshots import GroupSnapshots
+    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
+                            n.backend.config.state_dir)
+    gc = GroupControllerServicer(n.backend, groups)
+    n.host.nested_freeze = False
+    _, a = create(n, "pvc-a")
+    _, b = create(n, "pvc-b")
+    stage(n, a, path="sa")
+    stage(n, b, path="sb")
+    frozen: list[str] = []
+    freeze = n.host.freeze
+
+    def spy(path: str) -> None:
+        frozen.append(path)
+        freeze(path)
+
+    monkeypatch.setattr(n.host, "freeze", spy)
+    code, reply = call(gc.CreateVolumeGroupSnapshot, pb.CreateVolumeGroupSnapshotRequest(
+        name="g", source_volume_ids=[a, b]))
+    assert code == "OK", reply
+    assert sorted(frozen) == sorted([n.path("sa"), n.path("sb")]) and not n.host.frozen
+    for snap in reply.group_snapshot.snapshots:
+        assert vols.TAG_ENCRYPTED in n.host.lv(snap.snapshot_id).tags
+
+
+def test_the_same_name_with_another_encryption_already_exists(n: Node) -> None:
+    assert create(n)[0] == "OK"
+    assert create(n)[0] == "OK"  # a retry
+    code, msg = create(n, params={})
+    assert code == "ALREADY_EXISTS" and "encryption" in msg
