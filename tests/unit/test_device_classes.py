@@ -517,8 +517,9 @@ CREATE = [
         setup=chain(vol("big"), snap("big")), ran="lvs lvcreate lvextend",
         check=checks(made("big", source=S), grown("big", NEW, 2 * GiB))),
     row("restore-naming-other-class", CV, cv("fast", snapshot=S), "INVALID_ARGUMENT",
-        f"snapshot {S} is in device class 'big' and what is made from it stays there, but "
-        "the request asks for class 'fast'", setup=chain(vol("big"), snap("big")), ran="lvs"),
+        f"snapshot {S} is in device class 'big', and what is made from it stays there (a "
+        "thin snapshot lives in its origin's pool), but deviceClass asks for 'fast': leave "
+        "deviceClass out or set it to 'big'", setup=chain(vol("big"), snap("big")), ran="lvs"),
     # No deviceClass: the source's class (its default file system too).
     row("restore-naming-none-follows-source", CV, cv(snapshot=S, caps=[mount_cap("")],
                                                     rng=(1, 0)), "OK",
@@ -601,8 +602,8 @@ SNAPSHOT = [
     row("of-big-volume-naming-big", CS, cs("big"), "OK", setup=vol("big"), ran="lvs lvcreate",
         check=snapped("big")),
     row("of-big-volume-naming-fast", CS, cs("fast"), "INVALID_ARGUMENT",
-        f"volume {V} is in device class 'big' and what is made from it stays there, but the "
-        "request asks for class 'fast'", setup=vol("big"), ran="lvs"),
+        f"volume {V} is in device class 'big', and what is made from it stays there",
+        setup=vol("big"), ran="lvs"),
     row("naming-unknown-class", CS, cs("gold"), "INVALID_ARGUMENT",
         f"unknown device class 'gold' {KNOWN}", setup=vol("big")),
     row("retry-in-big", CS, cs(), "OK", setup=chain(vol("big"), snap("big")), ran="lvs",

@@ -284,14 +284,14 @@ REFUSALS = [
     refusal("unknown-class-for-an-existing-volume", {"device_class": "slow"},
             "unknown device class 'slow'", IN_BIG, vid=SRC, runs_nothing=True),
     refusal("clone-by-id-into-another-class", {**BY_ID, "device_class": FAST},
-            "source_volume 'golden-1' is in device class 'big', and a clone is made in its "
-            "source's class", IN_BIG),
+            "source_volume 'golden-1' is in device class 'big', and what is made from it "
+            "stays there", IN_BIG),
     refusal("clone-by-name-into-another-class", {**BY_NAME, "device_class": FAST},
             "source_volume 'golden' is in device class 'big'", IN_BIG),
     refusal("clone-of-a-snapshot-into-another-class", {**BY_SNAP, "device_class": FAST},
             "source_snapshot 'gold-v1' is in device class 'big'", chain(IN_BIG, snapshot())),
     refusal("clone-of-a-fast-volume-into-big", {**BY_ID, "device_class": BIG},
-            "is in device class 'fast', and a clone is made in its source's class (a thin "
+            "is in device class 'fast', and what is made from it stays there (a thin "
             "snapshot lives in its origin's pool), but device_class asks for 'big': leave "
             "device_class out or set it to 'fast'",
             volume(cls=FAST)),
@@ -494,7 +494,8 @@ def test_a_volume_in_a_pool_that_is_no_class_is_left_alone(
     n.host.calls.clear()
     if layout == "one-vg":  # still in a class's VG: seen, and refused by name
         message = refused(lambda: n.create(SRC, params={}))
-        assert f"in thin pool {VG}/pool1, which is no device class of this node" in message
+        assert f"in thin pool {VG}/pool1, which is no device class of this node" in message, \
+            message
     # out of sight, but mounted where Nomad expects it: delete leaves it alone
     assert "leaving it alone" in refused(lambda: n.delete(SRC))
     assert n.where(SRC) == n.pools[BIG]  # never removed
@@ -524,11 +525,12 @@ def test_snapshot_of_a_volume_in_big(n: Node) -> None:
 
 
 @pytest.mark.parametrize("vid,cls,says,setup", [
-    pytest.param(SRC, FAST, "host volume 'golden-1' is in device class 'big', not 'fast'; "
-                 "a snapshot is made in its volume's class", volume(cls=BIG),
+    pytest.param(SRC, FAST, "host volume 'golden-1' is in device class 'big', and what is "
+                 "made from it stays there", volume(cls=BIG),
                  id="volume-in-another-class"),
-    pytest.param(SRC, FAST, "snapshot 'gold-v1' exists and is in device class 'big', not "
-                 "'fast'", chain(volume(cls=BIG), snapshot()), id="existing-in-another-class"),
+    pytest.param(SRC, FAST, "snapshot 'gold-v1' is in device class 'big', and what is made "
+                 "from it stays there", chain(volume(cls=BIG), snapshot()),
+                 id="existing-in-another-class"),
     pytest.param(SRC, "slow", "unknown device class 'slow' (this node has: big, fast)",
                  volume(cls=BIG), id="unknown-class"),
     pytest.param("nope", None, "host volume 'nope' not found in the device classes of this "
@@ -726,7 +728,7 @@ def test_snapshot_command_names_the_class(n: Node, monkeypatch: pytest.MonkeyPat
     assert [e["device_class"] for e in json.loads(out)["snapshots"]] == [BIG]
     rc, out, _ = run_main([exe, "snapshot", "create", SRC, "v2", "--device-class", FAST],
                           monkeypatch)
-    assert rc == 1 and "is in device class 'big', not 'fast'" in json.loads(out)["error"]
+    assert rc == 1 and "is in device class 'big', and what is made" in json.loads(out)["error"]
     rc, out, _ = run_main([exe, "snapshot", "create", SRC, "v2", "--device-class", "Big"],
                           monkeypatch)
     assert rc == 1 and "--device-class: device class name 'Big'" in json.loads(out)["error"]

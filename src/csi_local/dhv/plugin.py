@@ -29,6 +29,7 @@ from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.deadline import RESERVE, Deadline, DeadlineRunner
 from csi_local.dhv.removal import VolumeRemoval, device_numbers
 from csi_local.dhv.request import (
+    DEVICE_CLASS,
     DhvError,
     Parameters,
     Request,
@@ -174,25 +175,8 @@ class HostVolumePlugin:
             return asked, None
         kind, ref = params.source
         source = self._find_source([lv for _, lv in lvs], kind, ref, req.namespace)
-        return self._pool_of_source(source, kind, ref, params.device_class), None
-
-    def _pool_of_source(self, source: LogicalVolume, kind: str, ref: str,
-                        asked: str | None) -> Pool:
-        """The pool of a clone's source, which is the clone's (a thin snapshot
-        lives in its origin's pool); refused when `asked` names another class."""
-        what = f"source_{kind} {ref!r}"
-        pool = self.pools.of_lv(source)
-        if pool is None:
-            raise DhvError(f"{what} is LV {source.vg}/{source.name} in thin pool "
-                           f"{source.vg}/{source.pool}, which is no device class of this "
-                           "node; a clone is made in its source's pool")
-        if asked and asked != pool.class_name:
-            raise DhvError(
-                f"{what} is in device class {pool.class_name!r}, and a clone is made in its "
-                f"source's class (a thin snapshot lives in its origin's pool), but "
-                f"device_class asks for {asked!r}: leave device_class out or set it to "
-                f"{pool.class_name!r}")
-        return pool
+        return self.pools.pool_of_copy(source, params.device_class, f"source_{kind} {ref!r}",
+                                       DEVICE_CLASS), None
 
     def _check_existing(self, req: Request, params: Parameters, lv: LogicalVolume) -> Pool:
         """The pool of the volume's existing LV, if the request may converge it:
@@ -256,7 +240,8 @@ class HostVolumePlugin:
         assert params.source is not None
         kind, ref = params.source
         source = self._find_source(report.lvs, kind, ref, req.namespace)
-        if self._pool_of_source(source, kind, ref, params.device_class) is not pool:
+        if self.pools.pool_of_copy(source, params.device_class, f"source_{kind} {ref!r}",
+                                       DEVICE_CLASS) is not pool:
             raise DhvError(f"source_{kind} {ref!r} moved to another device class while "
                            "the clone was being made; create it again")
         fs_type = source.tag_value(TAG_FS) or ""
@@ -445,7 +430,8 @@ class HostVolumePlugin:
                         f"snapshot {name!r} exists already, of "
                         f"{existing.tag_value(TAG_SOURCE)}; snapshot names are unique in "
                         f"{self._where()}")
-                _same_class(pool, device_class, f"snapshot {name!r} exists and is")
+                self.pools.pool_of_copy(existing, device_class, f"snapshot {name!r}",
+                                        DEVICE_CLASS)
                 return existing
             with pool.reserved(self._lock_timeout()) as report:
                 volume = report.find(lv_name)
@@ -456,7 +442,8 @@ class HostVolumePlugin:
                 if TAG_FRESH in volume.tags:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
-                _same_class(pool, device_class, f"host volume {volume_id!r} is")
+                self.pools.pool_of_copy(volume, device_class, f"host volume {volume_id!r}",
+                                        DEVICE_CLASS)
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
                 snap = self.steps.snapshot(pool, report, volume, snap_lv, tags)
@@ -530,13 +517,6 @@ def _check_ours(lv: LogicalVolume, req: Request) -> None:
             f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
             "made by this plugin; leaving it alone"
         )
-
-
-def _same_class(pool: Pool, asked: str | None, what: str) -> None:
-    if asked and asked != pool.class_name:
-        raise DhvError(f"{what} in device class {pool.class_name!r}, not {asked!r}; a "
-                       "snapshot is made in its volume's class (a thin snapshot lives in "
-                       "its origin's pool)")
 
 
 def _check_snapshot(lv: LogicalVolume, name: str) -> None:

@@ -28,8 +28,9 @@ from csi_local.volumes.device_classes import check_class_name
 from csi_local.volumes.host_volume_names import LV_PREFIX, SNAPSHOT_LV_PREFIX
 
 OPERATIONS = ("fingerprint", "create", "delete")
+DEVICE_CLASS = "device_class"  # the parameter that names a volume's device class
 PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode",
-              "device_class", "encryption")
+              DEVICE_CLASS, "encryption")
 ATTACHMENT_MODES = ("file-system", "block-device")
 _MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
@@ -207,7 +208,7 @@ def _encryption(data: Mapping[str, str]) -> bool | None:
 
 
 def _device_class(data: Mapping[str, str]) -> str | None:
-    value = data.get("device_class", "").strip()
+    value = data.get(DEVICE_CLASS, "").strip()
     if not value:
         return None
     try:

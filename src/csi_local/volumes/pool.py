@@ -423,6 +423,27 @@ class Pools:
         return self._pools[c.name] if c is not None else None
 
 
+    def pool_of_copy(self, source: LogicalVolume, asked: str | None, what: str,
+                     parameter: str) -> Pool:
+        """The pool of anything made from `source` (a restore, a clone, a
+        snapshot): the source's own, since a thin snapshot lives in its
+        origin's pool. UnknownDeviceClass when `asked` (the front end's class
+        parameter, `parameter`) names another class, or when the source is in
+        no class of this node. The one home of this rule for both plugins."""
+        pool = self.of_lv(source)
+        if pool is None:
+            raise UnknownDeviceClass(
+                f"{what} is LV {source.vg}/{source.name} in thin pool {source.vg}/"
+                f"{source.pool}, which is no device class of this node "
+                f"({', '.join(sorted(self.names))}); what is made from it is made in its pool")
+        if asked and asked != pool.class_name:
+            raise UnknownDeviceClass(
+                f"{what} is in device class {pool.class_name!r}, and what is made from it "
+                f"stays there (a thin snapshot lives in its origin's pool), but {parameter} "
+                f"asks for {asked!r}: leave {parameter} out or set it to "
+                f"{pool.class_name!r}")
+        return pool
+
     def locate(self, *names: str, required: Iterable[str] | None = None
                ) -> dict[str, tuple[Pool, LogicalVolume]]:
         """{name: (its pool, its LV)} for those of `names` that are LVs of a

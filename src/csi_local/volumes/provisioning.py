@@ -25,7 +25,6 @@ from csi_local.errors import (
     LvNotFound,
     NameTaken,
     SizeOutOfRange,
-    UnknownDeviceClass,
     VolumeInUse,
 )
 from csi_local.host.locks import Locks, volume_key
@@ -76,20 +75,6 @@ class Provisioner:
         self.steps = steps
         self.records = records
 
-    def _same_class(self, pool: Pool, lv: LogicalVolume | None, what: str,
-                    asked: str | None) -> None:
-        """UnknownDeviceClass when `lv`, the source of a new volume or
-        snapshot, is in another class than `pool`'s: a thin snapshot lives in
-        its origin's pool, so nothing made from a source can change class."""
-        other = self.pools.of_lv(lv) if lv is not None else None
-        if other is None or other is pool:
-            return
-        how = f"asks for class {asked!r}" if asked else (
-            f"names no deviceClass, so the default class {pool.class_name!r}")
-        raise UnknownDeviceClass(
-            f"{what} is in device class {other.class_name!r} and what is made from it stays "
-            f"there, but the request {how}: use a class parameter of {other.class_name!r}")
-
     # volumes -------------------------------------------------------------
 
     def create_volume(self, req: VolumeRequest) -> LogicalVolume:
@@ -139,7 +124,10 @@ class Provisioner:
                              or elsewhere.get(source.id, (pool, None))[1])
                 if source_lv is None or not naming.is_source(source_lv, source):
                     raise LvNotFound(f"{source.kind} {source.id!r} not found")
-                self._same_class(pool, source_lv, f"{source.kind} {source.id}", asked)
+                # With no class asked, `pool` is the source's (located above).
+                self.pools.pool_of_copy(source_lv, asked or pool.class_name,
+                                        f"{source.kind} {source.id}",
+                                        naming.DEVICE_CLASS_PARAMETER)
             return self._create(pool, report, volume_id, req, minimum, source_lv)
 
     def _reuse(self, pool: Pool, report: VgReport, lv: LogicalVolume, req: VolumeRequest,
@@ -260,17 +248,15 @@ class Provisioner:
                 if (not naming.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
                         or src != Source(SourceKind.VOLUME, source_id)):
                     raise NameTaken(f"snapshot {name!r} exists for another source volume")
-                if asked is not None:
-                    self._same_class(self.pools.select(asked), existing,
-                                     f"snapshot {snapshot_id}", asked)
+                self.pools.pool_of_copy(existing, asked, f"snapshot {snapshot_id}",
+                                        naming.DEVICE_CLASS_PARAMETER)
                 return existing
             source_lv = report.find(source_id)
             if (source_lv is None or not naming.is_csi_volume(source_lv)
                     or self.pools.of_lv(source_lv) is not pool):
                 raise LvNotFound(f"volume {source_id!r} not found")
-            if asked is not None:
-                self._same_class(self.pools.select(asked), source_lv, f"volume {source_id}",
-                                 asked)
+            self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
+                                    naming.DEVICE_CLASS_PARAMETER)
             tags = [f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}",
                     Source(SourceKind.VOLUME, source_id).tag()]
             return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)
