@@ -121,6 +121,28 @@ def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
     assert len(n.host.commands("mkfs.ext4")) == 1
 
 
+def test_failed_opens_are_told_why(n: Node) -> None:
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    assert stage(n, vid, {})[0] == "INVALID_ARGUMENT"  # no secret
+    stage(n, vid)
+    unstage(n, vid)
+    assert stage(n, vid, {encryption.SECRET_KEY: "wrong"})[0] == "UNAUTHENTICATED"
+    assert told == ["key_missing", "key_refused"]
+    assert stage(n, vid)[0] == "OK" and told == ["key_missing", "key_refused"]
+
+
+def test_a_failing_counter_never_hides_a_refused_key(n: Node) -> None:
+    def broken(reason: str) -> None:
+        raise RuntimeError("counter down")
+    n.node.steps.on_open_failure = broken
+    _, vid = create(n)
+    stage(n, vid)
+    unstage(n, vid)
+    assert stage(n, vid, {encryption.SECRET_KEY: "wrong"})[0] == "UNAUTHENTICATED"
+
+
 def test_an_encrypted_volume_that_holds_data_without_a_header_is_never_formatted(
         n: Node) -> None:
     _, vid = create(n)

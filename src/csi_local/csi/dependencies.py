@@ -8,6 +8,7 @@ LVM; `csi_local.csi.plugin` builds the real one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from csi_local.config import Config
@@ -28,3 +29,6 @@ class Backend:
     state: StateStore
     locks: Locks
     paginator: Paginator
+    # Told the reason ("key_refused", "key_missing", "mismatch", "error")
+    # each time an encrypted volume's device fails to open: for the metrics.
+    on_open_failure: Callable[[str], None] | None = None

@@ -74,7 +74,8 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         self.host = backend.host
         self.state = backend.state
         self.locks = backend.locks
-        self.steps = VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state)
+        self.steps = VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state,
+                                 on_open_failure=backend.on_open_failure)
 
     def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
         return self.locks.hold(volume_key(volume_id))

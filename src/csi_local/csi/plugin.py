@@ -101,6 +101,7 @@ class CsiPlugin:
             config=config, pools=pools,
             fs=Filesystems(runner, host), host=host, state=state, locks=locks,
             paginator=Paginator(_token_key(config.state_dir)),
+            on_open_failure=metrics.open_failed if metrics else None,
         )
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)

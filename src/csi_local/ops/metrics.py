@@ -127,6 +127,10 @@ class Metrics:
             "pool_autoextend_bytes", "Bytes the plugin's autoextends added to a device "
             "class's thin pool's data or metadata", ["what", "device_class"],
             namespace=NAMESPACE, registry=r)
+        self.open_failures = Counter(
+            "encryption_open_failures", "Times an encrypted volume's dm-crypt device did not "
+            "open at stage or expand, by reason (key_refused, key_missing, mismatch, error)",
+            ["reason"], namespace=NAMESPACE, registry=r)
         started = Gauge("start_time_seconds", "When the plugin started, in seconds since "
                         "the epoch", namespace=NAMESPACE, registry=r)
         started.set(time.time())
@@ -163,6 +167,11 @@ class Metrics:
 
     def state_rebuilt(self) -> None:
         self.state_rebuilds.inc()
+
+    def open_failed(self, reason: str) -> None:
+        """For VolumeSteps.open_device: an encrypted volume that did not open.
+        The reason only: never the volume's key, nor its secret's name."""
+        self.open_failures.labels(reason=reason).inc()
 
     def watch(self, monitors: Sequence[PoolMonitor], max_age: float = MAX_AGE) -> PoolCollector:
         """Export the VGs, pools and volumes that `monitors` (one per device

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +55,11 @@ from csi_local.volumes import host_volume_names as hvn
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
+
+# Why an encrypted volume's device did not open, as the metrics name it; any
+# other failure (cryptsetup's, the kernel's) is "error".
+OPEN_FAILURES: dict[type[Exception], str] = {
+    KeyRefused: "key_refused", KeyMissing: "key_missing", EncryptionMismatch: "mismatch"}
 
 
 @dataclass(frozen=True)
@@ -100,12 +105,15 @@ class VolumeSteps:
     and (the CSI node) its record of unfinished mkfs runs."""
 
     def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
-                 marks: FormatMarks | None = None, crypt: Crypt | None = None) -> None:
+                 marks: FormatMarks | None = None, crypt: Crypt | None = None, *,
+                 on_open_failure: Callable[[str], None] | None = None) -> None:
         self.fs = fs
         self.host = host
         self.tags = tags
         self.marks = marks
         self.crypt = crypt if crypt is not None else Crypt(fs.runner)
+        # Told why an encrypted volume's device did not open (OPEN_FAILURES).
+        self.on_open_failure = on_open_failure
 
     # snapshots and clones ------------------------------------------------------
 
@@ -307,6 +315,18 @@ class VolumeSteps:
             f"{top.path} is open, but not over volume {lv.vg}/{lv.name}; it is left alone")
 
     def open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
+        """_open_device, telling on_open_failure why it failed."""
+        try:
+            return self._open_device(lv, key)
+        except (KeyRefused, KeyMissing, EncryptionMismatch, CommandError) as err:
+            if self.on_open_failure is not None:
+                try:  # a failing counter never hides the failure it counts
+                    self.on_open_failure(OPEN_FAILURES.get(type(err), "error"))
+                except Exception:
+                    log.exception("counting a failed open")
+            raise
+
+    def _open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
         """The device to use the active volume through: the LV itself, or for
         an encrypted volume its dm-crypt device, opened with `key` (and its
         LUKS2 header made first, only on a volume with the proof freshness()
