@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,19 @@ def run(*argv: str, check: bool = True, input: str | None = None,
     if check and proc.returncode != 0:
         raise CommandFailed(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
     return proc
+
+
+def copy_ranges(source: str, target: str, ranges: Iterable[tuple[int, int]]) -> None:
+    """Copy the (offset, length) byte ranges of device `source` onto the same
+    offsets of `target`, as a backup tool applies a changed-block delta."""
+    src, dst = os.open(source, os.O_RDONLY), os.open(target, os.O_WRONLY)
+    try:
+        for offset, length in ranges:
+            os.pwrite(dst, os.pread(src, length, offset), offset)
+        os.fsync(dst)
+    finally:
+        os.close(src)
+        os.close(dst)
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
+from benchmarks.lab import copy_ranges
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.storage.thin_mappings import MARK_PREFIX
@@ -211,14 +212,7 @@ def test_ranges_are_exactly_what_was_written_and_a_delta_backup_equals_the_targe
     base_vid, base_staging, base_dev = block_volume(plugin, "cbt-base", source=s1)
     tgt_vid, tgt_staging, tgt_dev = block_volume(plugin, "cbt-target", source=s2)
     assert run("cmp", base_dev, tgt_dev, check=False).returncode == 1  # the check can fail
-    src_fd, dst_fd = os.open(tgt_dev, os.O_RDONLY), os.open(base_dev, os.O_WRONLY)
-    try:
-        for off, n in whole:
-            os.pwrite(dst_fd, os.pread(src_fd, n, off), off)
-        os.fsync(dst_fd)
-    finally:
-        os.close(src_fd)
-        os.close(dst_fd)
+    copy_ranges(tgt_dev, base_dev, whole)
     assert run("cmp", base_dev, tgt_dev, check=False).returncode == 0, "backup != target"
     assert not held(vg)
     for v, st, t in ((vid, staging, dev), (base_vid, base_staging, base_dev),

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from benchmarks.lab import copy_ranges
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.host import mounts
@@ -55,6 +56,14 @@ def stage(p: PluginProcess, vid: str, path: str, cap: pb.VolumeCapability | None
     p.node.NodeStageVolume(pb.NodeStageVolumeRequest(
         volume_id=vid, staging_target_path=path, volume_capability=cap or mount_cap(),
         secrets=SECRETS if secrets is None else secrets), timeout=300)
+
+
+def stage_block(p: PluginProcess, vid: str, staging: str, target: str) -> None:
+    """Stage and publish `vid` as a raw block device at `target`."""
+    stage(p, vid, staging, block_cap())
+    p.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=vid, staging_target_path=staging, target_path=target,
+        volume_capability=block_cap()))
 
 
 def unstage(p: PluginProcess, vid: str, path: str) -> None:
@@ -152,10 +161,7 @@ def test_mount_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
 def test_block_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "enc-block", cap=block_cap())
     staging, target = plugin.path("stage-blk"), plugin.path("pod", "blk")
-    stage(plugin, vid, staging, block_cap())
-    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
-        volume_id=vid, staging_target_path=staging, target_path=target,
-        volume_capability=block_cap()))
+    stage_block(plugin, vid, staging, target)
     assert size_of(target) == 64 * MiB - HEADER
     with open(target, "r+b", buffering=0) as f:
         f.write(PATTERN)
@@ -274,10 +280,7 @@ def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,
     which then opens with the volume's key and reads as the target's data."""
     vid = create(plugin, "enc-cbt", cap=block_cap())
     staging, dev = plugin.path("stage-cbt"), plugin.path("pod", "cbt")
-    stage(plugin, vid, staging, block_cap())
-    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
-        volume_id=vid, staging_target_path=staging, target_path=dev,
-        volume_capability=block_cap()))
+    stage_block(plugin, vid, staging, dev)
 
     def write(offset: int, seed: int) -> None:
         with open(dev, "r+b", buffering=0) as f:
@@ -310,21 +313,10 @@ def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,
         snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=base)))
     run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{target}")
     run("lvchange", "--activate", "y", "--ignoreactivationskip", f"{vg.name}/{restored}")
-    src = os.open(f"/dev/{vg.name}/{target}", os.O_RDONLY)
-    dst = os.open(f"/dev/{vg.name}/{restored}", os.O_WRONLY)
-    try:
-        for off, n in ranges:
-            os.pwrite(dst, os.pread(src, n, off), off)
-        os.fsync(dst)
-    finally:
-        os.close(src)
-        os.close(dst)
+    copy_ranges(f"/dev/{vg.name}/{target}", f"/dev/{vg.name}/{restored}", ranges)
     run("lvchange", "--activate", "n", f"{vg.name}/{target}")
     r_staging, r_dev = plugin.path("stage-cbt-r"), plugin.path("pod", "cbt-r")
-    stage(plugin, restored, r_staging, block_cap())
-    plugin.node.NodePublishVolume(pb.NodePublishVolumeRequest(
-        volume_id=restored, staging_target_path=r_staging, target_path=r_dev,
-        volume_capability=block_cap()))
+    stage_block(plugin, restored, r_staging, r_dev)
     with open(r_dev, "rb") as f:
         assert f.read() == expected, "the restored backup is not the target's data"
     for v, st, t in ((vid, staging, dev), (restored, r_staging, r_dev)):

@@ -60,6 +60,19 @@ def unstage(n: Node, vid: str, path: str = "stage") -> tuple[str, object]:
         volume_id=vid, staging_target_path=n.path(path)))
 
 
+def spy_freezes(n: Node, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the node freezes from now on, in order."""
+    frozen: list[str] = []
+    freeze = n.host.freeze
+
+    def spy(path: str) -> None:
+        frozen.append(path)
+        freeze(path)
+
+    monkeypatch.setattr(n.host, "freeze", spy)
+    return frozen
+
+
 def crypt_calls(n: Node, sub: str) -> list[tuple[str, ...]]:
     return [c for c in n.host.commands("cryptsetup") if c[1] == sub]
 
@@ -222,14 +235,7 @@ def test_restores_and_clones_keep_the_header_and_key(n: Node,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     _, vid = create(n)
     stage(n, vid)
-    frozen: list[str] = []
-    freeze = n.host.freeze
-
-    def spy(path: str) -> None:
-        frozen.append(path)
-        freeze(path)
-
-    monkeypatch.setattr(n.host, "freeze", spy)
+    frozen = spy_freezes(n, monkeypatch)
     data_uuid = n.host.lv(vid).content.luks.data.uuid  # type: ignore[union-attr]
     code, snap = call(n.controller.CreateSnapshot, pb.CreateSnapshotRequest(
         name="snap-1", source_volume_id=vid))
@@ -353,14 +359,7 @@ def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
     _, b = create(n, "pvc-b")
     stage(n, a, path="sa")
     stage(n, b, path="sb")
-    frozen: list[str] = []
-    freeze = n.host.freeze
-
-    def spy(path: str) -> None:
-        frozen.append(path)
-        freeze(path)
-
-    monkeypatch.setattr(n.host, "freeze", spy)
+    frozen = spy_freezes(n, monkeypatch)
     code, reply = call(gc.CreateVolumeGroupSnapshot, pb.CreateVolumeGroupSnapshotRequest(
         name="g", source_volume_ids=[a, b]))
     assert code == "OK", reply

@@ -55,6 +55,12 @@ class FakeCrypt:
         def _is_open(self, dev_node: str) -> bool: ...
         def _follow(self, path: str) -> str: ...
 
+    def _active(self, name: str) -> FakeMapper:
+        m = self.mappers.get(name)
+        if m is None:
+            raise _Fail(4, f"Device {name} is not active.\n")
+        return m
+
     def _mapper_device(self, path: str) -> _Dev | None:
         """A dm-crypt device by /dev/mapper/NAME or /dev/dm-N."""
         for name, m in self.mappers.items():
@@ -124,18 +130,14 @@ class FakeCrypt:
             return ""
         if sub == "close":
             (name,) = _one(pos, argv)
-            m = self.mappers.get(name)
-            if m is None:
-                raise _Fail(4, f"Device {name} is not active.\n")
+            m = self._active(name)
             if self._is_open(m.node):
                 raise _Fail(5, f"Device {name} is still in use.\n")
             del self.mappers[name]
             return ""
         if sub == "resize":
             (name,) = _one(pos, argv)
-            m = self.mappers.get(name)
-            if m is None:
-                raise _Fail(4, f"Device {name} is not active.\n")
+            m = self._active(name)
             luks = m.lv.content.luks
             assert luks is not None
             if luks.key != stdin:
