@@ -158,6 +158,47 @@ def test_mount_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
     unstage(plugin, vid, staging)
 
 
+@pytest.mark.parametrize("fs_type", ["xfs", "btrfs"])
+def test_xfs_and_btrfs_on_an_encrypted_volume(plugin: PluginProcess, fs_type: str) -> None:
+    """The other file systems on the dm-crypt device: made, restaged with the
+    data, grown online, and a clone mounted beside its mounted source, which
+    xfs and btrfs refuse unless the clone's new fs id was set on its own
+    dm-crypt device."""
+    cap = mount_cap(fs_type)
+    vid = create(plugin, f"enc-{fs_type}", 320 * MiB, cap=cap)
+    staging = plugin.path(f"stage-{fs_type}")
+    stage(plugin, vid, staging, cap)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid) and top.fs_type == fs_type
+    with open(f"{staging}/data", "wb") as out:
+        out.write(PATTERN)
+        os.fsync(out.fileno())
+    unstage(plugin, vid, staging)
+    stage(plugin, vid, staging, cap)
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+    before = os.statvfs(staging)
+    expand(plugin, vid, staging, 400 * MiB)
+    assert size_of(mapper(vid)) == 400 * MiB - HEADER
+    after = os.statvfs(staging)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    clone = create(plugin, f"enc-{fs_type}-clone", 400 * MiB, cap=cap,
+                   source=pb.VolumeContentSource(
+                       volume=pb.VolumeContentSource.VolumeSource(volume_id=vid)))
+    clone_staging = plugin.path(f"stage-{fs_type}-clone")
+    stage(plugin, clone, clone_staging, cap)  # beside its source, still mounted
+    with open(f"{clone_staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+
+    def fs_id(path: str) -> str:
+        return run("blkid", "-p", "-o", "value", "-s", "UUID", path).stdout.strip()
+
+    assert fs_id(mapper(clone)) != fs_id(mapper(vid))
+    unstage(plugin, clone, clone_staging)
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(clone)) and not os.path.exists(mapper(vid))
+
+
 def test_block_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
     vid = create(plugin, "enc-block", cap=block_cap())
     staging, target = plugin.path("stage-blk"), plugin.path("pod", "blk")
