@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--idle-at", type=_positive, default=None,
                         help="measure the idle cost at this scale (one of --scale; default: "
                         "the largest)")
+    parser.add_argument("--first-list-delay", type=float, default=0.0, metavar="SECONDS",
+                        help="seconds between each scale point's last start and its first "
+                        "ListVolumes (default 0: at once, before the plugin's background "
+                        "parse of the VG can end)")
     parser.add_argument("--rounds", type=_positive, default=5,
                         help="rounds per latency figure; the median is shown (default 5)")
     parser.add_argument("--encryption-rounds", type=int, default=3,
@@ -105,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
         idle_at=args.idle_at, scale_only=args.scale_only,
         encryption_rounds=max(0, args.encryption_rounds),
+        first_list_delay=max(0.0, args.first_list_delay),
         progress=None if args.quiet else (lambda s: print(f"bench: {s}", file=sys.stderr,
                                                            flush=True)),
     )

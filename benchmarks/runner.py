@@ -83,6 +83,9 @@ class Options:
     idle_at: int | None = None  # measure the idle cost at this scale (None: after the last)
     scale_only: bool = False  # no latency, exec count, concurrency or storm sections
     encryption_rounds: int = 3  # rounds of the encrypted volume section (0: none)
+    # Seconds between a scale point's last start and its first ListVolumes (0:
+    # at once, the worst case; more: what the plugin's warm-up leaves of it).
+    first_list_delay: float = 0.0
 
 
 def _mount_cap() -> pb.VolumeCapability:
@@ -733,6 +736,13 @@ class Bench:
             logged = plugin.own_starts(before + 1)
             if len(logged) > before:
                 own.append(logged[-1])
+        # The first ListVolumes after a start, timed alone: it meets the
+        # plugin's warm-up of the VG's parse (CsiPlugin.start) under way, or
+        # pays the parse itself. The rounds below are warm.
+        time.sleep(self.opts.first_list_delay)
+        t0 = time.perf_counter()
+        first_counted = self.list_volumes()
+        first_listing = time.perf_counter() - t0
         raw_lvs: list[float] = []
         raw_snaps: list[float] = []
         listing: list[float] = []
@@ -754,14 +764,24 @@ class Bench:
                 raw_lvs.append(self.lvs())
                 raw_snaps.append(timed(run, *LVS_REPORT, "--select", SNAPSHOT_SELECT, self.vg))
         note = "" if counted == n else f"listed {counted} volumes, expected {n}"
+        first_note = "" if first_counted == n else (
+            f"first after start: listed {first_counted} volumes, expected {n}")
         snap_note = "" if snap_counted == snaps else (
             f"listed {snap_counted} snapshots, expected {snaps}")
-        for problem in (note, snap_note):
+        for problem in (note, first_note, snap_note):
             if problem:
                 self.res.errors.append(f"scale {n}: {problem}")
         big = n >= 5000
+        # Both against the same `lvs`s of this run; the warm one meets the goal.
         self.res.rows.append(Row(
-            f"ListVolumes, {n} volumes", median(listing), median(raw_lvs), label,
+            f"ListVolumes, first after start, {n} volumes", first_listing, median(raw_lvs),
+            label, samples=[first_listing], raw_samples=raw_lvs,
+            note=first_note or ("all pages, just after the first Probe of a start"
+                                if not self.opts.first_list_delay else
+                                f"all pages, {self.opts.first_list_delay:g} s after the "
+                                "first Probe of a start")))
+        self.res.rows.append(Row(
+            f"ListVolumes, warm, {n} volumes", median(listing), median(raw_lvs), label,
             goal=0.3 if big else 1.2, goal_applies=n >= 1000,
             goal_note=goal_note, samples=listing, raw_samples=raw_lvs,
             note=note or f"all pages; {per_k(median(listing))}"))
@@ -929,6 +949,9 @@ def run_bench(opts: Options) -> Results:
         "inactive until staged, as after a reboot",
         "goals in parentheses are stated by the issue for a larger scale (1,000 volumes; "
         "ListVolumes <= 0.3x and RSS <= 80 MiB at 5,000)",
+        "ListVolumes: first after start is the first call after a start's first Probe "
+        "(it meets the plugin's background parse of the VG under way); warm is the median "
+        "of the rounds after it, the one held to the goal",
         "start-up: from the process start to its first successful Probe, restarting on "
         "its own state directory; RSS: VmRSS of a plugin started with the volumes, after "
         "the scale case's listings, GetCapacity, CreateVolume and DeleteVolume",

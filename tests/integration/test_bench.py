@@ -28,8 +28,9 @@ def test_benchmark_figures_are_all_produced() -> None:
     expected = {"CreateVolume", "NodeStageVolume", "NodePublishVolume", "GetCapacity",
                 "ListVolumes", "DeleteVolume"}
     assert expected <= {e.rpc for e in res.execs if e.count is not None}
-    for op in ("ListVolumes, 10 volumes", "plugin RSS, 10 volumes",
-               "ListVolumes, 1000 volumes", "ListSnapshots, 100 snapshots of 1000 volumes",
+    for op in ("ListVolumes, warm, 10 volumes", "plugin RSS, 10 volumes",
+               "ListVolumes, first after start, 1000 volumes", "ListVolumes, warm, 1000 volumes",
+               "ListSnapshots, 100 snapshots of 1000 volumes",
                "GetCapacity, 1000 volumes", "CreateVolume, 1000 volumes",
                "DeleteVolume, 1000 volumes", "start-up to first Probe, 1000 volumes",
                "start-up step, 1000 volumes: the state file loaded, reconciled with LVM",

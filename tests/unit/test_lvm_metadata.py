@@ -9,6 +9,8 @@ import dataclasses
 import json
 import re
 import struct
+import threading
+from collections.abc import Collection
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ import pytest
 from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnusable
 from csi_local.host import device_mapper as dm
 from csi_local.host.device_mapper import DmDevice
+from csi_local.host.locks import Locks
 from csi_local.storage import vg_text as lm
 from csi_local.storage.committed_vg import CommittedMetadata
-from csi_local.storage.lvm import VolumeGroup
+from csi_local.storage.lvm import LogicalVolume, VolumeGroup
+from csi_local.volumes.device_classes import DeviceClass, DeviceClasses
+from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"
@@ -452,6 +457,64 @@ def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
     listed = reader.listing(["vg-cap"])
     assert listed is not None and sorted(lv.name for lv in listed) == [
         "1+odd.name_x", "csi-s-snap", "csi-v-abc", "po-ol"]
+
+
+def test_the_warm_up_and_a_listing_beside_it_parse_the_text_once(
+        runner: FakeRunner, pv: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin warms the listing's read after its start (Pools.warm): a
+    ListVolumes that comes while that parse runs waits for it and takes it,
+    and the text is parsed whole once, never twice, never half kept."""
+    monkeypatch.setattr(dm, "devices", dict)
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE)
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    reader = CommittedMetadata(runner)
+    pools = Pools(DeviceClasses((DeviceClass("default", "vg-cap", "po-ol"),), "default"),
+                  runner, Locks(str(tmp_path / "locks")), committed=reader)
+    whole: list[bytes] = []
+    parsing, release = threading.Event(), threading.Event()
+    real = lm.vg_metadata
+
+    def slow_parse(text: bytes, previous: lm.VgMetadata | None = None,
+                   only: Collection[str] | None = None) -> lm.VgMetadata:
+        if only is None:
+            whole.append(text)
+            parsing.set()
+            assert release.wait(10)  # the warm-up's parse, held until the listing waits
+        return real(text, previous, only)
+
+    monkeypatch.setattr(lm, "vg_metadata", slow_parse)
+    warm = threading.Thread(target=pools.warm)
+    warm.start()
+    assert parsing.wait(10)
+    listed: list[tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]] = []
+    listing = threading.Thread(target=lambda: listed.append(pools.listing()))
+    listing.start()
+    listing.join(0.5)
+    assert listing.is_alive()  # waiting for the warm-up's parse, not parsing its own
+    release.set()
+    warm.join(10)
+    listing.join(10)
+    assert not warm.is_alive() and not listing.is_alive()
+    assert len(whole) == 1
+    (lvs, missing), = listed
+    assert missing == [] and sorted(lv.name for _, lv in lvs) == [
+        "1+odd.name_x", "csi-s-snap", "csi-v-abc", "po-ol"]
+    assert runner.calls == [tuple(runner.calls[0])] and runner.calls[0][0] == "pvs"  # no lvs
+    # Kept: the next listing parses nothing.
+    assert pools.listing()[0] and len(whole) == 1
+
+
+def test_the_warm_up_without_a_reader_or_an_answer_does_nothing(
+        runner: FakeRunner, tmp_path: Path) -> None:
+    """No reader: nothing read. A VG that does not answer: the listing finds
+    out (and asks lvs) when it comes; the warm-up raises nothing."""
+    classes = DeviceClasses((DeviceClass("default", "vg-cap", "po-ol"),), "default")
+    Pools(classes, runner, Locks(str(tmp_path / "locks"))).warm()
+    assert runner.calls == []
+    runner.on(["pvs"], _pvs([]))
+    Pools(classes, runner, Locks(str(tmp_path / "locks")),
+          committed=CommittedMetadata(runner)).warm()
+    assert {call[0] for call in runner.calls} == {"pvs"}
 
 
 def test_report_is_none_when_the_pools_status_cannot_be_trusted(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import logging
 import signal
 import socket
 import subprocess
@@ -526,6 +527,37 @@ def _config(tmp_path: Path, **kw: Any) -> Config:
     return Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="n", volume_group="vg0",
                   thin_pool="pool0", state_dir=str(tmp_path / "state"),
                   lock_dir=str(tmp_path / "locks"), **kw)
+
+
+def test_the_plugin_warms_the_listing_once_serving_and_only_logs_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The VGs' whole parse (Pools.warm) runs in the background once the server
+    answers (CsiPlugin.start), never during the build before it; a failure of
+    it is logged at debug level and ends nothing."""
+    monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    warmed: list[str] = []
+
+    def warm(pools: Pools) -> None:
+        warmed.append(threading.current_thread().name)
+        raise CommandError(("pvs",), 5, "", "no answer")
+
+    monkeypatch.setattr(Pools, "warm", warm)
+    plugin = plugin_mod.CsiPlugin(_config(tmp_path, lvm_shell=False))
+    try:
+        assert warmed == []  # not in the start before the socket serves
+        with caplog.at_level(logging.DEBUG, logger=plugin_mod.__name__):
+            plugin.start()
+            for thread in threading.enumerate():
+                if thread.name == "warm-listing":
+                    thread.join(10)
+        assert warmed == ["warm-listing"]
+        (record,) = [r for r in caplog.records if "warming" in r.getMessage()]
+        assert record.levelno == logging.DEBUG and "no answer" in record.getMessage()
+        assert plugin.backend.pools.default.class_name == "default"  # still whole
+    finally:
+        plugin.close()
 
 
 def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from csi_local.config import Config
@@ -120,10 +121,24 @@ class CsiPlugin:
         self.group_controller = GroupControllerServicer(self.backend, groups)
 
     def start(self) -> None:
+        """What starts once the server answers: the pool monitors, the lvm
+        shell, and the warm-up of the listing's read; each in the background,
+        beside the first calls, none before them."""
         for monitor in self.monitors:
             monitor.start()
         # Serving already: the shell starts beside the first calls, not before.
         self.runner.start_shell()
+        threading.Thread(target=self._warm, name="warm-listing", daemon=True).start()
+
+    def _warm(self) -> None:
+        """Pools.warm: the VGs' whole metadata parsed before the first listing
+        needs it (the start parsed only its pools' and staged volumes'). A
+        failure is the listing's to meet and report: here it is only logged."""
+        try:
+            self.backend.pools.warm()
+        except Exception as err:  # a background nicety: never the plugin's end
+            log.debug("warming the listing's read of the volume groups: %s", err,
+                      exc_info=True)
 
     def close(self) -> None:
         for monitor in self.monitors:

@@ -9,6 +9,7 @@ it cannot answer for certain.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
@@ -45,8 +46,6 @@ class CommittedMetadata:
     REFRESH = 30.0
 
     def __init__(self, runner: Runner) -> None:
-        import threading
-
         self.runner = runner
         self._lock = threading.Lock()
         self._pvs: dict[str, list[tuple[str, str]]] | None = None  # vg -> [(path, uuid)]
@@ -54,6 +53,8 @@ class CommittedMetadata:
         # vg -> the last text read and what it says: a VG that did not change
         # since is not parsed again, and one that did parses its new sections.
         self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
+        # vg -> held while its whole text is parsed (see _parse_whole).
+        self._parsing: dict[str, threading.Lock] = {}
         self._problems: dict[str, tuple[str, ...]] = {}
         self._areas: dict[str, MetadataArea] = {}
 
@@ -88,7 +89,8 @@ class CommittedMetadata:
         holds those of them the VG has, nothing else (vg_text.vg_metadata).
         Only their sections are parsed, unless the whole text is parsed
         already; the whole parse is left to the first read that needs every
-        LV (a listing, a capacity check), and only it is kept.
+        LV (the plugin's warm-up just after its start, Pools.warm; a listing,
+        a capacity check), and only it is kept.
 
         As LVM: every metadata area of every PV of the VG is read, and the
         copy with the highest seqno is the VG's. PVs that copy does not list
@@ -184,8 +186,7 @@ class CommittedMetadata:
                 meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None,
                                                 only=only)
             else:  # only the LVs whose sections changed are parsed
-                meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None)
-                self._parsed[vg] = (text, meta)
+                meta = self._parse_whole(vg, text)
         except lvm_metadata.MetadataUnreadable as err:
             return None, [f"VG {vg}: metadata seqno {newest}: {err}"]
         if meta.name != vg:
@@ -220,6 +221,21 @@ class CommittedMetadata:
                 with self._lock:
                     self._areas[vg] = MetadataArea(min(sizes), len(text))
         return (None if problems else meta), problems
+
+    def _parse_whole(self, vg: str, text: bytes) -> lvm_metadata.VgMetadata:
+        """`text` parsed whole (the sections that changed since the kept parse)
+        and kept as `vg`'s. One parse of a VG at a time: readers that meet the
+        same new text together (the warm-up after the start, Pools.warm, and
+        the first listing) parse it once; the others wait for it and take it."""
+        with self._lock:
+            parsing = self._parsing.setdefault(vg, threading.Lock())
+        with parsing:
+            cached = self._parsed.get(vg)
+            if cached is not None and cached[0] == text:
+                return cached[1]
+            meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None)
+            self._parsed[vg] = (text, meta)  # text and parse replaced together
+            return meta
 
     def space(self, vg: str) -> VolumeGroup | None:
         """What `Lvm.volume_group()` (one `vgs`) answers: the VG's size and free

@@ -585,6 +585,18 @@ class Pools:
                 return [(self.of_lv(lv), lv) for lv in lvs], []
         return self.scan()
 
+    def warm(self) -> None:
+        """Read and parse every class's VG's committed metadata whole, and keep
+        it (CommittedMetadata.volume_group, the read listing() starts with).
+        The start parses only what it needs (its pools, its staged volumes);
+        run beside the first calls after it, this spares the first listing the
+        whole parse: it finds the parse kept, or waits for this one to end
+        (never parsing twice). Nothing without a reader."""
+        if self.committed is None:
+            return
+        for vg in self.classes.volume_groups:
+            self.committed.volume_group(vg)
+
     def read_thin_pools(self) -> tuple[dict[str, LogicalVolume | None], list[str]]:
         """{class name: its thin pool's LV, None when its VG holds no LV of that
         name}, and the VGs that are missing. Probe runs this every few
