@@ -11,8 +11,12 @@ of a command.
 After each step, one `lvs` (a process of its own) is LVM's answer; every
 answer of the plugin (ListVolumes, ControllerGetVolume, ListSnapshots,
 GetCapacity, a CreateVolume retry) must equal what it says, and so must
-`csi-local status --json` (see STATUS_EVERY). The plugin runs in this process
-(its servicers called directly: gRPC adds nothing to what is compared), with
+`csi-local status --json` (see STATUS_EVERY). So must what the plugin reads
+at its start from a partial parse of the text (only the LVs it names): Probe's
+thin pool (CommittedMetadata.thin_pools) and the state's records
+(Pools.lookup); and the partial parse itself must equal the whole one
+restricted to the same LVs (see Walk.compare_partial). The plugin runs in this
+process (its servicers called directly: gRPC adds nothing to what is compared), with
 its lvm shell, as `serve` runs it. Each part prints its seed, its steps, and
 where its time went.
 
@@ -40,7 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,7 @@ from csi_local.host.runner import ProcessRunner, Result
 from csi_local.ops import status as status_mod
 from csi_local.storage.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
 from csi_local.storage.lvm_shell import LvmShell
+from csi_local.storage.vg_text import VgMetadata, read_committed, vg_metadata
 from csi_local.volumes import naming as vols
 from csi_local.volumes.pool import capacity_of
 from tests.integration.conftest import SCRATCH, mount_cap, run
@@ -76,6 +81,13 @@ CLI_EVERY = 125
 # The weight of the step that moves the PV going away on, while it is missing
 # or outdated (see Walk.actions).
 DEGRADED_PACE = 10.0
+# Pools.lookup asks `lvs` for the names the committed metadata cannot answer
+# (one that is gone: LVM has the last word on absence; the pool: not a
+# volume). That `lvs` is a second one each step (1.1 s a step in a VM on a
+# busy host: a fifth of the step), so such names are asked every
+# LOOKUP_LVM_EVERY steps; the other steps ask only for thin LVs, which the
+# metadata answers without a process.
+LOOKUP_LVM_EVERY = 5
 
 
 class Divergence(AssertionError):
@@ -177,6 +189,11 @@ class Walk:
     fallbacks: int = 0
     clock: Clock = field(default_factory=Clock)
     moment: Moment = field(default_factory=lambda: Moment(ProcessRunner()))
+    # What the checks of the partial parse pick (compare_partial): a draw of
+    # their own, so that a seed walks the same steps with them as without.
+    picks: random.Random = field(default_factory=random.Random)
+    parsed: VgMetadata | None = None  # the walk's own last whole parse of the text
+    partial_fallbacks: int = 0  # comparisons where thin_pools did not answer
 
     # LVM's answer ---------------------------------------------------------
 
@@ -240,6 +257,11 @@ class Walk:
                                  f"plugin's metadata problem: {problem!r}; "
                                  f"lvs after the plugin answered: {now!r}")
 
+        # First, before ListVolumes: the plugin keeps only a whole parse, and
+        # until ListVolumes makes this step's it holds the last step's, so
+        # after a step that changed the text the reads of its start parse
+        # just the LVs they name, as at a start.
+        self.compare_partial(step, lvs, check)
         # ListVolumes
         with self.clock.timed("check ListVolumes"):
             code, resp = self.call("ListVolumes", pb.ListVolumesRequest())
@@ -311,6 +333,61 @@ class Walk:
             problems = status["volume_group"]["metadata_problems"]
             check(f"{how}: a PV missing or outdated is reported", bool(problems),
                   any(d.degraded for d in self.disks.values()))
+
+    def compare_partial(self, step: int, lvs: list[LogicalVolume],
+                        check: Callable[[str, Any, Any], None]) -> None:
+        """What the plugin's start reads from a partial parse of the text
+        against LVM's answer `lvs`: Probe's thin pool (thin_pools) and the
+        state's records (Pools.lookup: some thin LVs, and every
+        LOOKUP_LVM_EVERY steps one that is gone and the pool); and the
+        partial parse itself against the whole one of the same text."""
+        pools = self.plugin.backend.pools
+        committed = pools.committed
+        assert committed is not None
+        by_name = {lv.name: lv for lv in lvs}
+        gone = sorted(self.ever - set(by_name))  # a record whose LV went away
+        absent = self.picks.choice(gone) if gone else "never-made"
+        with self.clock.timed("check thin_pools (partial parse)"):
+            got_pools = committed.thin_pools([(self.vg, POOL), (self.vg, absent)])
+        if got_pools is None:
+            # No answer from the metadata (a PV missing or outdated, see
+            # Walk.actions): Probe asks `lvs`, nothing of the parse to compare.
+            self.partial_fallbacks += 1
+        else:
+            check("thin_pools", {name: _as_probe_reads(got_pools[(self.vg, name)])
+                                 for name in (POOL, absent)},
+                  {POOL: _as_probe_reads(by_name.get(POOL)), absent: None})
+        thin = sorted(name for name, lv in by_name.items() if lv.pool == POOL)
+        asked = self.picks.sample(thin, self.picks.randint(1, min(4, len(thin)))) if thin else []
+        if step % LOOKUP_LVM_EVERY == 0 or not asked:
+            asked += [absent, POOL]  # what only `lvs` answers: a name gone, not a volume
+        with self.clock.timed("check Pools.lookup"):
+            found, missing = pools.lookup(asked)
+        check(f"Pools.lookup {asked}",
+              ({name: (pool.class_name, _as_lookup_reads(lv))
+                for name, (pool, lv) in found.items()}, missing),
+              ({name: (pools.default.class_name, _as_lookup_reads(by_name[name]))
+                for name in asked if name in by_name and by_name[name].pool == POOL}, []))
+        # The parse itself, from one text: PV a's (always in the VG and
+        # attached, it holds the newest), each LV's section parsed from
+        # scratch and again with the last whole parse's sections at hand,
+        # as the plugin's reader has them. Hidden LVs (a pool's _tmeta,
+        # _tdata) may be asked for too: the partial parse must take them.
+        with self.clock.timed("check vg_metadata(only=...)"):
+            text = read_committed(self.disks["a"].loop).text
+            whole = vg_metadata(text, self.parsed)
+            every = sorted(whole.lvs)
+            only = [*self.picks.sample(every, self.picks.randint(1, min(5, len(every)))), absent]
+            # A thin pool comes with its metadata LV (lvs shows its size as the pool's).
+            taken = set(only) | {whole.lvs[n].metadata_lv for n in only if n in whole.lvs}
+            want = replace(whole, lvs={n: lv for n, lv in whole.lvs.items() if n in taken})
+            alone = vg_metadata(text, only=only)
+            helped = vg_metadata(text, self.parsed, only=only)
+            self.parsed = whole
+        # Here "plugin" is the partial parse, "LVM" the whole one's LVs.
+        check(f"vg_metadata(only={only}) against the whole parse", alone, want)
+        check(f"vg_metadata(only={only}) with the last parse's sections against the whole "
+              "parse", helped, want)
 
     def status(self, *, command: bool) -> Any:
         """What `csi-local status --json` prints: the command run as an operator
@@ -485,6 +562,24 @@ class Walk:
         ]
 
 
+def _as_probe_reads(lv: LogicalVolume | None) -> LogicalVolume | None:
+    """A thin pool as CommittedMetadata.thin_pools claims to see it: all
+    that `lvs` says but its device numbers (it reads no list of the
+    kernel's devices: Probe needs none) and whether it is open (lv_attr's
+    sixth character, not read and shown as not)."""
+    if lv is None:
+        return None
+    return replace(lv, kernel_major=-1, kernel_minor=-1, attr=f"{lv.attr[:5]}-{lv.attr[6:]}")
+
+
+def _as_lookup_reads(lv: LogicalVolume) -> LogicalVolume:
+    """A thin LV as Pools.lookup claims to see it: all that `lvs` says but
+    how much of it is mapped (data_percent), which the committed metadata's
+    answer does not read (CommittedMetadata.thin_volume: a caller that
+    needs it asks the kernel); when it falls back to `lvs`, that says it."""
+    return replace(lv, data_percent=None)
+
+
 def _source(lv: LogicalVolume) -> str:
     src = vols.source_of(lv)
     return src.id if src is not None else ""
@@ -545,7 +640,7 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
                     thin_pool=POOL, state_dir=str(work / "state"),
                     lock_dir=str(work / "locks"))
     plugin = CsiPlugin(config)
-    walk = Walk(random.Random(seed), vg, disks, plugin)
+    walk = Walk(random.Random(seed), vg, disks, plugin, picks=random.Random(f"picks {seed}"))
     plugin.runner.observe = walk.clock.observe
     plugin.runner.start_shell()
     started = time.monotonic()
@@ -581,7 +676,8 @@ def test_committed_metadata_walk(walk_vg: tuple[str, dict[str, Disk]], part: int
               f"({took / max(1, done):.2f} s a step; by quarter: {quarters}); steps taken: "
               f"{dict(sorted(walk.steps.items()))}; commands LVM refused: "
               f"{walk.failed_commands}; comparisons while the plugin took LVM's answer: "
-              f"{walk.fallbacks}; time: {walk.clock.summary()}")
+              f"{walk.fallbacks}; comparisons where thin_pools asked LVM: "
+              f"{walk.partial_fallbacks}; time: {walk.clock.summary()}")
         for disk in disks.values():
             if not disk.attached:
                 disk.attach()
