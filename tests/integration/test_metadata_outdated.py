@@ -22,6 +22,10 @@ pytestmark = pytest.mark.integration
 MiB = 1 << 20
 
 
+def settle() -> None:
+    run("udevadm", "settle", "--timeout=60", check=False)
+
+
 @dataclass
 class TwoPvVG(LoopVG):
     """A LoopVG whose thin pool is on its second PV, `loop`; `first` is the
@@ -33,10 +37,15 @@ class TwoPvVG(LoopVG):
     def detach_first(self) -> None:
         run("losetup", "--detach", self.first)
         run("vgreduce", "--removemissing", self.name)
+        # The PV that vgreduce wrote is a udev event, and LVM's rules answer it
+        # (pvscan, autoactivation) beside the test's next command: let them end
+        # first, as the metadata walk does after every step.
+        settle()
 
     def attach_first(self) -> None:
         # At the same node: where the plugin last saw it.
         run("losetup", self.first, self.first_image)
+        settle()
 
     def destroy(self) -> None:
         super().destroy()
