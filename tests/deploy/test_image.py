@@ -94,9 +94,10 @@ def test_image_config() -> None:
     cfg = info["Config"]
     assert cfg["Entrypoint"] == ["csi-local", "serve"]
     assert any(e.startswith("PATH=/opt/csi-local/bin:") for e in cfg["Env"])
-    # small: runtime tools only; no larger than before the dependencies were
-    # hash-locked and sanity/ left out (193 MiB; measured 192.6 MiB after)
-    assert info["Size"] <= 193 * 1024 * 1024, info["Size"]
+    # small: runtime tools only. 193 MiB before the dependencies were
+    # hash-locked and sanity/ left out (192.6 MiB after); cryptsetup-bin and
+    # its libraries, for LUKS2 (docs/encryption.md), brought it to 194.1 MiB.
+    assert info["Size"] <= 196 * 1024 * 1024, info["Size"]
 
 
 def test_version(ctr: str) -> None:
