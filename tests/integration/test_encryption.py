@@ -79,6 +79,16 @@ def expand(p: PluginProcess, vid: str, path: str, size: int) -> None:
         secrets=SECRETS), timeout=300)
 
 
+def grow_online(p: PluginProcess, vid: str, staging: str, size: int) -> None:
+    """Grow the staged volume to `size`: its dm-crypt device follows the LV (the
+    LUKS2 header smaller) and its mounted file system grows by at least 48 MiB."""
+    before = os.statvfs(staging)
+    expand(p, vid, staging, size)
+    assert size_of(mapper(vid)) == size - HEADER
+    after = os.statvfs(staging)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+
+
 def mapper(vid: str) -> str:
     return f"/dev/mapper/{encryption.mapper_name(vid)}"
 
@@ -126,11 +136,7 @@ def test_mount_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
         assert f.read() == PATTERN
 
     # Online growth: the LV, then the dm-crypt device, then ext4.
-    before = os.statvfs(staging)
-    expand(plugin, vid, staging, 128 * MiB)
-    assert size_of(mapper(vid)) == 128 * MiB - HEADER
-    after = os.statvfs(staging)
-    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    grow_online(plugin, vid, staging, 128 * MiB)
     stats = plugin.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
         volume_id=vid, volume_path=staging))
     assert not stats.volume_condition.abnormal, stats.volume_condition.message
@@ -179,11 +185,7 @@ def test_xfs_and_btrfs_on_an_encrypted_volume(plugin: PluginProcess, fs_type: st
     stage(plugin, vid, staging, cap)
     with open(f"{staging}/data", "rb") as f:
         assert f.read() == PATTERN
-    before = os.statvfs(staging)
-    expand(plugin, vid, staging, 400 * MiB)
-    assert size_of(mapper(vid)) == 400 * MiB - HEADER
-    after = os.statvfs(staging)
-    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    grow_online(plugin, vid, staging, 400 * MiB)
     clone = create(plugin, f"enc-{fs_type}-clone", 400 * MiB, cap=cap,
                    source=pb.VolumeContentSource(
                        volume=pb.VolumeContentSource.VolumeSource(volume_id=vid)))
