@@ -938,6 +938,65 @@ def test_list_volumes_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert (code, len(whole.entries), whole.next_token) == ("OK", 4, "")
 
 
+def test_list_volumes_takes_an_entry_again_only_for_the_same_lv_and_condition(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader of the committed metadata gives the same LV object while
+    nothing of it changed, and ListVolumes then reuses that volume's entry:
+    the reply is the same, byte for byte, as one made from scratch. An LV
+    that changed (a new object) or whose condition changed gets a new entry;
+    the entries of volumes gone are forgotten."""
+    n = make_node(tmp_path, monkeypatch)
+    ids = sorted(vol_id(f"v{i}") for i in range(4))
+    for i, vid in enumerate(ids):
+        add_volume(n, vid, (i + 1) * GiB, tags=[Source(SourceKind.SNAPSHOT, S).tag()]
+                   if i == 2 else ())
+    listed = n.backend.pools.listing()
+    monkeypatch.setattr(n.backend.pools, "listing", lambda: listed)  # the same objects
+
+    def reply(node: Node) -> bytes:
+        code, got = call(node.controller.ListVolumes, pb.ListVolumesRequest())
+        assert code == "OK", got
+        return bytes(got.SerializeToString())
+
+    def fresh() -> bytes:  # a servicer of its own: nothing kept
+        return reply(Node(n.host, n.backend, ControllerServicer(n.backend),
+                          n.node, n.root))
+
+    made: list[str] = []
+    real_fill = ControllerServicer._fill_volume
+
+    def fill(msg: pb.Volume, lv: LogicalVolume, src: Source | None,
+             topology: pb.Topology) -> None:
+        made.append(lv.name)
+        real_fill(msg, lv, src, topology)
+    monkeypatch.setattr(ControllerServicer, "_fill_volume", staticmethod(fill))
+    first = reply(n)
+    assert made == ids and first == fresh()
+    made.clear()
+    assert reply(n) == first and made == []  # every entry taken again
+    # One LV changed (a new object, a new size), one is gone.
+    lvs = [lv for _, lv in listed[0]]
+    pool_of = {lv.name: p for p, lv in listed[0]}
+    grown = {ids[0]: dataclasses.replace(
+        next(lv for lv in lvs if lv.name == ids[0]), size=9 * GiB)}
+    now = [(pool_of[lv.name], grown.get(lv.name, lv)) for lv in lvs if lv.name != ids[3]]
+    monkeypatch.setattr(n.backend.pools, "listing", lambda: (now, listed[1]))
+    made.clear()
+    second = reply(n)
+    assert made == [ids[0]] and second == fresh()
+    # The same LV objects, but their pool is full now: every condition changed.
+    now[:] = [(p, dataclasses.replace(lv, data_percent=100.0) if lv.is_thin_pool else lv)
+              for p, lv in now]
+    made.clear()
+    third = reply(n)
+    assert made == ids[:3] and third == fresh()
+    got = pb.ListVolumesResponse.FromString(third)
+    by_id = {e.volume.volume_id: e for e in got.entries}
+    assert sorted(by_id) == ids[:3] and by_id[ids[0]].volume.capacity_bytes == 9 * GiB
+    assert all(e.status.volume_condition.abnormal for e in got.entries)
+    assert sorted(n.controller._listed_entries) == ids[:3]  # the one gone is forgotten
+
+
 LIST_VOLUMES_ERRORS = [
     row("token-not-ours", pb.ListVolumesRequest(starting_token="Y3NpLXY.0123456789abcdef01234567"),
         "ABORTED", "not issued by this plugin", setup=vol(), ran="lvs"),

@@ -404,6 +404,37 @@ def test_listing_from_metadata_the_device_list_and_the_pools_status(
     assert len(runner.calls) == 1
 
 
+def test_a_listing_builds_again_only_the_lvs_that_changed(
+        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing takes again the LV objects the last one built from the same
+    metadata, device and usage (ListVolumes then reuses their entries); an LV
+    whose device or pool usage changed is built anew, as a fresh reader
+    builds it. Listings and reports keep theirs apart."""
+    devices = {"vg--cap-csi--v--abc": (254, 5), "vg--cap-po--ol-tpool": (254, 2)}
+    usage = [POOL_USAGE]
+    monkeypatch.setattr(dm, "devices", lambda: dict(devices))
+    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage[0])
+    runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
+    reader = CommittedMetadata(runner)
+
+    def listed(r: CommittedMetadata) -> dict[str, LogicalVolume]:
+        return {lv.name: lv for lv in r.listing(["vg-cap"]) or []}
+
+    first = listed(reader)
+    report = reader.report("vg-cap", "po-ol")
+    again = listed(reader)
+    assert again == first and all(again[k] is first[k] for k in first)
+    assert report is not None and reader.report("vg-cap", "po-ol") == report
+    del devices["vg--cap-csi--v--abc"]  # deactivated
+    devices["vg--cap-csi--s--snap"] = (254, 7)  # activated
+    usage[0] = dataclasses.replace(POOL_USAGE, data_used=4096, out_of_data_space=True)
+    now = listed(reader)
+    assert now == listed(CommittedMetadata(runner))  # as a fresh reader builds them
+    assert not now["csi-v-abc"].active and now["csi-s-snap"].kernel_minor == 7
+    assert now["po-ol"].health == "out_of_data"
+    assert now["1+odd.name_x"] is first["1+odd.name_x"]  # nothing of it changed
+
+
 @pytest.mark.parametrize("broken", ["devices", "pool_usage", "metadata"])
 def test_listing_is_none_when_anything_does_not_answer(
         runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:

@@ -51,6 +51,13 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         # Read once: a reply must not go back to the configuration for them.
         self.topology_key = backend.config.topology_key
         self.node_id = backend.config.node_id
+        # ListVolumes' entries as wire bytes, by volume ID, with the LV and the
+        # condition each was made from: at thousands of volumes, making each
+        # entry anew is most of a listing's own work, and the committed
+        # metadata's reader gives the same LV object again while nothing of it
+        # changed (committed_vg._listed_lvs). Taken again only for that very
+        # object and an equal condition; the topology is fixed for our life.
+        self._listed_entries: dict[str, tuple[LogicalVolume, vols.Condition, bytes]] = {}
         self.volumes = Provisioner(
             backend.pools, backend.locks,
             VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state), backend.state)
@@ -173,24 +180,36 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         page, token = self.paginator.page(
             volumes, lambda found: found[1].name, request.max_entries, request.starting_token
         )
-        reply = pb.ListVolumesResponse(next_token=token)
         # Per call, not per volume: the topology, each pool's problems, and the
         # condition messages (most volumes share one: "healthy").
         topology = self._topology()
         problems: dict[str, tuple[str | None, str | None]] = {}
         messages: dict[vols.Condition, pb.VolumeCondition] = {}
+        kept = self._listed_entries
+        parts = []
         for pool, lv in page:
             pool_lv = thin_pools.get(pool.class_name)
             found = problems.get(pool.class_name)
             if found is None:
                 found = problems[pool.class_name] = self._pool_problems(pool, pool_lv)
             cond = vols.condition(lv, pool_lv, pool.name, *found)
-            message = messages.get(cond)
-            if message is None:
-                message = messages[cond] = condition_message(cond)
-            entry = reply.entries.add()
-            self._fill_volume(entry.volume, lv, vols.source_of(lv), topology)
-            entry.status.volume_condition.CopyFrom(message)
+            entry = kept.get(lv.name)
+            if entry is None or entry[0] is not lv or entry[1] != cond:
+                message = messages.get(cond)
+                if message is None:
+                    message = messages[cond] = condition_message(cond)
+                one = pb.ListVolumesResponse()
+                filled = one.entries.add()
+                self._fill_volume(filled.volume, lv, vols.source_of(lv), topology)
+                filled.status.volume_condition.CopyFrom(message)
+                entry = kept[lv.name] = (lv, cond, one.SerializeToString())
+            parts.append(entry[2])
+        if len(kept) > len(volumes):  # volumes gone since: forget their entries
+            names = {lv.name for _, lv in volumes}
+            self._listed_entries = {k: v for k, v in kept.items() if k in names}
+        # Replies with one entry each, joined: one reply with them all, in order.
+        reply = pb.ListVolumesResponse.FromString(b"".join(parts))
+        reply.next_token = token
         return reply
 
     def ControllerGetVolume(self, request: pb.ControllerGetVolumeRequest,

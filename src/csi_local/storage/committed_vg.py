@@ -57,6 +57,9 @@ class CommittedMetadata:
         self._parsing: dict[str, threading.Lock] = {}
         self._problems: dict[str, tuple[str, ...]] = {}
         self._areas: dict[str, MetadataArea] = {}
+        # (vg, with devices or not) -> the LVs its last listing or report built,
+        # taken again while nothing they were built from changed (_listed_lvs).
+        self._built: dict[tuple[str, bool], _BuiltLvs] = {}
 
     def _physical_volumes(self, refresh: bool) -> dict[str, list[tuple[str, str]]]:
         with self._lock:
@@ -267,7 +270,8 @@ class CommittedMetadata:
         usages = _pool_usages(vg, [pool] if pool in meta.lvs else [])
         if usages is None:
             return None
-        return VgReport(tuple(_listed_lvs(vg, meta, usages, None)), meta.extent_size,
+        return VgReport(tuple(_listed_lvs(vg, meta, usages, None, self._built_lvs(vg, False))),
+                        meta.extent_size,
                         self.metadata_area(vg))
 
     def listing(self, vgs: Sequence[str]) -> list[LogicalVolume] | None:
@@ -298,8 +302,12 @@ class CommittedMetadata:
             usages = _pool_usages(vg, pools)
             if usages is None:
                 return None
-            out += _listed_lvs(vg, meta, usages, devices)
+            out += _listed_lvs(vg, meta, usages, devices, self._built_lvs(vg, True))
         return out
+
+    def _built_lvs(self, vg: str, with_devices: bool) -> _BuiltLvs:
+        with self._lock:
+            return self._built.setdefault((vg, with_devices), _BuiltLvs())
 
     def thin_pools(self, places: Sequence[tuple[str, str]]
                    ) -> dict[tuple[str, str], LogicalVolume | None] | None:
@@ -370,45 +378,83 @@ def _pool_usages(vg: str, pools: Sequence[str]) -> dict[str, PoolUsage | None] |
     return out
 
 
+# What _listed_lvs built for one LV: its metadata, its device-mapper name, its
+# device's numbers, its pool's usage, its metadata LV's size, and the LV built.
+_Built = tuple[lvm_metadata.MetaLv, str, "tuple[int, int] | None", "PoolUsage | None", int,
+               LogicalVolume]
+
+
+class _BuiltLvs:
+    """The LVs of a VG that the last listing built, by name (_listed_lvs)."""
+
+    def __init__(self) -> None:
+        self.lvs: dict[str, _Built] = {}
+
+
 def _listed_lvs(vg: str, meta: lvm_metadata.VgMetadata, usages: dict[str, PoolUsage | None],
-                devices: dict[str, tuple[int, int]] | None) -> list[LogicalVolume]:
+                devices: dict[str, tuple[int, int]] | None,
+                built: _BuiltLvs | None = None) -> list[LogicalVolume]:
     """The visible LVs of `meta` as `lvs` lists them. Thin pools in `usages`
     carry their usage and health (others are shown inactive); with `devices`
     (dm.devices()), an LV with a device-mapper device is active, with its
-    numbers; without, no LV but a pool is shown active."""
+    numbers; without, no LV but a pool is shown active.
+
+    `built`: what the last call for this VG built, replaced by what this one
+    did. An LV built from the same metadata object (an unchanged section
+    parses into the one MetaLv), device numbers, usage and metadata size is
+    taken from it: at thousands of LVs, building each anew is most of a
+    listing's cost under emulation, and few change between two listings."""
     from csi_local.host import device_mapper as dm
 
+    last = built.lvs if built is not None else {}
+    now: dict[str, _Built] = {}
     lvs = []
     for m in meta.lvs.values():
         if not m.visible:
             continue  # as `lvs VG` (no -a): a pool's _tdata and _tmeta are its own
+        before = last.get(m.name)
+        name = before[1] if before is not None and before[0] is m else dm.dm_name(vg, m.name)
         numbers = None
         if devices is not None:
             # A stacked pool's device is its -tpool layer, as lvs reports it.
-            numbers = (m.segment_type == "thin-pool" and devices.get(
-                f"{dm.dm_name(vg, m.name)}-tpool")) or devices.get(dm.dm_name(vg, m.name))
+            numbers = (m.segment_type == "thin-pool" and devices.get(f"{name}-tpool")) \
+                or devices.get(name)
         usage = usages.get(m.name) if m.segment_type == "thin-pool" else None
-        active = "a" if numbers is not None or usage is not None else "-"
-        if m.segment_type == "thin":
-            attr = f"Vwi-{active}-tz-{'k' if m.activation_skip else '-'}"
-        elif m.segment_type == "thin-pool":
-            attr = f"twi-{active}-tz{_pool_health(usage)[0]}-"
+        metadata_size = _pool_metadata_size(meta, m)
+        if before is not None and before[0] is m and before[2] == numbers \
+                and before[3] == usage and before[4] == metadata_size:
+            lv = before[5]
         else:
-            attr = f"-wi-{active}-----"
-        lvs.append(LogicalVolume(
-            name=m.name, vg=vg, size=m.size, tags=m.tags, attr=attr, pool=m.pool,
-            origin=m.origin,
-            path="" if m.segment_type == "thin-pool" else f"/dev/{vg}/{m.name}",
-            data_percent=_percent(usage.data_used, usage.data_total) if usage else None,
-            metadata_percent=_percent(usage.metadata_used, usage.metadata_total)
-            if usage else None,
-            created=m.created,
-            health=_pool_health(usage)[1] if m.segment_type == "thin-pool" else "",
-            kernel_major=numbers[0] if numbers is not None else -1,
-            kernel_minor=numbers[1] if numbers is not None else -1,
-            metadata_size=_pool_metadata_size(meta, m),
-            thin_id=m.device_id, uuid=m.uuid))
+            lv = _listed_lv(vg, m, numbers, usage, metadata_size)
+        now[m.name] = (m, name, numbers, usage, metadata_size, lv)
+        lvs.append(lv)
+    if built is not None:
+        built.lvs = now  # one reference replaced: a listing beside this one reads either
     return lvs
+
+
+def _listed_lv(vg: str, m: lvm_metadata.MetaLv, numbers: tuple[int, int] | None,
+               usage: PoolUsage | None, metadata_size: int) -> LogicalVolume:
+    """LV `m` as `lvs` lists it, active when it has a device or a usage."""
+    active = "a" if numbers is not None or usage is not None else "-"
+    if m.segment_type == "thin":
+        attr = f"Vwi-{active}-tz-{'k' if m.activation_skip else '-'}"
+    elif m.segment_type == "thin-pool":
+        attr = f"twi-{active}-tz{_pool_health(usage)[0]}-"
+    else:
+        attr = f"-wi-{active}-----"
+    return LogicalVolume(
+        name=m.name, vg=vg, size=m.size, tags=m.tags, attr=attr, pool=m.pool,
+        origin=m.origin,
+        path="" if m.segment_type == "thin-pool" else f"/dev/{vg}/{m.name}",
+        data_percent=_percent(usage.data_used, usage.data_total) if usage else None,
+        metadata_percent=_percent(usage.metadata_used, usage.metadata_total)
+        if usage else None,
+        created=m.created,
+        health=_pool_health(usage)[1] if m.segment_type == "thin-pool" else "",
+        kernel_major=numbers[0] if numbers is not None else -1,
+        kernel_minor=numbers[1] if numbers is not None else -1,
+        metadata_size=metadata_size, thin_id=m.device_id, uuid=m.uuid)
 
 
 def _pool_health(usage: PoolUsage | None) -> tuple[str, str]:
