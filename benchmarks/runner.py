@@ -617,7 +617,8 @@ class Bench:
                 detail = (f"{first.code().name}: {first.details()}"
                           if isinstance(first, grpc.RpcError) else repr(first))
                 failures.append(f"{label}: {len(bad)} of {len(jobs)} failed, e.g. {detail}")
-            self.say(f"  {label}: {wall:.1f}s")
+            free = shutil.disk_usage(SCRATCH.parent).free
+            self.say(f"  {label}: {wall:.1f}s ({free >> 20} MiB free in {SCRATCH.parent})")
             return wall
 
         first = [f"storm-a{i}" for i in range(n)]
