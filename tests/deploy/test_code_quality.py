@@ -16,7 +16,7 @@ import yaml
 from tests.deploy._deploy import REPO
 
 # What `ruff check` covers; [tool.mypy] files must name the same folders.
-CHECKED = ["src", "tests", "sanity", "benchmarks"]
+CHECKED = ["src", "tests", "sanity", "benchmarks", "scripts"]
 
 
 def _pyproject() -> dict[str, object]:

@@ -55,9 +55,14 @@ def host_can_run_integration() -> tuple[bool, str]:
 # The stock kernel, which boots every integration test but those of
 # NEWER_KERNEL_FILES, is $CSI_LOCAL_VM_KERNEL, else the newest installed kernel
 # without "+deb"; the newer kernel is $CSI_LOCAL_VM_NEWER_KERNEL, else the newest
-# installed one with "+deb". Installed means /boot/vmlinuz-VER with
-# /lib/modules/VER/modules.dep (scripts/install-vm-kernel [--backports]).
+# installed one with "+deb". Installed means DIR/VER/boot/vmlinuz-VER with
+# DIR/VER/lib/modules/VER/modules.dep, DIR being $CSI_LOCAL_VM_KERNEL_DIR or
+# /var/lib/csi-local-vm (scripts/install-vm-kernel [--backports]): never the
+# host's /boot, where update-grub would take them for boot entries. virtme-ng
+# takes a kernel's modules from beside its vmlinuz.
 KERNEL_ENV = "CSI_LOCAL_VM_KERNEL"
+KERNEL_DIR_ENV = "CSI_LOCAL_VM_KERNEL_DIR"
+DEFAULT_KERNEL_DIR = "/var/lib/csi-local-vm"
 NEWER_KERNEL_ENV = "CSI_LOCAL_VM_NEWER_KERNEL"
 BACKPORTS_MARK = "+deb"
 
@@ -71,14 +76,26 @@ def _version_key(ver: str) -> list[tuple[int, int, str]]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.findall(r"\d+|\D+", ver)]
 
 
-def _usable(path: str) -> bool:
+def kernel_dir() -> str:
+    return os.environ.get(KERNEL_DIR_ENV) or DEFAULT_KERNEL_DIR
+
+
+def modules_of(path: str) -> str:
+    """The modules directory virtme-ng finds for the vmlinuz at PATH: VER under
+    lib/modules of the tree that holds its boot/."""
     ver = os.path.basename(path).removeprefix("vmlinuz-")
-    return os.path.exists(path) and os.path.exists(f"/lib/modules/{ver}/modules.dep")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    return os.path.join(root, "lib", "modules", ver)
+
+
+def _usable(path: str) -> bool:
+    return os.path.exists(path) and os.path.exists(os.path.join(modules_of(path), "modules.dep"))
 
 
 def installed_kernels() -> list[str]:
-    """/boot/vmlinuz-VER paths that have their modules, newest first."""
-    paths = [p for p in glob.glob("/boot/vmlinuz-*") if _usable(p)]
+    """DIR/VER/boot/vmlinuz-VER paths that have their modules, newest first."""
+    paths = [p for p in glob.glob(os.path.join(kernel_dir(), "*", "boot", "vmlinuz-*"))
+             if _usable(p)]
     return sorted(paths, key=lambda p: _version_key(os.path.basename(p)), reverse=True)
 
 
@@ -87,8 +104,7 @@ def _from_env(env: str) -> str | None:
     if not wanted:
         return None
     if not _usable(wanted):
-        ver = os.path.basename(wanted).removeprefix("vmlinuz-")
-        raise HarnessMissing(f"{env}={wanted}: no such kernel, or no /lib/modules/{ver}")
+        raise HarnessMissing(f"{env}={wanted}: no such kernel, or no {modules_of(wanted)}")
     return wanted
 
 
@@ -101,7 +117,8 @@ def find_kernel() -> str:
         if BACKPORTS_MARK not in os.path.basename(path):
             return path
     raise HarnessMissing(
-        "no stock kernel for the test VM: need /boot/vmlinuz-VER with /lib/modules/VER and "
+        f"no stock kernel for the test VM: need {kernel_dir()}/VER/boot/vmlinuz-VER with "
+        "its lib/modules/VER and "
         f'no "{BACKPORTS_MARK}" in VER (scripts/install-vm-kernel installs Debian\'s), '
         f"or set {KERNEL_ENV}"
     )
@@ -117,8 +134,8 @@ def find_newer_kernel() -> str:
             return path
     raise HarnessMissing(
         f"no newer kernel for the test VM, for the tests of "
-        f"{', '.join(sorted(NEWER_KERNEL_FILES))}: need /boot/vmlinuz-VER with "
-        f'/lib/modules/VER and "{BACKPORTS_MARK}" in '
+        f"{', '.join(sorted(NEWER_KERNEL_FILES))}: need {kernel_dir()}/VER/boot/vmlinuz-VER "
+        f'with its lib/modules/VER and "{BACKPORTS_MARK}" in '
         "VER (scripts/install-vm-kernel --backports installs Debian's backports kernel), "
         f"or set {NEWER_KERNEL_ENV}"
     )
