@@ -111,7 +111,7 @@ def test_the_readme_s_first_command_works_in_a_fresh_clone(tmp_path: Path) -> No
     assert r.returncode == 0, out[-6000:]
     # The tour's own lines, in order: each step happened and said so.
     steps = ["created volume", "staged (first time)", "published", "wrote",
-             "staged (second time)", "read back", "deleted volume", "nothing left behind"]
+             "staged (second time)", "read back", "deleted volume", "done:"]
     at = 0
     for step in steps:
         found = out.find(f"quickstart: {step}", at)
