@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from csi_local._gen import csi_pb2 as pb
@@ -32,7 +32,7 @@ from csi_local.errors import CommandError
 from csi_local.host import runner as runner_mod
 from csi_local.host.runner import ProcessRunner
 from csi_local.ops import metrics as metrics_mod
-from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
+from csi_local.ops.metrics import Metrics, serve_metrics
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
@@ -789,24 +789,52 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     plugin_mod.CsiPlugin(_config(tmp_path)).close()
 
 
-def test_metadata_consistency_gauge_per_vg() -> None:
+class _Reader:
+    """A VG's committed metadata as check() finds it: these problems."""
+
+    def __init__(self, problems: tuple[str, ...] = ()) -> None:
+        self.problems = problems
+
+    def check(self, vg: str) -> tuple[str, ...]:
+        return self.problems
+
+    def space(self, vg: str) -> None:
+        return None  # the monitor asks `vgs`
+
+
+def test_metadata_consistency_gauge_per_vg(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """1 while every PV holds the VG's newest metadata, 0 (and doctor names
     the PV) when one is missing or outdated: one fixed label, the VG."""
+    node = make_class_node(tmp_path, monkeypatch, CLASSES)
+    metrics = Metrics(node=NODE)
+    readers = {"vg-nvme": _Reader(()),
+               "vg-hdd": _Reader(("PV /dev/loop1 has outdated metadata of VG vg-hdd",))}
+    for pool in node.backend.pools:
+        pool.committed = cast(CommittedMetadata, readers[pool.lvm.vg])
+    metrics.watch([PoolMonitor(pool.lvm, pool) for pool in node.backend.pools])
+    got = scrape(metrics)
+    assert {s["volume_group"]: value(got, "csi_local_volume_group_metadata_consistent", **s)
+            for s in series(got, "csi_local_volume_group_metadata_consistent")} == \
+        {"vg-nvme": 1, "vg-hdd": 0}
 
-    class Reader:
-        def __init__(self, problems: tuple[str, ...]) -> None:
-            self.problems = problems
 
-        def check(self, vg: str) -> tuple[str, ...]:
-            return self.problems
-
-    registry = CollectorRegistry()
-    registry.register(MetadataCollector({
-        "vg-ok": cast(CommittedMetadata, Reader(())),
-        "vg-bad": cast(CommittedMetadata,
-                       Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",)))}))
-    got = {s.labels["volume_group"]: s.value
-           for m in registry.collect() for s in m.samples}
-    assert got == {"vg-ok": 1, "vg-bad": 0}
-    (family,) = registry.collect()
-    assert family.name == "csi_local_volume_group_metadata_consistent"
+def test_a_missing_volume_group_has_no_metadata_figure(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VG that cannot be read has no PV to disagree: the committed
+    metadata finds no problem in it, which is no reading of consistency.
+    Only `up` (0) and the limits, which need no LVM, are exported."""
+    node = make_node(tmp_path, monkeypatch, with_vg=False)
+    pool = node.backend.pools.default
+    pool.committed = cast(CommittedMetadata, _Reader(()))
+    metrics = Metrics(node=NODE)
+    metrics.watch([PoolMonitor(pool.lvm, pool)])
+    got = scrape(metrics)
+    assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 0
+    # Every family that carries a VG, pool or volume, but the configured limits.
+    unread = {n for n in names(got) if n.startswith(("csi_local_volume", "csi_local_thin_pool",
+                                                     "csi_local_snapshots",
+                                                     "csi_local_encrypted_volumes"))}
+    assert unread == {"csi_local_volume_group_up", "csi_local_thin_pool_data_limit_percent",
+                      "csi_local_thin_pool_metadata_limit_percent",
+                      "csi_local_thin_pool_autoextend_threshold_percent"}

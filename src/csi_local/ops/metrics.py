@@ -49,7 +49,6 @@ from prometheus_client.registry import Collector
 from csi_local import __version__
 from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
-from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
 from csi_local.volumes.pool import capacity_of
@@ -179,9 +178,6 @@ class Metrics:
         (the same metric names). Once, with every class's monitor."""
         collector = PoolCollector(monitors, max_age)
         self.own.register(collector)
-        readers = {m.lvm.vg: m.pool.committed for m in monitors if m.pool.committed is not None}
-        if readers:
-            self.own.register(MetadataCollector(readers))
         for monitor in monitors:  # present at 0, so increase() works from the start
             for what in ("data", "metadata"):
                 self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
@@ -202,6 +198,10 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "1 when the plugin could read the volume group (the figures of it, its pools and "
         "their volumes are exported only then), 0 otherwise", VG_LABELS),
     "volume_group_size_bytes": ("Size of the volume group", VG_LABELS),
+    "volume_group_metadata_consistent": (
+        "1 when every PV of the volume group is present and holds its newest metadata; "
+        "0 when one is missing or holds an outdated or differing copy (the plugin then "
+        "asks LVM for every answer; csi-local doctor names the PV)", VG_LABELS),
     "volume_group_free_bytes": (
         "Unallocated space in the volume group (what its thin pools can be extended by)",
         VG_LABELS),
@@ -271,6 +271,9 @@ class PoolCollector(Collector):
             raise ValueError("no pool monitor to export")
         self.monitors = list(monitors)
         self.max_age = max_age
+        # Each VG's committed metadata, read off its PVs without a process.
+        self.committed = {m.lvm.vg: m.pool.committed for m in self.monitors
+                          if m.pool.committed is not None}
 
     def describe(self) -> Iterator[Metric]:
         """The names, without reading LVM: the registry refuses a second
@@ -315,6 +318,13 @@ class PoolCollector(Collector):
             for vg, reading in read.items():
                 family.add_metric([vg], getattr(reading.vg, attr))
             yield family
+        # Only for a VG just read: one that is missing has no PV to disagree,
+        # and check() finding no problem in it is no reading of consistency.
+        consistent = _gauge("volume_group_metadata_consistent")
+        for vg in sorted(read.keys() & self.committed.keys()):
+            consistent.add_metric([vg], 0 if self.committed[vg].check(vg) else 1)
+        if consistent.samples:
+            yield consistent
         areas = {vg: r.report.metadata_area for vg, r in read.items()
                  if r.report.metadata_area is not None}
         for name in ("used_bytes", "limit_bytes", "used_ratio"):
@@ -382,29 +392,6 @@ class PoolCollector(Collector):
         yield from counts.values()
         yield size
         yield data
-
-
-class MetadataCollector(Collector):
-    """Whether each VG's committed metadata agrees on all its PVs (none
-    missing, no copy outdated): else every read of the plugin is LVM's
-    own, slower, until the VG is repaired. Read off the PVs, no process."""
-
-    NAME = f"{NAMESPACE}_volume_group_metadata_consistent"
-    HELP = ("1 when every PV of the volume group is present and holds its newest metadata; "
-            "0 when one is missing or holds an outdated or differing copy (the plugin then "
-            "asks LVM for every answer; csi-local doctor names the PV)")
-
-    def __init__(self, readers: dict[str, CommittedMetadata]) -> None:
-        self.readers = readers
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
-        for vg, reader in sorted(self.readers.items()):
-            family.add_metric([vg], 0 if reader.check(vg) else 1)
-        yield family
 
 
 def _volume_labels(lv: LogicalVolume, device_class: str) -> list[str]:
