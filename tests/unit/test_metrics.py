@@ -132,12 +132,12 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
                  volume_group="vg0") == round(used / limit, 4)
     assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 10 * GiB
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
-    assert value(got, "csi_local_thin_pool_data_percent", **POOL_LABELS) == 12.5
-    assert value(got, "csi_local_thin_pool_metadata_percent", **POOL_LABELS) == 3.25
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **POOL_LABELS) == 0.125
+    assert value(got, "csi_local_thin_pool_metadata_used_ratio", **POOL_LABELS) == 0.0325
     assert value(got, "csi_local_thin_pool_healthy", **POOL_LABELS) == 1
-    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 85
-    assert value(got, "csi_local_thin_pool_metadata_limit_percent", **POOL_LABELS) == 80
-    assert value(got, "csi_local_thin_pool_autoextend_threshold_percent", **POOL_LABELS) == 70
+    assert value(got, "csi_local_thin_pool_data_limit_ratio", **POOL_LABELS) == 0.85
+    assert value(got, "csi_local_thin_pool_metadata_limit_ratio", **POOL_LABELS) == 0.8
+    assert value(got, "csi_local_thin_pool_autoextend_threshold_ratio", **POOL_LABELS) == 0.7
     # Volumes and the snapshot count against the pool, over-provisioned 2x.
     provisioned = GiB + 512 * MiB + GiB
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **POOL_LABELS) == provisioned
@@ -153,12 +153,31 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
                   "device_class": "default"}
     assert value(got, "csi_local_volume_size_bytes", **labelled) == GiB
     assert value(got, "csi_local_volume_size_bytes", **unlabelled) == 512 * MiB
-    assert value(got, "csi_local_volume_data_percent", **labelled) == 40.0
+    assert value(got, "csi_local_volume_data_used_ratio", **labelled) == 0.4
     # One series per volume, none for the snapshot or the pool.
     per_volume = [k for k in got if k[0] == "csi_local_volume_size_bytes"]
     assert len(per_volume) == 2
     assert value(got, "csi_local_build_info", version=__import__("csi_local").__version__) == 1
     assert 0 < time.time() - value(got, "csi_local_start_time_seconds") < 60
+
+
+def test_every_fill_is_a_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One unit for every fill, limit and threshold: a 0-1 `_ratio`
+    (Prometheus's base unit), never a `_percent`, so that one alert or
+    panel compares them all; LVM's 99.99% reads 0.9999, not 0.9999000000000001."""
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    volume = create(node, "pvc-data", GiB, PVC)
+    node.host.lv("pool0").data_percent = 99.99
+    node.host.lv(volume.volume_id).data_percent = 12.34
+    got = scrape(metrics)
+    assert not {n for n in names(got) if "percent" in n}
+    assert not [n for n in metrics_mod.FAMILIES if "percent" in n]
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **POOL_LABELS) == 0.9999
+    assert value(got, "csi_local_volume_data_used_ratio", volume_id=volume.volume_id,
+                 pvc_name="data", pvc_namespace="ns", device_class="default") == 0.1234
+    ratios = {k: v for k, v in got.items() if k[0].endswith("_ratio")}
+    assert len({k[0] for k in ratios}) == 7
+    assert all(0 <= v <= 1 for v in ratios.values())
 
 
 def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +239,7 @@ def test_a_missing_volume_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
                     "csi_local_volume_group_metadata_area_used_ratio"}
     assert not names(got) & lvm_families
     # What needs no LVM is still there for alerts.
-    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 90
+    assert value(got, "csi_local_thin_pool_data_limit_ratio", **POOL_LABELS) == 0.9
 
 
 def test_a_volume_group_without_its_pool(tmp_path: Path,
@@ -293,7 +312,7 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
     # One `lvs` and one `vgs` per VG, not per class.
     assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 2, vgs + 2)
     for name in ("csi_local_thin_pool_size_bytes", "csi_local_thin_pool_available_bytes",
-                 "csi_local_thin_pool_data_limit_percent", "csi_local_volumes",
+                 "csi_local_thin_pool_data_limit_ratio", "csi_local_volumes",
                  "csi_local_snapshots"):
         found = [frozenset(labels.items()) for labels in series(got, name)]
         assert sorted(found, key=sorted) == sorted(
@@ -302,8 +321,8 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
         ["vg-hdd", "vg-nvme"]
     assert sorted(s["volume_group"] for s in series(got, "csi_local_volume_group_size_bytes")) \
         == ["vg-hdd", "vg-nvme"]
-    assert value(got, "csi_local_thin_pool_data_percent", **BIG) == 30.0
-    assert value(got, "csi_local_thin_pool_data_percent", **COLD) == 0.0
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **BIG) == 0.3
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **COLD) == 0.0
     # Each pool's own arithmetic: big is over-provisioned 2x, its snapshot counts.
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **BIG) == 4 * GiB
     assert value(got, "csi_local_thin_pool_available_bytes", **BIG) == 20 * GiB - 4 * GiB
@@ -337,7 +356,7 @@ def test_a_class_whose_volume_group_is_missing(tmp_path: Path,
     assert series(got, "csi_local_thin_pool_size_bytes") == [FAST]
     assert series(got, "csi_local_volumes") == [FAST]
     assert series(got, "csi_local_volume_group_size_bytes") == [{"volume_group": "vg-nvme"}]
-    assert len(series(got, "csi_local_thin_pool_metadata_limit_percent")) == 3
+    assert len(series(got, "csi_local_thin_pool_metadata_limit_ratio")) == 3
 
 
 def test_autoextends_are_counted_by_class(tmp_path: Path,
@@ -835,6 +854,6 @@ def test_a_missing_volume_group_has_no_metadata_figure(tmp_path: Path,
     unread = {n for n in names(got) if n.startswith(("csi_local_volume", "csi_local_thin_pool",
                                                      "csi_local_snapshots",
                                                      "csi_local_encrypted_volumes"))}
-    assert unread == {"csi_local_volume_group_up", "csi_local_thin_pool_data_limit_percent",
-                      "csi_local_thin_pool_metadata_limit_percent",
-                      "csi_local_thin_pool_autoextend_threshold_percent"}
+    assert unread == {"csi_local_volume_group_up", "csi_local_thin_pool_data_limit_ratio",
+                      "csi_local_thin_pool_metadata_limit_ratio",
+                      "csi_local_thin_pool_autoextend_threshold_ratio"}

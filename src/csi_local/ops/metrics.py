@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, overload
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
@@ -188,12 +188,14 @@ class Metrics:
 VG_LABELS = ("volume_group",)
 # Every family the collector exports: name (without the namespace) -> help, labels.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "thin_pool_data_limit_percent": (
-        "New volumes and snapshots are refused at or above this data fill", POOL_LABELS),
-    "thin_pool_metadata_limit_percent": (
-        "New volumes and snapshots are refused at or above this metadata fill", POOL_LABELS),
-    "thin_pool_autoextend_threshold_percent": (
-        "The plugin extends the thin pool at or above this fill (0: never)", POOL_LABELS),
+    "thin_pool_data_limit_ratio": (
+        "New volumes and snapshots are refused at or above this data fill (0-1)", POOL_LABELS),
+    "thin_pool_metadata_limit_ratio": (
+        "New volumes and snapshots are refused at or above this metadata fill (0-1)",
+        POOL_LABELS),
+    "thin_pool_autoextend_threshold_ratio": (
+        "The plugin extends the thin pool at or above this fill (0-1; 0: never)",
+        POOL_LABELS),
     "volume_group_up": (
         "1 when the plugin could read the volume group (the figures of it, its pools and "
         "their volumes are exported only then), 0 otherwise", VG_LABELS),
@@ -217,8 +219,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "and snapshots are refused when one more no longer surely fits", VG_LABELS),
     "thin_pool_size_bytes": ("Size of the thin pool's data", POOL_LABELS),
     "thin_pool_metadata_size_bytes": ("Size of the thin pool's metadata", POOL_LABELS),
-    "thin_pool_data_percent": ("How full the thin pool's data is", POOL_LABELS),
-    "thin_pool_metadata_percent": ("How full the thin pool's metadata is", POOL_LABELS),
+    "thin_pool_data_used_ratio": ("How full the thin pool's data is (0-1)", POOL_LABELS),
+    "thin_pool_metadata_used_ratio": ("How full the thin pool's metadata is (0-1)",
+                                      POOL_LABELS),
     "thin_pool_provisioned_bytes": (
         "Virtual sizes of every thin LV in the pool, added up", POOL_LABELS),
     "thin_pool_available_bytes": (
@@ -236,9 +239,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "encrypted_volumes": ("CSI volumes in the device class's thin pool that are encrypted "
                           "(LUKS2)", POOL_LABELS),
     "volume_size_bytes": ("Virtual size of a CSI volume", VOLUME_LABELS),
-    "volume_data_percent": (
-        "How much of a CSI volume's virtual size the thin pool has allocated (absent while "
-        "the volume is inactive)", VOLUME_LABELS),
+    "volume_data_used_ratio": (
+        "How much of a CSI volume's virtual size the thin pool has allocated (0-1; absent "
+        "while the volume is inactive)", VOLUME_LABELS),
 }
 
 
@@ -249,6 +252,21 @@ HEALTH_STATUSES = ("out_of_data", "metadata_read_only", "failed", "partial", "ot
 
 def _health_status(health: str) -> str:
     return health if health in HEALTH_STATUSES else "other"
+
+
+@overload
+def _ratio(percent: float) -> float: ...
+
+
+@overload
+def _ratio(percent: None) -> None: ...
+
+
+def _ratio(percent: float | None) -> float | None:
+    """LVM's and the flags' percentages as the 0-1 ratio every fill figure
+    uses (Prometheus's convention, as volume_group_metadata_area_used_ratio),
+    rounded so that 12.34% reads 0.1234, not 0.12340000000000001."""
+    return None if percent is None else round(percent / 100, 6)
 
 
 def _gauge(name: str) -> GaugeMetricFamily:
@@ -298,12 +316,13 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         # The high-water marks need no LVM: alerts can compare against them always.
-        for name, attr in (("data_limit_percent", "data_limit"),
-                           ("metadata_limit_percent", "metadata_limit"),
-                           ("autoextend_threshold_percent", "autoextend_threshold")):
+        for name, attr in (("data_limit_ratio", "data_limit"),
+                           ("metadata_limit_ratio", "metadata_limit"),
+                           ("autoextend_threshold_ratio", "autoextend_threshold")):
             family = _gauge(f"thin_pool_{name}")
             for monitor in self.monitors:
-                family.add_metric(_pool_labels(monitor), getattr(monitor.pool.policy, attr))
+                family.add_metric(_pool_labels(monitor),
+                                  _ratio(getattr(monitor.pool.policy, attr)))
             yield family
         readings = {vg: self._reading(group) for vg, group in self._by_vg().items()}
         up = _gauge("volume_group_up")
@@ -338,7 +357,7 @@ class PoolCollector(Collector):
         yield from self._volumes(readable)
 
     def _pools(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
-        figures = ("size_bytes", "metadata_size_bytes", "data_percent", "metadata_percent",
+        figures = ("size_bytes", "metadata_size_bytes", "data_used_ratio", "metadata_used_ratio",
                    "provisioned_bytes", "available_bytes")
         families = {name: _gauge(f"thin_pool_{name}") for name in figures}
         health = _gauge("thin_pool_healthy")
@@ -355,8 +374,8 @@ class PoolCollector(Collector):
             values: dict[str, float | None] = {
                 "size_bytes": pool_lv.size,
                 "metadata_size_bytes": pool_lv.metadata_size,
-                "data_percent": pool_lv.data_percent,
-                "metadata_percent": pool_lv.metadata_percent,
+                "data_used_ratio": _ratio(pool_lv.data_percent),
+                "metadata_used_ratio": _ratio(pool_lv.metadata_percent),
                 "provisioned_bytes": capacity.provisioned,
                 "available_bytes": capacity.available,
             }
@@ -374,7 +393,7 @@ class PoolCollector(Collector):
     def _volumes(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
         counts = {"volumes": _gauge("volumes"), "snapshots": _gauge("snapshots"),
                   "encrypted_volumes": _gauge("encrypted_volumes")}
-        size, data = _gauge("volume_size_bytes"), _gauge("volume_data_percent")
+        size, data = _gauge("volume_size_bytes"), _gauge("volume_data_used_ratio")
         for monitor, reading in readable:
             # The reading is the whole VG's: only this class's pool's LVs.
             mine = [lv for lv in reading.report.lvs if lv.pool == monitor.lvm.pool]
@@ -388,7 +407,7 @@ class PoolCollector(Collector):
                 labels = _volume_labels(lv, monitor.pool.class_name)
                 size.add_metric(labels, lv.size)
                 if lv.data_percent is not None:
-                    data.add_metric(labels, lv.data_percent)
+                    data.add_metric(labels, _ratio(lv.data_percent))
         yield from counts.values()
         yield size
         yield data
