@@ -194,4 +194,4 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     assert any(name == "python_info" for name, _ in got)
     # The same endpoint over IPv6.
     assert "csi_local_volume_group_up" in parse_names(fetch(port, "[::1]"))
-    assert value(got, "csi_local_start_time_seconds") > 0
+    assert value(got, "process_start_time_seconds") > 0

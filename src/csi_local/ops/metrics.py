@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, overload
@@ -130,9 +129,8 @@ class Metrics:
             "encryption_open_failures", "Times an encrypted volume's dm-crypt device did not "
             "open at stage or expand, by reason (key_refused, key_missing, mismatch, error)",
             ["reason"], namespace=NAMESPACE, registry=r)
-        started = Gauge("start_time_seconds", "When the plugin started, in seconds since "
-                        "the epoch", namespace=NAMESPACE, registry=r)
-        started.set(time.time())
+        # No start time of its own: process_start_time_seconds (the process
+        # collector's) says when the plugin started.
         info = Gauge("build_info", "The plugin's version (always 1)", ["version"],
                      namespace=NAMESPACE, registry=r)
         info.labels(version=__version__).set(1)
