@@ -179,6 +179,20 @@ def test_every_fill_is_a_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert all(0 <= v <= 1 for v in ratios.values())
 
 
+def test_every_open_failure_reason_is_exported_from_the_start() -> None:
+    """Each reason at 0 before any failure, so that increase() sees the first
+    one (a series that appears at 1 has no increase), and rate() works on a
+    node that never failed."""
+    metrics = Metrics(node=NODE)
+    got = scrape(metrics)
+    reasons = {s["reason"]: value(got, "csi_local_encryption_open_failures_total", **s)
+               for s in series(got, "csi_local_encryption_open_failures_total")}
+    assert reasons == {"key_refused": 0, "key_missing": 0, "mismatch": 0, "error": 0}
+    metrics.open_failed("mismatch")
+    assert value(scrape(metrics), "csi_local_encryption_open_failures_total",
+                 reason="mismatch") == 1
+
+
 def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     node, _, metrics = watched(tmp_path, monkeypatch)
     fake_row = node.host._row

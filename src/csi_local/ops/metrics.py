@@ -50,6 +50,7 @@ from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lifecycle import OPEN_FAILURE_REASONS
 from csi_local.volumes.pool import capacity_of
 from csi_local.volumes.pool_monitor import PoolMonitor, Reading
 
@@ -127,8 +128,12 @@ class Metrics:
             namespace=NAMESPACE, registry=r)
         self.open_failures = Counter(
             "encryption_open_failures", "Times an encrypted volume's dm-crypt device did not "
-            "open at stage or expand, by reason (key_refused, key_missing, mismatch, error)",
+            f"open at stage or expand, by reason ({', '.join(OPEN_FAILURE_REASONS)})",
             ["reason"], namespace=NAMESPACE, registry=r)
+        # Every reason present at 0 from the start: a first failure is then an
+        # increase() an alert sees, not a series that appears (at 1) from none.
+        for reason in OPEN_FAILURE_REASONS:
+            self.open_failures.labels(reason=reason)
         # No start time of its own: process_start_time_seconds (the process
         # collector's) says when the plugin started.
         info = Gauge("build_info", "The plugin's version (always 1)", ["version"],
