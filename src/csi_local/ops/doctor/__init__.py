@@ -62,6 +62,7 @@ from csi_local.ops.doctor.lvm_config_checks import (
     LvmView,
     check_lvm_settings,
     check_lvm_shell,
+    check_lvm_versions,
     check_lvm_view,
     read_lvm_settings,
     read_lvm_view,
@@ -109,6 +110,7 @@ __all__ = [
     "check_lvm_settings",
     "check_lvm_shell",
     "check_lvm_tools",
+    "check_lvm_versions",
     "check_lvm_view",
     "check_metadata",
     "check_metadata_area",
@@ -164,7 +166,9 @@ def run_checks(system: System, opts: Options) -> list[Check]:
         *(check_fs_tools(system, fs) for fs in FS_TOOLS),
         *check_encryption(system),
     ]
-    checks += _class_checks(system, opts)
+    class_checks, vgs = _class_checks(system, opts)
+    checks += class_checks
+    checks.append(check_lvm_versions(system, vgs))
     checks += check_lvm_settings(system)
     if opts.host_lvm_dir:
         checks.append(check_lvm_view(system, opts.host_lvm_dir))
@@ -179,18 +183,19 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     return checks
 
 
-def _class_checks(system: System, opts: Options) -> list[Check]:
-    """The VG and pool checks of every device class."""
+def _class_checks(system: System, opts: Options) -> tuple[list[Check], list[str]]:
+    """The VG and pool checks of every device class, and the classes' VGs."""
     if not opts.config:
-        return vg_and_pool_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
-                                  state_dir=system.path(opts.state_dir))
+        return (vg_and_pool_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
+                                   state_dir=system.path(opts.state_dir)),
+                [opts.volume_group])
     label = f"configuration file {opts.config}"
     try:
         classes = load_classes(system.path(os.path.abspath(opts.config)))
     except ClassConfigError as err:
         return [Check(label, FAIL, f"{err}; no device class checked",
                       "correct the file (docs/device-classes.md): the plugin refuses to "
-                      "start with it")]
+                      "start with it")], []
     names = ", ".join(c.name for c in classes.classes)
     checks = [Check(label, OK, f"{len(classes.classes)} device class(es): {names}; "
                     f"default {classes.default}")]
@@ -200,7 +205,7 @@ def _class_checks(system: System, opts: Options) -> list[Check]:
         checks += [dataclasses.replace(check, name=f"class {c.name}: {check.name}")
                    for check in vg_and_pool_checks(lvm, setting,
                                                    state_dir=system.path(opts.state_dir))]
-    return checks
+    return checks, [c.volume_group for c in classes.classes]
 
 
 def exit_code(checks: Iterable[Check]) -> int:
