@@ -27,7 +27,11 @@ from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_x509 import cert as x509_cert
+from tests.unit.test_x509 import dns as x509_dns
+from tests.unit.test_x509 import extensions as x509_extensions
+from tests.unit.test_x509 import ip as x509_ip
 from tests.unit.test_x509 import pem as x509_pem
+from tests.unit.test_x509 import san as x509_san
 from tests.unit.test_x509 import tlv
 
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
@@ -851,13 +855,21 @@ TLS_CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
-def _cert_check(root: Path, now: datetime = NOW) -> Check:
+SM_HOST = "csi-local-snapshot-metadata.csi-local.svc"  # of the shipped spec.address
+
+
+def _cert_check(root: Path, now: datetime = NOW, *,
+                address: str = doctor.SNAPSHOT_METADATA_ADDRESS) -> Check:
     system = System(FakeRunner(), str(root), clock=lambda: now)
-    return doctor.check_tls_certificate(system, TLS_CERT)
+    return doctor.check_tls_certificate(system, TLS_CERT, address=address)
 
 
-def _write_cert(root: Path, not_before: str, not_after: str) -> None:
-    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()))
+def _write_cert(root: Path, not_before: str, not_after: str,
+                names: Sequence[bytes] = (x509_dns(SM_HOST),)) -> None:
+    """A certificate of these dates and subject alternative names (for the
+    shipped address's host unless told)."""
+    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()),
+                    extensions=x509_extensions(x509_san(*names)) if names else b"")
     path = root / TLS_CERT[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(x509_pem(der))
@@ -867,7 +879,7 @@ def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
     _write_cert(tmp_path, "250601120000Z", "260801120000Z")
     assert _cert_check(tmp_path) == Check(
         "snapshot-metadata TLS certificate", OK,
-        f"{TLS_CERT} valid until 2026-08-01 12:00:00 UTC (61 days)")
+        f"{TLS_CERT} for {SM_HOST}, valid until 2026-08-01 12:00:00 UTC (61 days)")
     got = _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, 1, tzinfo=UTC))
     assert (got.status, got.message) == (
         WARN, f"{TLS_CERT} expires on 2026-08-01 12:00:00 UTC, in 13 day(s)")
@@ -881,6 +893,32 @@ def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
     got = _cert_check(tmp_path, datetime(2025, 5, 1, tzinfo=UTC))
     assert (got.status, got.message.split(":")[0]) == (
         WARN, f"{TLS_CERT} is not valid before 2025-06-01 12")
+
+
+def test_tls_certificate_must_be_for_the_address_clients_dial(tmp_path: Path) -> None:
+    """Clients check the sidecar's certificate against the host of the
+    SnapshotMetadataService's spec.address: one for other names is refused
+    however valid its dates. The failure names the address and the names the
+    certificate has."""
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z",
+                [x509_dns("csi-local-snapshot-metadata"), x509_ip(b"\x0a\x00\x00\x07")])
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (FAIL, (
+        f"{TLS_CERT} is not for {SM_HOST}, the host of the snapshot metadata address "
+        f"{SM_HOST}:6443: its subject alternative names are "
+        "DNS:csi-local-snapshot-metadata, IP:10.0.0.7, and backup clients that dial the "
+        "address refuse the sidecar"))
+    assert "dnsNames" in got.fix and "--snapshot-metadata-address" in got.fix
+    # Another address, by IP or by a name a wildcard covers.
+    assert _cert_check(tmp_path, address="10.0.0.7:6443").status == OK
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z", [x509_dns("*.backup.svc")])
+    assert _cert_check(tmp_path, address="sm.backup.svc:443").message.startswith(
+        f"{TLS_CERT} for sm.backup.svc, valid until")
+    assert _cert_check(tmp_path).status == FAIL
+    # No subject alternative names at all: the common name counts for no client.
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z", [])
+    got = _cert_check(tmp_path)
+    assert (got.status, "names are none, and" in got.message) == (FAIL, True)
 
 
 def test_tls_certificate_missing_names_secret_and_fix(tmp_path: Path) -> None:
@@ -912,6 +950,28 @@ def test_tls_certificate_is_checked_only_when_configured(m: Machine, listening: 
                                                  tls_cert=TLS_CERT))
     assert got[-1].name == "snapshot-metadata TLS certificate"
     assert got[-1].status == FAIL  # not in m's tree
+
+
+def test_doctor_takes_the_snapshot_metadata_address(monkeypatch: pytest.MonkeyPatch,
+                                                   m: Machine, listening: None) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    assert build_parser().parse_args(flags).snapshot_metadata_address == f"{SM_HOST}:6443"
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", "[fd00::7]:6443")
+    assert build_parser().parse_args(flags).snapshot_metadata_address == "[fd00::7]:6443"
+    for bad in ("sm.svc", ":6443", "sm.svc:http", "http://sm.svc:6443"):
+        monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", bad)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(flags)
+    # run() hands it to the check: a certificate for fd00::7 only passes with it.
+    now = datetime.now(UTC)
+    _write_cert(m.root, f"{now - timedelta(days=1):%y%m%d%H%M%S}Z",
+                f"{now + timedelta(days=100):%y%m%d%H%M%S}Z", [x509_ip(
+                    bytes.fromhex("fd000000000000000000000000000007"))])
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    for address, code in (("[fd00::7]:6443", 0), (f"{SM_HOST}:6443", 1)):
+        monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", address)
+        ns = build_parser().parse_args([*flags, "--endpoint", ENDPOINT])
+        assert doctor.run(m.system(), ns, out=io.StringIO()) == code, address
 
 
 def test_doctor_takes_the_certificate_flags(monkeypatch: pytest.MonkeyPatch) -> None:

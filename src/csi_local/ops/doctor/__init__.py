@@ -36,6 +36,7 @@ from csi_local.host.runner import ProcessRunner
 from csi_local.ops.doctor.deploy_checks import (
     CERT_WARNING_DAYS,
     KUBELET_DIR,
+    SNAPSHOT_METADATA_ADDRESS,
     SNAPSHOT_METADATA_SECRET,
     check_directory,
     check_propagation,
@@ -95,6 +96,7 @@ __all__ = [
     "LVM_SETTINGS",
     "LVM_TOOLS",
     "OK",
+    "SNAPSHOT_METADATA_ADDRESS",
     "SNAPSHOT_METADATA_SECRET",
     "VIEW_SETTINGS",
     "WARN",
@@ -152,6 +154,8 @@ class Options:
     # snapshot-metadata overlay sets it); None: no such sidecar, no check.
     tls_cert: str | None = None
     tls_cert_warning_days: int = CERT_WARNING_DAYS
+    # Where backup clients dial the sidecar: the host the certificate must name.
+    snapshot_metadata_address: str = SNAPSHOT_METADATA_ADDRESS
 
 
 def run_checks(system: System, opts: Options) -> list[Check]:
@@ -179,7 +183,8 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     checks.append(check_propagation(system))
     if opts.tls_cert:
         checks.append(check_tls_certificate(system, opts.tls_cert,
-                                            warning_days=opts.tls_cert_warning_days))
+                                            warning_days=opts.tls_cert_warning_days,
+                                            address=opts.snapshot_metadata_address))
     return checks
 
 
@@ -242,7 +247,9 @@ def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -
                    host_lvm_dir=getattr(args, "host_lvm_dir", None) or None,
                    tls_cert=getattr(args, "snapshot_metadata_tls_cert", None) or None,
                    tls_cert_warning_days=getattr(args, "tls_cert_warning_days",
-                                                 CERT_WARNING_DAYS))
+                                                 CERT_WARNING_DAYS),
+                   snapshot_metadata_address=getattr(args, "snapshot_metadata_address",
+                                                     SNAPSHOT_METADATA_ADDRESS))
     checks = run_checks(system, opts)
     out.write(to_json(checks) if args.json else render(checks))
     return exit_code(checks)
