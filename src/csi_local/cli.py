@@ -16,10 +16,12 @@ from csi_local.config import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_ENDPOINT,
     DEFAULT_FREEZE_LIMIT,
+    DEFAULT_SNAPSHOT_METADATA_ADDRESS,
     DEFAULT_STATE_DIR,
     Config,
     ConfigError,
     absolute_path,
+    parse_listen_address,
     parse_size,
     socket_path,
 )
@@ -193,6 +195,17 @@ def _endpoint(text: str) -> str:
     return text
 
 
+def _host_port(text: str) -> str:
+    """A TLS server's address as clients dial it: host:port, [v6]:port."""
+    try:
+        host, _ = parse_listen_address(text)
+    except ConfigError:
+        host = ""
+    if not host:
+        raise argparse.ArgumentTypeError(f"not host:port: {text!r}")
+    return text
+
+
 def _days(text: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"not a whole number of days: {text!r}")
@@ -294,6 +307,11 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
                         type=_directory("the snapshot-metadata TLS certificate"),
                         help="the snapshot-metadata sidecar's certificate (PEM, the Secret's "
                         "tls.crt) as mounted here: doctor checks it is there and not expiring")
+    doctor.add_argument("--snapshot-metadata-address", action=_EnvDefault,
+                        env="CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS",
+                        default=DEFAULT_SNAPSHOT_METADATA_ADDRESS, type=_host_port,
+                        help="the SnapshotMetadataService's spec.address (host:port): doctor "
+                        "checks the certificate is for its host")
     doctor.add_argument("--tls-cert-warning-days", action=_EnvDefault,
                         env="CSI_LOCAL_TLS_CERT_WARNING_DAYS",
                         default=str(DEFAULT_CERT_WARNING_DAYS), type=_days,

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from csi_local.ops import doctor
 from csi_local.ops.x509 import CertificateError, first_pem_certificate, pem_validity
@@ -134,6 +135,13 @@ def _doctor(root: Path, now: datetime) -> doctor.Check:
 
 
 CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
+SM_ADDRESS = yaml.safe_load((REPO / "deploy/kubernetes/examples/snapshot-metadata/"
+                             "snapshotmetadataservice.yaml").read_text())["spec"]["address"]
+
+
+def test_doctor_checks_the_address_the_example_advertises() -> None:
+    """doctor's default is the shipped SnapshotMetadataService's spec.address."""
+    assert doctor.SNAPSHOT_METADATA_ADDRESS == SM_ADDRESS
 
 
 def test_doctor_on_the_docs_certificate(tmp_path: Path) -> None:
@@ -153,8 +161,19 @@ def test_doctor_on_the_docs_certificate(tmp_path: Path) -> None:
     day = f"{not_after:%Y-%m-%d %H:%M:%S} UTC"
 
     got = _doctor(root, not_after - timedelta(days=200))
+    host = SM_ADDRESS.rpartition(":")[0]
     assert got == doctor.Check("snapshot-metadata TLS certificate", doctor.OK,
-                               f"{CERT} valid until {day} (200 days)")
+                               f"{CERT} for {host}, valid until {day} (200 days)")
+    # Its names as openssl prints them; an address none of them is for fails.
+    names = openssl("x509", "-in", "tls.crt", "-noout", "-ext", "subjectAltName",
+                    cwd=tmp_path).splitlines()[-1].strip()
+    assert names == f"DNS:{host}, DNS:{host}.cluster.local, DNS:{host.removesuffix('.svc')}"
+    system = doctor.System(FakeRunner(), str(root),
+                           clock=lambda: not_after - timedelta(days=200))
+    got = doctor.check_tls_certificate(system, CERT, address="sm.example.org:443")
+    assert (got.status, got.message.split(": ")[1]) == (
+        doctor.FAIL, f"its subject alternative names are {names}, and backup clients that "
+        "dial the address refuse the sidecar")
     got = _doctor(root, not_after - timedelta(days=10, hours=1))
     assert (got.status, got.message) == (doctor.WARN, f"{CERT} expires on {day}, in 10 day(s)")
     assert "cert-manager" in got.fix

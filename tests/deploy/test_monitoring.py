@@ -95,9 +95,9 @@ def test_the_alerts_the_issue_asks_for() -> None:
     the README's alert is the rule's own."""
     rules = {r["alert"]: r for r in _rules()}
     uses = {name: set(_selectors(r["expr"])) for name, r in rules.items()}
-    assert "csi_local_thin_pool_data_percent" in uses["CsiLocalThinPoolFilling"]
-    assert "csi_local_thin_pool_metadata_percent" in uses["CsiLocalThinPoolMetadataFilling"]
-    assert "csi_local_thin_pool_autoextend_threshold_percent" in uses[
+    assert "csi_local_thin_pool_data_used_ratio" in uses["CsiLocalThinPoolFilling"]
+    assert "csi_local_thin_pool_metadata_used_ratio" in uses["CsiLocalThinPoolMetadataFilling"]
+    assert "csi_local_thin_pool_autoextend_threshold_ratio" in uses[
         "CsiLocalThinPoolAutoextendFailing"]
     assert "csi_local_volume_group_up" in uses["CsiLocalVolumeGroupDown"]
     assert "csi_local_rpc_requests_total" in uses["CsiLocalRpcErrors"]
@@ -105,6 +105,24 @@ def test_the_alerts_the_issue_asks_for() -> None:
     block = readme.split("### Metrics", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     (documented,) = yaml.safe_load(block)["groups"][0]["rules"]
     assert documented == rules[documented["alert"]]
+
+
+def test_fills_are_compared_as_ratios() -> None:
+    """Every fill is a 0-1 `_ratio`: an alert that compares one with a
+    percentage (`> 80`) would never fire, a panel in `percent` would show
+    0.9 %. No expression names a `_percent` series."""
+    rules = [r["expr"] for r in _rules()]
+    for expr in rules:
+        assert "_percent" not in expr, expr
+        for number in re.findall(r"_ratio(?:\{[^}]*\})?\s*[<>]=?\s*([0-9.]+)", expr):
+            assert float(number) <= 1, expr
+    assert any("_ratio" in expr for expr in rules)
+    dashboard = json.loads((MONITORING_DIR / "dashboard.json").read_text())
+    for panel in dashboard["panels"]:
+        exprs = [t["expr"] for t in panel["targets"]]
+        assert not any("_percent" in e for e in exprs), exprs
+        if any("_ratio" in e for e in exprs):
+            assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit", panel["title"]
 
 
 def test_dashboard_queries() -> None:

@@ -165,15 +165,16 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     assert value(got, "csi_local_thin_pool_size_bytes", **pool_labels) == int(pool["lv_size"])
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **pool_labels) == \
         int(pool["lv_metadata_size"])
-    assert value(got, "csi_local_thin_pool_data_percent", **pool_labels) == \
-        float(pool["data_percent"])
-    assert value(got, "csi_local_thin_pool_metadata_percent", **pool_labels) == \
-        float(pool["metadata_percent"])
+    # Fills as 0-1 ratios of LVM's percentages.
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **pool_labels) == \
+        round(float(pool["data_percent"]) / 100, 6)
+    assert value(got, "csi_local_thin_pool_metadata_used_ratio", **pool_labels) == \
+        round(float(pool["metadata_percent"]) / 100, 6)
     assert float(pool["data_percent"]) > 0
     assert value(got, "csi_local_thin_pool_healthy", **pool_labels) == 1
     assert value(got, "csi_local_thin_pool_health_status", status="out_of_data",
                  **pool_labels) == 0
-    assert value(got, "csi_local_thin_pool_data_limit_percent", **pool_labels) == 90
+    assert value(got, "csi_local_thin_pool_data_limit_ratio", **pool_labels) == 0.9
     assert value(got, "csi_local_thin_pool_available_bytes", **pool_labels) == capacity
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **pool_labels) == \
         int(lv_rows[data]["lv_size"])
@@ -182,8 +183,8 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     labels = {"device_class": "default", "volume_id": data, "pvc_name": "data",
               "pvc_namespace": "shop"}
     assert value(got, "csi_local_volume_size_bytes", **labels) == int(lv_rows[data]["lv_size"])
-    assert value(got, "csi_local_volume_data_percent", **labels) == \
-        float(lv_rows[data]["data_percent"])
+    assert value(got, "csi_local_volume_data_used_ratio", **labels) == \
+        round(float(lv_rows[data]["data_percent"]) / 100, 6)
     assert float(lv_rows[data]["data_percent"]) > 0
     assert value(got, "csi_local_state_rebuilds_total") == 1  # a first start
     # The process's own figures, from the real /proc.
@@ -193,4 +194,4 @@ def test_metrics_of_a_real_node(plugin_factory: Any, vg: LoopVG) -> None:
     assert any(name == "python_info" for name, _ in got)
     # The same endpoint over IPv6.
     assert "csi_local_volume_group_up" in parse_names(fetch(port, "[::1]"))
-    assert value(got, "csi_local_start_time_seconds") > 0
+    assert value(got, "process_start_time_seconds") > 0

@@ -20,6 +20,7 @@ things landed.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -957,7 +958,7 @@ def test_the_record_file(tmp_path: Path) -> None:
     held.add("z")  # and nothing is recorded before it
     assert not (state / HELD_FILE).exists()
     held.seed(["here"], ["had", "never"])
-    assert asked == [1, 1]  # LVM's backups answer only for the missing VGs, at the seed
+    assert asked == [1]  # LVM's backups answer only for the missing VGs, once, at the seed
     assert held.held(["had", "never", "here"]) == ["had", "here"]
     text = (state / HELD_FILE).read_text()
     assert json.loads(text) == {"version": 1, "volume_groups": ["had", "here"]}
@@ -969,7 +970,7 @@ def test_the_record_file(tmp_path: Path) -> None:
     held.add("new")
     again = HeldVolumeGroups(str(state), backup_dir)  # a restart reads it back
     assert again.held(["had", "never", "new"]) == ["had", "new"]
-    assert asked == [1, 1]
+    assert asked == [1]
     # A damaged record is made again from LVM, as a missing one.
     for damaged in ("{", '{"volume_groups": "x"}', "[]"):
         (state / HELD_FILE).write_text(damaged)
@@ -977,3 +978,30 @@ def test_the_record_file(tmp_path: Path) -> None:
         assert held.held(["never"]) == ["never"]
         held.seed(["here"], ["never"])
         assert held.held(["never", "gone"]) == ["never"]
+
+
+@pytest.mark.parametrize(("backups", "says"), [
+    ("dir", "per LVM's metadata backups in {d}): had"),
+    ("none", "LVM's metadata backups are off or their directory unknown, so every one "
+             "counts): had, never"),
+    ("missing", "LVM's metadata backup directory {d} does not exist, so every one counts): "
+                "had, never")])
+def test_the_log_says_how_missing_vgs_were_judged(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture,
+                                                  backups: str, says: str) -> None:
+    """"per LVM's metadata backups" only when there were backups to read:
+    otherwise every missing VG counts as held, and the log says why."""
+    directory = tmp_path / "backup"
+    if backups == "dir":
+        directory.mkdir()
+        (directory / "had").write_text("")
+    state = tmp_path / "state"
+    state.mkdir()
+    held = HeldVolumeGroups(str(state), lambda: None if backups == "none" else str(directory))
+    with caplog.at_level(logging.INFO, logger="csi_local.volumes.held_vgs"):
+        held.seed(["here"], ["had", "never"])
+    (record,) = caplog.records
+    assert record.getMessage() == ("volume groups missing at start: had, never; held by this "
+                                   "node before (" + says.format(d=directory))
+    assert "per LVM" not in record.getMessage() or backups == "dir"
+

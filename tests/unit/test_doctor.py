@@ -27,7 +27,11 @@ from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
 from tests.unit.test_x509 import cert as x509_cert
+from tests.unit.test_x509 import dns as x509_dns
+from tests.unit.test_x509 import extensions as x509_extensions
+from tests.unit.test_x509 import ip as x509_ip
 from tests.unit.test_x509 import pem as x509_pem
+from tests.unit.test_x509 import san as x509_san
 from tests.unit.test_x509 import tlv
 
 ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
@@ -35,6 +39,13 @@ ALL_TOOLS = (*doctor.LVM_TOOLS, *doctor.BASE_TOOLS,
 SETTINGS_ARGV = ("lvmconfig", "--type", "full", *doctor.LVM_SETTINGS)
 PROFILE_DIR_ARGV = ("lvmconfig", "--type", "full", "config/profile_dir")
 GOOD_SETTINGS = "udev_sync=1\nudev_rules=1\nmonitoring=0\n"
+# `lvm version` of Debian 12's lvm2 on its 6.1 kernel
+LVM_VERSION = """\
+  LVM version:     2.03.16(2) (2022-05-18)
+  Library version: 1.02.185 (2022-05-18)
+  Driver version:  4.47.0
+  Configuration:   ./configure --build=x86_64-linux-gnu --prefix=/usr
+"""
 MOUNTINFO = """\
 21 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 22 21 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw
@@ -69,6 +80,7 @@ class Machine:
         self.uid = os.geteuid()
         runner.on(["lvmconfig", "--version"],
                   "  LVM version:     2.03.16(2) (2022-05-18)\n  Library version: 1.02\n")
+        runner.on(["lvm", "version"], LVM_VERSION)
         runner.on(SETTINGS_ARGV, GOOD_SETTINGS)
         runner.on(PROFILE_DIR_ARGV, 'profile_dir="/etc/lvm/profile"\n')
         self.write("proc/modules", "dm_thin_pool 36864 1 - Live 0x0\n"
@@ -125,7 +137,7 @@ def test_a_good_node_passes(m: Machine, listening: None) -> None:
         "cryptsetup", "volume group vg0",
         "volume group vg0 metadata", "thin pool vg0/pool0",
         "volume group vg0 metadata area", "thin pool device IDs", "thin pool zeroing",
-        "thin pool fill", "thin pool metadata snapshot", "lvm.conf udev",
+        "thin pool fill", "thin pool metadata snapshot", "lvm versions", "lvm.conf udev",
         "lvm.conf monitoring", "lvm shell profile", "state directory /var/lib/csi-local",
         "lock directory /run/lock/csi-local", "CSI socket",
         "mount propagation of /var/lib/kubelet"]
@@ -144,7 +156,7 @@ def test_exit_code_output_and_json(m: Machine, listening: None) -> None:
     assert doctor.run(m.system(), ns, out=out) == 0
     text = out.getvalue()
     assert text.splitlines()[0].startswith("ok    kernel module dm_thin_pool")
-    assert text.endswith("24 checks: 0 failed, 0 warning(s); the node is ready\n")
+    assert text.endswith("25 checks: 0 failed, 0 warning(s); the node is ready\n")
 
     m.canned.replies[SETTINGS_ARGV] = []
     m.canned.on(SETTINGS_ARGV, "udev_sync=1\nudev_rules=1\nmonitoring=1\n")  # a warning
@@ -565,7 +577,7 @@ def test_every_class_is_checked(classes: Machine, listening: None) -> None:
         "class big: thin pool vg-hdd/pool", "class big: volume group vg-hdd metadata area",
         "class big: thin pool device IDs", "class big: thin pool zeroing",
         "class big: thin pool fill",
-        "class big: thin pool metadata snapshot"]
+        "class big: thin pool metadata snapshot", "lvm versions"]
     assert checks[f"configuration file {CONFIG}"].message == \
         "2 device class(es): fast, big; default fast"
     assert checks["class big: thin pool vg-hdd/pool"].message == "active, size 10.0 GiB"
@@ -843,13 +855,21 @@ TLS_CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
-def _cert_check(root: Path, now: datetime = NOW) -> Check:
+SM_HOST = "csi-local-snapshot-metadata.csi-local.svc"  # of the shipped spec.address
+
+
+def _cert_check(root: Path, now: datetime = NOW, *,
+                address: str = doctor.SNAPSHOT_METADATA_ADDRESS) -> Check:
     system = System(FakeRunner(), str(root), clock=lambda: now)
-    return doctor.check_tls_certificate(system, TLS_CERT)
+    return doctor.check_tls_certificate(system, TLS_CERT, address=address)
 
 
-def _write_cert(root: Path, not_before: str, not_after: str) -> None:
-    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()))
+def _write_cert(root: Path, not_before: str, not_after: str,
+                names: Sequence[bytes] = (x509_dns(SM_HOST),)) -> None:
+    """A certificate of these dates and subject alternative names (for the
+    shipped address's host unless told)."""
+    der = x509_cert(tlv(0x17, not_before.encode()) + tlv(0x17, not_after.encode()),
+                    extensions=x509_extensions(x509_san(*names)) if names else b"")
     path = root / TLS_CERT[1:]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(x509_pem(der))
@@ -859,7 +879,7 @@ def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
     _write_cert(tmp_path, "250601120000Z", "260801120000Z")
     assert _cert_check(tmp_path) == Check(
         "snapshot-metadata TLS certificate", OK,
-        f"{TLS_CERT} valid until 2026-08-01 12:00:00 UTC (61 days)")
+        f"{TLS_CERT} for {SM_HOST}, valid until 2026-08-01 12:00:00 UTC (61 days)")
     got = _cert_check(tmp_path, datetime(2026, 7, 18, 12, 0, 1, tzinfo=UTC))
     assert (got.status, got.message) == (
         WARN, f"{TLS_CERT} expires on 2026-08-01 12:00:00 UTC, in 13 day(s)")
@@ -873,6 +893,32 @@ def test_tls_certificate_valid_expiring_expired(tmp_path: Path) -> None:
     got = _cert_check(tmp_path, datetime(2025, 5, 1, tzinfo=UTC))
     assert (got.status, got.message.split(":")[0]) == (
         WARN, f"{TLS_CERT} is not valid before 2025-06-01 12")
+
+
+def test_tls_certificate_must_be_for_the_address_clients_dial(tmp_path: Path) -> None:
+    """Clients check the sidecar's certificate against the host of the
+    SnapshotMetadataService's spec.address: one for other names is refused
+    however valid its dates. The failure names the address and the names the
+    certificate has."""
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z",
+                [x509_dns("csi-local-snapshot-metadata"), x509_ip(b"\x0a\x00\x00\x07")])
+    got = _cert_check(tmp_path)
+    assert (got.status, got.message) == (FAIL, (
+        f"{TLS_CERT} is not for {SM_HOST}, the host of the snapshot metadata address "
+        f"{SM_HOST}:6443: its subject alternative names are "
+        "DNS:csi-local-snapshot-metadata, IP:10.0.0.7, and backup clients that dial the "
+        "address refuse the sidecar"))
+    assert "dnsNames" in got.fix and "--snapshot-metadata-address" in got.fix
+    # Another address, by IP or by a name a wildcard covers.
+    assert _cert_check(tmp_path, address="10.0.0.7:6443").status == OK
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z", [x509_dns("*.backup.svc")])
+    assert _cert_check(tmp_path, address="sm.backup.svc:443").message.startswith(
+        f"{TLS_CERT} for sm.backup.svc, valid until")
+    assert _cert_check(tmp_path).status == FAIL
+    # No subject alternative names at all: the common name counts for no client.
+    _write_cert(tmp_path, "250601120000Z", "260801120000Z", [])
+    got = _cert_check(tmp_path)
+    assert (got.status, "names are none, and" in got.message) == (FAIL, True)
 
 
 def test_tls_certificate_missing_names_secret_and_fix(tmp_path: Path) -> None:
@@ -904,6 +950,28 @@ def test_tls_certificate_is_checked_only_when_configured(m: Machine, listening: 
                                                  tls_cert=TLS_CERT))
     assert got[-1].name == "snapshot-metadata TLS certificate"
     assert got[-1].status == FAIL  # not in m's tree
+
+
+def test_doctor_takes_the_snapshot_metadata_address(monkeypatch: pytest.MonkeyPatch,
+                                                   m: Machine, listening: None) -> None:
+    flags = ["doctor", "--volume-group", "vg0", "--thin-pool", "pool0"]
+    assert build_parser().parse_args(flags).snapshot_metadata_address == f"{SM_HOST}:6443"
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", "[fd00::7]:6443")
+    assert build_parser().parse_args(flags).snapshot_metadata_address == "[fd00::7]:6443"
+    for bad in ("sm.svc", ":6443", "sm.svc:http", "http://sm.svc:6443"):
+        monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", bad)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(flags)
+    # run() hands it to the check: a certificate for fd00::7 only passes with it.
+    now = datetime.now(UTC)
+    _write_cert(m.root, f"{now - timedelta(days=1):%y%m%d%H%M%S}Z",
+                f"{now + timedelta(days=100):%y%m%d%H%M%S}Z", [x509_ip(
+                    bytes.fromhex("fd000000000000000000000000000007"))])
+    monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT", TLS_CERT)
+    for address, code in (("[fd00::7]:6443", 0), (f"{SM_HOST}:6443", 1)):
+        monkeypatch.setenv("CSI_LOCAL_SNAPSHOT_METADATA_ADDRESS", address)
+        ns = build_parser().parse_args([*flags, "--endpoint", ENDPOINT])
+        assert doctor.run(m.system(), ns, out=io.StringIO()) == code, address
 
 
 def test_doctor_takes_the_certificate_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -957,3 +1025,77 @@ def test_encryption_needs_cryptsetup_and_dm_crypt(m: Machine) -> None:
     checks = m.checks()
     assert checks["cryptsetup"].status == WARN and "cryptsetup-bin" in checks["cryptsetup"].fix
     assert checks["kernel module dm_crypt"].status == WARN
+
+
+# LVM's versions -------------------------------------------------------------------------
+
+CAPTURED = json.loads((Path(__file__).parent / "data" / "lvm-metadata.json").read_text())
+
+
+def _written(version: str, host: str = "node-1") -> lvm_metadata.VgMetadata:
+    """A VG's metadata as an lvm2 of `version` on `host` wrote it: the text
+    a real lvm2 2.03.16 wrote, its header and creation_host changed."""
+    text = CAPTURED["text"].encode()
+    text = text.replace(b"LVM2 version 2.03.16(2) (2022-05-18):",
+                        f"LVM2 version {version}:".encode())
+    text = text.replace(b'\ncreation_host = "virtme-ng"\t', f'\ncreation_host = "{host}"\t'
+                        .encode())
+    return lvm_metadata.vg_metadata(text)
+
+
+def _versions(m: Machine, monkeypatch: pytest.MonkeyPatch,
+              written: dict[str, lvm_metadata.VgMetadata | None],
+              vgs: Sequence[str] = ("vg0",)) -> Check:
+    monkeypatch.setattr(CommittedMetadata, "volume_group",
+                        lambda self, vg, only=None: written.get(vg))
+    return doctor.check_lvm_versions(m.system(), vgs)
+
+
+def test_lvm_versions_here_and_of_each_vgs_metadata(m: Machine,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """This LVM's three versions, and the lvm2 (and host) that last wrote
+    each VG, read off its PVs: the host's lvm binary is out of reach."""
+    check = _versions(m, monkeypatch, {"vg0": _written("2.03.16(2) (2022-05-18)"),
+                                       "vg1": _written("2.03.11(2) (2021-01-08)", "node-2")},
+                      ["vg0", "vg1", "vg0", "gone"])
+    assert check == Check("lvm versions", OK, (
+        "here: LVM 2.03.16(2) (2022-05-18), library 1.02.185 (2022-05-18), driver 4.47.0; "
+        "VG vg0 last written by LVM 2.03.16(2) (2022-05-18) on node-1; "
+        "VG vg1 last written by LVM 2.03.11(2) (2021-01-08) on node-2; "
+        "VG gone: no lvm2 version read off its PVs"))
+
+
+def test_metadata_of_a_newer_lvm2_warns(m: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Newer by its patch level alone: this LVM may not read what that one
+    wrote, and drops it when it writes the VG next."""
+    check = _versions(m, monkeypatch, {"vg0": _written("2.03.17(2) (2022-11-10)")})
+    assert check.status == WARN
+    assert check.message.startswith(
+        "VG vg0's metadata was written by lvm2 2.03.17 on node-1, newer than this 2.03.16: ")
+    assert "here: LVM 2.03.16(2)" in check.message
+    assert "at least as new as the host's" in check.fix
+
+
+@pytest.mark.parametrize(("version", "status"), [
+    ("2.03.10(2) (2020-08-09)", WARN), ("2.02.187(2) (2020-03-24)", WARN),
+    ("2.03.11(2) (2021-01-08)", OK), ("2.03.31(2) (2025-02-27)", OK),
+    ("2.03.32(2) (2025-05-05)", WARN)])
+def test_metadata_of_an_lvm2_outside_the_supported_releases_warns(
+        m: Machine, monkeypatch: pytest.MonkeyPatch, version: str, status: str) -> None:
+    # Here the newest: only the supported releases decide.
+    m.canned.replies[("lvm", "version")] = []
+    m.canned.on(["lvm", "version"], "  LVM version:     2.03.40(2) (2030-01-01)\n")
+    check = _versions(m, monkeypatch, {"vg0": _written(version)})
+    assert check.status == status
+    if check.status == WARN:
+        assert "outside the releases csi-local supports (2.03.11 to 2.03.31)" in check.message
+        assert check.fix == "use an lvm2 from 2.03.11 to 2.03.31 on the host and in the image"
+
+
+def test_lvm_versions_without_lvm_version(m: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
+    m.canned.replies[("lvm", "version")] = []
+    m.canned.on(["lvm", "version"], rc=3, stderr="boom")
+    check = _versions(m, monkeypatch, {"vg0": _written("2.03.16(2) (2022-05-18)")})
+    assert check.status == OK
+    assert check.message.startswith("here: LVM version unknown (")
+

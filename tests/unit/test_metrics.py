@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from csi_local._gen import csi_pb2 as pb
@@ -32,7 +32,7 @@ from csi_local.errors import CommandError
 from csi_local.host import runner as runner_mod
 from csi_local.host.runner import ProcessRunner
 from csi_local.ops import metrics as metrics_mod
-from csi_local.ops.metrics import MetadataCollector, Metrics, serve_metrics
+from csi_local.ops.metrics import Metrics, serve_metrics
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
@@ -132,12 +132,12 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
                  volume_group="vg0") == round(used / limit, 4)
     assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 10 * GiB
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
-    assert value(got, "csi_local_thin_pool_data_percent", **POOL_LABELS) == 12.5
-    assert value(got, "csi_local_thin_pool_metadata_percent", **POOL_LABELS) == 3.25
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **POOL_LABELS) == 0.125
+    assert value(got, "csi_local_thin_pool_metadata_used_ratio", **POOL_LABELS) == 0.0325
     assert value(got, "csi_local_thin_pool_healthy", **POOL_LABELS) == 1
-    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 85
-    assert value(got, "csi_local_thin_pool_metadata_limit_percent", **POOL_LABELS) == 80
-    assert value(got, "csi_local_thin_pool_autoextend_threshold_percent", **POOL_LABELS) == 70
+    assert value(got, "csi_local_thin_pool_data_limit_ratio", **POOL_LABELS) == 0.85
+    assert value(got, "csi_local_thin_pool_metadata_limit_ratio", **POOL_LABELS) == 0.8
+    assert value(got, "csi_local_thin_pool_autoextend_threshold_ratio", **POOL_LABELS) == 0.7
     # Volumes and the snapshot count against the pool, over-provisioned 2x.
     provisioned = GiB + 512 * MiB + GiB
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **POOL_LABELS) == provisioned
@@ -153,12 +153,44 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
                   "device_class": "default"}
     assert value(got, "csi_local_volume_size_bytes", **labelled) == GiB
     assert value(got, "csi_local_volume_size_bytes", **unlabelled) == 512 * MiB
-    assert value(got, "csi_local_volume_data_percent", **labelled) == 40.0
+    assert value(got, "csi_local_volume_data_used_ratio", **labelled) == 0.4
     # One series per volume, none for the snapshot or the pool.
     per_volume = [k for k in got if k[0] == "csi_local_volume_size_bytes"]
     assert len(per_volume) == 2
     assert value(got, "csi_local_build_info", version=__import__("csi_local").__version__) == 1
-    assert 0 < time.time() - value(got, "csi_local_start_time_seconds") < 60
+
+
+def test_every_fill_is_a_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One unit for every fill, limit and threshold: a 0-1 `_ratio`
+    (Prometheus's base unit), never a `_percent`, so that one alert or
+    panel compares them all; LVM's 99.99% reads 0.9999, not 0.9999000000000001."""
+    node, _, metrics = watched(tmp_path, monkeypatch)
+    volume = create(node, "pvc-data", GiB, PVC)
+    node.host.lv("pool0").data_percent = 99.99
+    node.host.lv(volume.volume_id).data_percent = 12.34
+    got = scrape(metrics)
+    assert not {n for n in names(got) if "percent" in n}
+    assert not [n for n in metrics_mod.FAMILIES if "percent" in n]
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **POOL_LABELS) == 0.9999
+    assert value(got, "csi_local_volume_data_used_ratio", volume_id=volume.volume_id,
+                 pvc_name="data", pvc_namespace="ns", device_class="default") == 0.1234
+    ratios = {k: v for k, v in got.items() if k[0].endswith("_ratio")}
+    assert len({k[0] for k in ratios}) == 7
+    assert all(0 <= v <= 1 for v in ratios.values())
+
+
+def test_every_open_failure_reason_is_exported_from_the_start() -> None:
+    """Each reason at 0 before any failure, so that increase() sees the first
+    one (a series that appears at 1 has no increase), and rate() works on a
+    node that never failed."""
+    metrics = Metrics(node=NODE)
+    got = scrape(metrics)
+    reasons = {s["reason"]: value(got, "csi_local_encryption_open_failures_total", **s)
+               for s in series(got, "csi_local_encryption_open_failures_total")}
+    assert reasons == {"key_refused": 0, "key_missing": 0, "mismatch": 0, "error": 0}
+    metrics.open_failed("mismatch")
+    assert value(scrape(metrics), "csi_local_encryption_open_failures_total",
+                 reason="mismatch") == 1
 
 
 def test_an_unhealthy_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +252,7 @@ def test_a_missing_volume_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
                     "csi_local_volume_group_metadata_area_used_ratio"}
     assert not names(got) & lvm_families
     # What needs no LVM is still there for alerts.
-    assert value(got, "csi_local_thin_pool_data_limit_percent", **POOL_LABELS) == 90
+    assert value(got, "csi_local_thin_pool_data_limit_ratio", **POOL_LABELS) == 0.9
 
 
 def test_a_volume_group_without_its_pool(tmp_path: Path,
@@ -293,7 +325,7 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
     # One `lvs` and one `vgs` per VG, not per class.
     assert (len(node.host.commands("lvs")), len(node.host.commands("vgs"))) == (lvs + 2, vgs + 2)
     for name in ("csi_local_thin_pool_size_bytes", "csi_local_thin_pool_available_bytes",
-                 "csi_local_thin_pool_data_limit_percent", "csi_local_volumes",
+                 "csi_local_thin_pool_data_limit_ratio", "csi_local_volumes",
                  "csi_local_snapshots"):
         found = [frozenset(labels.items()) for labels in series(got, name)]
         assert sorted(found, key=sorted) == sorted(
@@ -302,8 +334,8 @@ def test_every_class_is_exported_once_with_its_label(tmp_path: Path,
         ["vg-hdd", "vg-nvme"]
     assert sorted(s["volume_group"] for s in series(got, "csi_local_volume_group_size_bytes")) \
         == ["vg-hdd", "vg-nvme"]
-    assert value(got, "csi_local_thin_pool_data_percent", **BIG) == 30.0
-    assert value(got, "csi_local_thin_pool_data_percent", **COLD) == 0.0
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **BIG) == 0.3
+    assert value(got, "csi_local_thin_pool_data_used_ratio", **COLD) == 0.0
     # Each pool's own arithmetic: big is over-provisioned 2x, its snapshot counts.
     assert value(got, "csi_local_thin_pool_provisioned_bytes", **BIG) == 4 * GiB
     assert value(got, "csi_local_thin_pool_available_bytes", **BIG) == 20 * GiB - 4 * GiB
@@ -337,7 +369,7 @@ def test_a_class_whose_volume_group_is_missing(tmp_path: Path,
     assert series(got, "csi_local_thin_pool_size_bytes") == [FAST]
     assert series(got, "csi_local_volumes") == [FAST]
     assert series(got, "csi_local_volume_group_size_bytes") == [{"volume_group": "vg-nvme"}]
-    assert len(series(got, "csi_local_thin_pool_metadata_limit_percent")) == 3
+    assert len(series(got, "csi_local_thin_pool_metadata_limit_ratio")) == 3
 
 
 def test_autoextends_are_counted_by_class(tmp_path: Path,
@@ -638,6 +670,9 @@ def test_the_process_and_interpreter_figures(tmp_path: Path,
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes",
                  "process_open_fds", "process_start_time_seconds"):
         assert value(got, name) > 0, name
+    # When the plugin started: the process's figure, not one of its own beside it.
+    assert 0 < time.time() - value(got, "process_start_time_seconds") < 600
+    assert not [n for n in names(got) if n.startswith("csi_local_") and "start_time" in n]
     assert any(name == "python_info" for name, _ in got)
     assert any(name == "python_gc_objects_collected_total" for name, _ in got)
 
@@ -789,24 +824,52 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     plugin_mod.CsiPlugin(_config(tmp_path)).close()
 
 
-def test_metadata_consistency_gauge_per_vg() -> None:
+class _Reader:
+    """A VG's committed metadata as check() finds it: these problems."""
+
+    def __init__(self, problems: tuple[str, ...] = ()) -> None:
+        self.problems = problems
+
+    def check(self, vg: str) -> tuple[str, ...]:
+        return self.problems
+
+    def space(self, vg: str) -> None:
+        return None  # the monitor asks `vgs`
+
+
+def test_metadata_consistency_gauge_per_vg(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """1 while every PV holds the VG's newest metadata, 0 (and doctor names
     the PV) when one is missing or outdated: one fixed label, the VG."""
+    node = make_class_node(tmp_path, monkeypatch, CLASSES)
+    metrics = Metrics(node=NODE)
+    readers = {"vg-nvme": _Reader(()),
+               "vg-hdd": _Reader(("PV /dev/loop1 has outdated metadata of VG vg-hdd",))}
+    for pool in node.backend.pools:
+        pool.committed = cast(CommittedMetadata, readers[pool.lvm.vg])
+    metrics.watch([PoolMonitor(pool.lvm, pool) for pool in node.backend.pools])
+    got = scrape(metrics)
+    assert {s["volume_group"]: value(got, "csi_local_volume_group_metadata_consistent", **s)
+            for s in series(got, "csi_local_volume_group_metadata_consistent")} == \
+        {"vg-nvme": 1, "vg-hdd": 0}
 
-    class Reader:
-        def __init__(self, problems: tuple[str, ...]) -> None:
-            self.problems = problems
 
-        def check(self, vg: str) -> tuple[str, ...]:
-            return self.problems
-
-    registry = CollectorRegistry()
-    registry.register(MetadataCollector({
-        "vg-ok": cast(CommittedMetadata, Reader(())),
-        "vg-bad": cast(CommittedMetadata,
-                       Reader(("PV /dev/loop1 has outdated metadata of VG vg-bad",)))}))
-    got = {s.labels["volume_group"]: s.value
-           for m in registry.collect() for s in m.samples}
-    assert got == {"vg-ok": 1, "vg-bad": 0}
-    (family,) = registry.collect()
-    assert family.name == "csi_local_volume_group_metadata_consistent"
+def test_a_missing_volume_group_has_no_metadata_figure(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VG that cannot be read has no PV to disagree: the committed
+    metadata finds no problem in it, which is no reading of consistency.
+    Only `up` (0) and the limits, which need no LVM, are exported."""
+    node = make_node(tmp_path, monkeypatch, with_vg=False)
+    pool = node.backend.pools.default
+    pool.committed = cast(CommittedMetadata, _Reader(()))
+    metrics = Metrics(node=NODE)
+    metrics.watch([PoolMonitor(pool.lvm, pool)])
+    got = scrape(metrics)
+    assert value(got, "csi_local_volume_group_up", volume_group="vg0") == 0
+    # Every family that carries a VG, pool or volume, but the configured limits.
+    unread = {n for n in names(got) if n.startswith(("csi_local_volume", "csi_local_thin_pool",
+                                                     "csi_local_snapshots",
+                                                     "csi_local_encrypted_volumes"))}
+    assert unread == {"csi_local_volume_group_up", "csi_local_thin_pool_data_limit_ratio",
+                      "csi_local_thin_pool_metadata_limit_ratio",
+                      "csi_local_thin_pool_autoextend_threshold_ratio"}

@@ -26,10 +26,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, overload
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
@@ -49,9 +48,9 @@ from prometheus_client.registry import Collector
 from csi_local import __version__
 from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
-from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lifecycle import OPEN_FAILURE_REASONS
 from csi_local.volumes.pool import capacity_of
 from csi_local.volumes.pool_monitor import PoolMonitor, Reading
 
@@ -129,11 +128,14 @@ class Metrics:
             namespace=NAMESPACE, registry=r)
         self.open_failures = Counter(
             "encryption_open_failures", "Times an encrypted volume's dm-crypt device did not "
-            "open at stage or expand, by reason (key_refused, key_missing, mismatch, error)",
+            f"open at stage or expand, by reason ({', '.join(OPEN_FAILURE_REASONS)})",
             ["reason"], namespace=NAMESPACE, registry=r)
-        started = Gauge("start_time_seconds", "When the plugin started, in seconds since "
-                        "the epoch", namespace=NAMESPACE, registry=r)
-        started.set(time.time())
+        # Every reason present at 0 from the start: a first failure is then an
+        # increase() an alert sees, not a series that appears (at 1) from none.
+        for reason in OPEN_FAILURE_REASONS:
+            self.open_failures.labels(reason=reason)
+        # No start time of its own: process_start_time_seconds (the process
+        # collector's) says when the plugin started.
         info = Gauge("build_info", "The plugin's version (always 1)", ["version"],
                      namespace=NAMESPACE, registry=r)
         info.labels(version=__version__).set(1)
@@ -179,9 +181,6 @@ class Metrics:
         (the same metric names). Once, with every class's monitor."""
         collector = PoolCollector(monitors, max_age)
         self.own.register(collector)
-        readers = {m.lvm.vg: m.pool.committed for m in monitors if m.pool.committed is not None}
-        if readers:
-            self.own.register(MetadataCollector(readers))
         for monitor in monitors:  # present at 0, so increase() works from the start
             for what in ("data", "metadata"):
                 self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
@@ -192,16 +191,22 @@ class Metrics:
 VG_LABELS = ("volume_group",)
 # Every family the collector exports: name (without the namespace) -> help, labels.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "thin_pool_data_limit_percent": (
-        "New volumes and snapshots are refused at or above this data fill", POOL_LABELS),
-    "thin_pool_metadata_limit_percent": (
-        "New volumes and snapshots are refused at or above this metadata fill", POOL_LABELS),
-    "thin_pool_autoextend_threshold_percent": (
-        "The plugin extends the thin pool at or above this fill (0: never)", POOL_LABELS),
+    "thin_pool_data_limit_ratio": (
+        "New volumes and snapshots are refused at or above this data fill (0-1)", POOL_LABELS),
+    "thin_pool_metadata_limit_ratio": (
+        "New volumes and snapshots are refused at or above this metadata fill (0-1)",
+        POOL_LABELS),
+    "thin_pool_autoextend_threshold_ratio": (
+        "The plugin extends the thin pool at or above this fill (0-1; 0: never)",
+        POOL_LABELS),
     "volume_group_up": (
         "1 when the plugin could read the volume group (the figures of it, its pools and "
         "their volumes are exported only then), 0 otherwise", VG_LABELS),
     "volume_group_size_bytes": ("Size of the volume group", VG_LABELS),
+    "volume_group_metadata_consistent": (
+        "1 when every PV of the volume group is present and holds its newest metadata; "
+        "0 when one is missing or holds an outdated or differing copy (the plugin then "
+        "asks LVM for every answer; csi-local doctor names the PV)", VG_LABELS),
     "volume_group_free_bytes": (
         "Unallocated space in the volume group (what its thin pools can be extended by)",
         VG_LABELS),
@@ -217,8 +222,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "and snapshots are refused when one more no longer surely fits", VG_LABELS),
     "thin_pool_size_bytes": ("Size of the thin pool's data", POOL_LABELS),
     "thin_pool_metadata_size_bytes": ("Size of the thin pool's metadata", POOL_LABELS),
-    "thin_pool_data_percent": ("How full the thin pool's data is", POOL_LABELS),
-    "thin_pool_metadata_percent": ("How full the thin pool's metadata is", POOL_LABELS),
+    "thin_pool_data_used_ratio": ("How full the thin pool's data is (0-1)", POOL_LABELS),
+    "thin_pool_metadata_used_ratio": ("How full the thin pool's metadata is (0-1)",
+                                      POOL_LABELS),
     "thin_pool_provisioned_bytes": (
         "Virtual sizes of every thin LV in the pool, added up", POOL_LABELS),
     "thin_pool_available_bytes": (
@@ -236,9 +242,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "encrypted_volumes": ("CSI volumes in the device class's thin pool that are encrypted "
                           "(LUKS2)", POOL_LABELS),
     "volume_size_bytes": ("Virtual size of a CSI volume", VOLUME_LABELS),
-    "volume_data_percent": (
-        "How much of a CSI volume's virtual size the thin pool has allocated (absent while "
-        "the volume is inactive)", VOLUME_LABELS),
+    "volume_data_used_ratio": (
+        "How much of a CSI volume's virtual size the thin pool has allocated (0-1; absent "
+        "while the volume is inactive)", VOLUME_LABELS),
 }
 
 
@@ -249,6 +255,21 @@ HEALTH_STATUSES = ("out_of_data", "metadata_read_only", "failed", "partial", "ot
 
 def _health_status(health: str) -> str:
     return health if health in HEALTH_STATUSES else "other"
+
+
+@overload
+def _ratio(percent: float) -> float: ...
+
+
+@overload
+def _ratio(percent: None) -> None: ...
+
+
+def _ratio(percent: float | None) -> float | None:
+    """LVM's and the flags' percentages as the 0-1 ratio every fill figure
+    uses (Prometheus's convention, as volume_group_metadata_area_used_ratio),
+    rounded so that 12.34% reads 0.1234, not 0.12340000000000001."""
+    return None if percent is None else round(percent / 100, 6)
 
 
 def _gauge(name: str) -> GaugeMetricFamily:
@@ -271,6 +292,9 @@ class PoolCollector(Collector):
             raise ValueError("no pool monitor to export")
         self.monitors = list(monitors)
         self.max_age = max_age
+        # Each VG's committed metadata, read off its PVs without a process.
+        self.committed = {m.lvm.vg: m.pool.committed for m in self.monitors
+                          if m.pool.committed is not None}
 
     def describe(self) -> Iterator[Metric]:
         """The names, without reading LVM: the registry refuses a second
@@ -295,12 +319,13 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         # The high-water marks need no LVM: alerts can compare against them always.
-        for name, attr in (("data_limit_percent", "data_limit"),
-                           ("metadata_limit_percent", "metadata_limit"),
-                           ("autoextend_threshold_percent", "autoextend_threshold")):
+        for name, attr in (("data_limit_ratio", "data_limit"),
+                           ("metadata_limit_ratio", "metadata_limit"),
+                           ("autoextend_threshold_ratio", "autoextend_threshold")):
             family = _gauge(f"thin_pool_{name}")
             for monitor in self.monitors:
-                family.add_metric(_pool_labels(monitor), getattr(monitor.pool.policy, attr))
+                family.add_metric(_pool_labels(monitor),
+                                  _ratio(getattr(monitor.pool.policy, attr)))
             yield family
         readings = {vg: self._reading(group) for vg, group in self._by_vg().items()}
         up = _gauge("volume_group_up")
@@ -315,6 +340,13 @@ class PoolCollector(Collector):
             for vg, reading in read.items():
                 family.add_metric([vg], getattr(reading.vg, attr))
             yield family
+        # Only for a VG just read: one that is missing has no PV to disagree,
+        # and check() finding no problem in it is no reading of consistency.
+        consistent = _gauge("volume_group_metadata_consistent")
+        for vg in sorted(read.keys() & self.committed.keys()):
+            consistent.add_metric([vg], 0 if self.committed[vg].check(vg) else 1)
+        if consistent.samples:
+            yield consistent
         areas = {vg: r.report.metadata_area for vg, r in read.items()
                  if r.report.metadata_area is not None}
         for name in ("used_bytes", "limit_bytes", "used_ratio"):
@@ -328,7 +360,7 @@ class PoolCollector(Collector):
         yield from self._volumes(readable)
 
     def _pools(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
-        figures = ("size_bytes", "metadata_size_bytes", "data_percent", "metadata_percent",
+        figures = ("size_bytes", "metadata_size_bytes", "data_used_ratio", "metadata_used_ratio",
                    "provisioned_bytes", "available_bytes")
         families = {name: _gauge(f"thin_pool_{name}") for name in figures}
         health = _gauge("thin_pool_healthy")
@@ -345,8 +377,8 @@ class PoolCollector(Collector):
             values: dict[str, float | None] = {
                 "size_bytes": pool_lv.size,
                 "metadata_size_bytes": pool_lv.metadata_size,
-                "data_percent": pool_lv.data_percent,
-                "metadata_percent": pool_lv.metadata_percent,
+                "data_used_ratio": _ratio(pool_lv.data_percent),
+                "metadata_used_ratio": _ratio(pool_lv.metadata_percent),
                 "provisioned_bytes": capacity.provisioned,
                 "available_bytes": capacity.available,
             }
@@ -364,7 +396,7 @@ class PoolCollector(Collector):
     def _volumes(self, readable: list[tuple[PoolMonitor, Reading]]) -> Iterator[Metric]:
         counts = {"volumes": _gauge("volumes"), "snapshots": _gauge("snapshots"),
                   "encrypted_volumes": _gauge("encrypted_volumes")}
-        size, data = _gauge("volume_size_bytes"), _gauge("volume_data_percent")
+        size, data = _gauge("volume_size_bytes"), _gauge("volume_data_used_ratio")
         for monitor, reading in readable:
             # The reading is the whole VG's: only this class's pool's LVs.
             mine = [lv for lv in reading.report.lvs if lv.pool == monitor.lvm.pool]
@@ -378,33 +410,10 @@ class PoolCollector(Collector):
                 labels = _volume_labels(lv, monitor.pool.class_name)
                 size.add_metric(labels, lv.size)
                 if lv.data_percent is not None:
-                    data.add_metric(labels, lv.data_percent)
+                    data.add_metric(labels, _ratio(lv.data_percent))
         yield from counts.values()
         yield size
         yield data
-
-
-class MetadataCollector(Collector):
-    """Whether each VG's committed metadata agrees on all its PVs (none
-    missing, no copy outdated): else every read of the plugin is LVM's
-    own, slower, until the VG is repaired. Read off the PVs, no process."""
-
-    NAME = f"{NAMESPACE}_volume_group_metadata_consistent"
-    HELP = ("1 when every PV of the volume group is present and holds its newest metadata; "
-            "0 when one is missing or holds an outdated or differing copy (the plugin then "
-            "asks LVM for every answer; csi-local doctor names the PV)")
-
-    def __init__(self, readers: dict[str, CommittedMetadata]) -> None:
-        self.readers = readers
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self.NAME, self.HELP, labels=list(VG_LABELS))
-        for vg, reader in sorted(self.readers.items()):
-            family.add_metric([vg], 0 if reader.check(vg) else 1)
-        yield family
 
 
 def _volume_labels(lv: LogicalVolume, device_class: str) -> list[str]:

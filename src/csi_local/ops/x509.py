@@ -1,16 +1,25 @@
-"""The validity period of an X.509 certificate (RFC 5280), read from PEM.
+"""The validity period and subject alternative names of an X.509
+certificate (RFC 5280), read from PEM.
 
-doctor needs no more than notBefore and notAfter of the snapshot-metadata
+doctor needs no more than notBefore, notAfter and the names (DNS names, IP
+addresses) clients check the server's name against, of the snapshot-metadata
 sidecar's certificate, so this is a small, strict DER reader for exactly
 that path through the structure, with no new dependency in the image
 (Python's ssl module has no public call that decodes a certificate file,
-and a cryptography wheel would add megabytes for two dates):
+and a cryptography wheel would add megabytes for two dates and a list):
 
     Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signature }
     TBSCertificate ::= SEQUENCE { [0] version OPTIONAL, serialNumber INTEGER,
                                   signature SEQUENCE, issuer SEQUENCE,
-                                  validity SEQUENCE { notBefore Time, notAfter Time }, ... }
+                                  validity SEQUENCE { notBefore Time, notAfter Time },
+                                  subject SEQUENCE, subjectPublicKeyInfo SEQUENCE,
+                                  [1] issuerUniqueID OPTIONAL, [2] subjectUniqueID OPTIONAL,
+                                  [3] extensions SEQUENCE OF Extension OPTIONAL }
     Time ::= UTCTime (YYMMDDHHMMSSZ) | GeneralizedTime (YYYYMMDDHHMMSSZ)
+    Extension ::= SEQUENCE { extnID OID, critical BOOLEAN DEFAULT FALSE,
+                             extnValue OCTET STRING }
+    subjectAltName (2.5.29.17) ::= SEQUENCE OF GeneralName,
+        [2] dNSName IA5String | [7] iPAddress (4 or 16 bytes) | others (skipped)
 
 Strict: definite, minimal lengths only (DER), every element inside its
 parent, times in RFC 5280's one form (seconds, Z, no fractions). Anything
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +40,9 @@ from datetime import UTC, datetime
 _PEM = re.compile(r"-----BEGIN CERTIFICATE-----\r?\n(.*?)-----END CERTIFICATE-----", re.S)
 _SEQUENCE, _INTEGER, _VERSION = 0x30, 0x02, 0xA0
 _UTC_TIME, _GENERALIZED_TIME = 0x17, 0x18
+_EXTENSIONS, _OID, _BOOLEAN, _OCTET_STRING = 0xA3, 0x06, 0x01, 0x04
+_SAN_OID = bytes([0x55, 0x1D, 0x11])  # 2.5.29.17
+_DNS_NAME, _IP_ADDRESS = 0x82, 0x87  # GeneralName's [2] and [7], IMPLICIT primitive
 
 
 class CertificateError(ValueError):
@@ -110,8 +123,46 @@ def _time(der: bytes, pos: int, end: int) -> tuple[datetime, int]:
     return when, stop
 
 
+@dataclass(frozen=True)
+class AltNames:
+    """The subject alternative names a TLS client checks the server's name
+    against (RFC 6125; Go's crypto/tls, as the sidecar's clients are, looks
+    at nothing else: never the subject's common name)."""
+
+    dns: tuple[str, ...] = ()
+    ips: tuple[str, ...] = ()  # as ipaddress prints them
+
+    def covers(self, host: str) -> bool:
+        """Whether a client dialing `host` accepts these names: an IP address
+        among `ips`; a DNS name equal to one of `dns` (case aside, a final dot
+        aside) or matched by a wildcard one ("*.example.org": exactly one
+        label in place of the star, the leftmost)."""
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if ip is not None:
+            return str(ip) in self.ips
+        host = host.rstrip(".").lower()
+        label, _, parent = host.partition(".")
+        for name in (n.rstrip(".").lower() for n in self.dns):
+            if name == host or (name.startswith("*.") and label and name[2:] == parent):
+                return True
+        return False
+
+
 def validity(der: bytes) -> Validity:
     """notBefore and notAfter of the DER certificate `der`."""
+    return _read(der)[0]
+
+
+def alt_names(der: bytes) -> AltNames:
+    """The subject alternative names of the DER certificate `der` (none when
+    it has no such extension)."""
+    return _read(der)[1]
+
+
+def _read(der: bytes) -> tuple[Validity, AltNames]:
     start, stop = _expect(der, 0, len(der), _SEQUENCE, "Certificate SEQUENCE")
     if stop != len(der):
         raise CertificateError(f"{len(der) - stop} byte(s) after the certificate")
@@ -127,10 +178,55 @@ def validity(der: bytes) -> Validity:
     not_after, pos = _time(der, pos, validity_end)
     if pos != validity_end:
         raise CertificateError("more than two times in the validity SEQUENCE")
-    return Validity(not_before, not_after)
+    for tag, what in ((_SEQUENCE, "subject"), (_SEQUENCE, "subjectPublicKeyInfo")):
+        pos = _expect(der, pos, tbs_end, tag, what)[1]
+    names = AltNames()
+    while pos < tbs_end:  # the unique IDs (v2), then the extensions (v3)
+        tag, start, pos = _element(der, pos, tbs_end)
+        if tag == _EXTENSIONS:
+            names = _extensions(der, start, pos)
+    return Validity(not_before, not_after), names
+
+
+def _extensions(der: bytes, pos: int, end: int) -> AltNames:
+    pos, end = _expect(der, pos, end, _SEQUENCE, "extensions SEQUENCE")
+    while pos < end:
+        ext, ext_end = _expect(der, pos, end, _SEQUENCE, "Extension SEQUENCE")
+        oid_start, at = _expect(der, ext, ext_end, _OID, "extnID")
+        oid = der[oid_start:at]
+        tag, _, after = _element(der, at, ext_end)
+        if tag == _BOOLEAN:  # critical
+            at = after
+        value, value_end = _expect(der, at, ext_end, _OCTET_STRING, "extnValue")
+        if oid == _SAN_OID:
+            return _general_names(der, value, value_end)
+        pos = ext_end
+    return AltNames()
+
+
+def _general_names(der: bytes, pos: int, end: int) -> AltNames:
+    pos, end = _expect(der, pos, end, _SEQUENCE, "subjectAltName SEQUENCE")
+    dns: list[str] = []
+    ips: list[str] = []
+    while pos < end:
+        tag, start, pos = _element(der, pos, end)
+        raw = der[start:pos]
+        if tag == _DNS_NAME:
+            dns.append(raw.decode("ascii", errors="replace"))
+        elif tag == _IP_ADDRESS:
+            if len(raw) not in (4, 16):
+                raise CertificateError(f"an iPAddress of {len(raw)} bytes at byte {start}")
+            ips.append(str(ipaddress.ip_address(raw)))
+    return AltNames(tuple(dns), tuple(ips))
 
 
 def pem_validity(text: str) -> Validity:
     """The validity of the first certificate of the PEM `text` (a chain's
     leaf)."""
     return validity(first_pem_certificate(text))
+
+
+def pem_certificate(text: str) -> tuple[Validity, AltNames]:
+    """The validity and subject alternative names of the first certificate of
+    the PEM `text` (a chain's leaf)."""
+    return _read(first_pem_certificate(text))

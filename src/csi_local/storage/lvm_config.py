@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,39 @@ def lvm_version(runner: Runner) -> str:
     """LVM's version line ("LVM version: 2.03.16(2) (2022-05-18)"), "" if none."""
     out = runner.run(["lvmconfig", "--version"]).stdout
     return next((" ".join(ln.split()) for ln in out.splitlines() if ln.strip()), "")
+
+
+# The lvm2 releases csi-local supports, (major, minor, patch), the oldest and
+# the newest: doctor warns of a VG whose metadata an lvm2 outside them wrote.
+SUPPORTED_LVM2 = ((2, 3, 11), (2, 3, 31))
+
+
+def lvm_versions(runner: Runner) -> dict[str, str]:
+    """{"LVM": "2.03.16(2) (2022-05-18)", "Library": "1.02.185 (2022-05-18)",
+    "Driver": "4.47.0"}: `lvm version`'s lines, by their first word (the
+    driver's is the kernel's device-mapper, read through the library)."""
+    out = runner.run(["lvm", "version"]).stdout
+    found = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(" version:")
+        if sep and key.strip() and value.strip():
+            found[key.strip()] = " ".join(value.split())
+    return found
+
+
+def release(version: str) -> tuple[int, int, int] | None:
+    """(2, 3, 16) of "2.03.16(2) (2022-05-18)"; None when it starts otherwise."""
+    found = re.match(r"\s*(\d+)\.(\d+)\.(\d+)", version)
+    if found is None:
+        return None
+    major, minor, patch = (int(g) for g in found.groups())
+    return major, minor, patch
+
+
+def release_text(numbers: tuple[int, int, int]) -> str:
+    """2.03.11 for (2, 3, 11), as lvm2 numbers its releases."""
+    major, minor, patch = numbers
+    return f"{major}.{minor:02d}.{patch}"
 
 
 def read_config(runner: Runner, keys: Sequence[str]) -> dict[str, str]:

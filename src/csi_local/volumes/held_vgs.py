@@ -74,19 +74,28 @@ class HeldVolumeGroups:
                     self._write(grown)
                     self._held = grown
                 return
-            held = present | {vg for vg in missing if self._lvm_had(vg)}
+            had, why = self._lvm_had(missing) if missing else (set(), "")
+            held = present | had
             self._write(held)
             self._held = held
             if missing:
                 log.info("volume groups missing at start: %s; held by this node before "
-                         "(per LVM's metadata backups): %s", ", ".join(sorted(missing)),
-                         ", ".join(sorted(missing & held)) or "none")
+                         "(%s): %s", ", ".join(sorted(missing)), why,
+                         ", ".join(sorted(had)) or "none")
 
-    def _lvm_had(self, vg: str) -> bool:
+    def _lvm_had(self, missing: set[str]) -> tuple[set[str], str]:
+        """Those of `missing` LVM has a metadata backup of, and how that was
+        told, for the log: from the backups, or, when there are none to read,
+        all of them (the safe side) and why."""
         directory = self._backup_dir()
-        if directory is None or not os.path.isdir(directory):
-            return True  # cannot tell: the safe side
-        return os.path.isfile(os.path.join(directory, vg))
+        if directory is None:
+            return set(missing), ("LVM's metadata backups are off or their directory "
+                                  "unknown, so every one counts")
+        if not os.path.isdir(directory):
+            return set(missing), (f"LVM's metadata backup directory {directory} does not "
+                                  "exist, so every one counts")
+        return ({vg for vg in missing if os.path.isfile(os.path.join(directory, vg))},
+                f"per LVM's metadata backups in {directory}")
 
     def add(self, vg: str) -> None:
         """Record `vg`, durably, before anything is made in it. A no-op when it is

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 # other failure (cryptsetup's, the kernel's) is "error".
 OPEN_FAILURES: dict[type[Exception], str] = {
     KeyRefused: "key_refused", KeyMissing: "key_missing", EncryptionMismatch: "mismatch"}
+# Every reason there is: the metrics export each from the start.
+OPEN_FAILURE_REASONS = (*OPEN_FAILURES.values(), "error")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from csi_local.host.runner import ProcessRunner
 from csi_local.ops.doctor.deploy_checks import (
     CERT_WARNING_DAYS,
     KUBELET_DIR,
+    SNAPSHOT_METADATA_ADDRESS,
     SNAPSHOT_METADATA_SECRET,
     check_directory,
     check_propagation,
@@ -62,6 +63,7 @@ from csi_local.ops.doctor.lvm_config_checks import (
     LvmView,
     check_lvm_settings,
     check_lvm_shell,
+    check_lvm_versions,
     check_lvm_view,
     read_lvm_settings,
     read_lvm_view,
@@ -94,6 +96,7 @@ __all__ = [
     "LVM_SETTINGS",
     "LVM_TOOLS",
     "OK",
+    "SNAPSHOT_METADATA_ADDRESS",
     "SNAPSHOT_METADATA_SECRET",
     "VIEW_SETTINGS",
     "WARN",
@@ -109,6 +112,7 @@ __all__ = [
     "check_lvm_settings",
     "check_lvm_shell",
     "check_lvm_tools",
+    "check_lvm_versions",
     "check_lvm_view",
     "check_metadata",
     "check_metadata_area",
@@ -150,6 +154,8 @@ class Options:
     # snapshot-metadata overlay sets it); None: no such sidecar, no check.
     tls_cert: str | None = None
     tls_cert_warning_days: int = CERT_WARNING_DAYS
+    # Where backup clients dial the sidecar: the host the certificate must name.
+    snapshot_metadata_address: str = SNAPSHOT_METADATA_ADDRESS
 
 
 def run_checks(system: System, opts: Options) -> list[Check]:
@@ -164,7 +170,9 @@ def run_checks(system: System, opts: Options) -> list[Check]:
         *(check_fs_tools(system, fs) for fs in FS_TOOLS),
         *check_encryption(system),
     ]
-    checks += _class_checks(system, opts)
+    class_checks, vgs = _class_checks(system, opts)
+    checks += class_checks
+    checks.append(check_lvm_versions(system, vgs))
     checks += check_lvm_settings(system)
     if opts.host_lvm_dir:
         checks.append(check_lvm_view(system, opts.host_lvm_dir))
@@ -175,22 +183,24 @@ def run_checks(system: System, opts: Options) -> list[Check]:
     checks.append(check_propagation(system))
     if opts.tls_cert:
         checks.append(check_tls_certificate(system, opts.tls_cert,
-                                            warning_days=opts.tls_cert_warning_days))
+                                            warning_days=opts.tls_cert_warning_days,
+                                            address=opts.snapshot_metadata_address))
     return checks
 
 
-def _class_checks(system: System, opts: Options) -> list[Check]:
-    """The VG and pool checks of every device class."""
+def _class_checks(system: System, opts: Options) -> tuple[list[Check], list[str]]:
+    """The VG and pool checks of every device class, and the classes' VGs."""
     if not opts.config:
-        return vg_and_pool_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
-                                  state_dir=system.path(opts.state_dir))
+        return (vg_and_pool_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
+                                   state_dir=system.path(opts.state_dir)),
+                [opts.volume_group])
     label = f"configuration file {opts.config}"
     try:
         classes = load_classes(system.path(os.path.abspath(opts.config)))
     except ClassConfigError as err:
         return [Check(label, FAIL, f"{err}; no device class checked",
                       "correct the file (docs/device-classes.md): the plugin refuses to "
-                      "start with it")]
+                      "start with it")], []
     names = ", ".join(c.name for c in classes.classes)
     checks = [Check(label, OK, f"{len(classes.classes)} device class(es): {names}; "
                     f"default {classes.default}")]
@@ -200,7 +210,7 @@ def _class_checks(system: System, opts: Options) -> list[Check]:
         checks += [dataclasses.replace(check, name=f"class {c.name}: {check.name}")
                    for check in vg_and_pool_checks(lvm, setting,
                                                    state_dir=system.path(opts.state_dir))]
-    return checks
+    return checks, [c.volume_group for c in classes.classes]
 
 
 def exit_code(checks: Iterable[Check]) -> int:
@@ -237,7 +247,9 @@ def run(system: System, args: argparse.Namespace, *, out: TextIO = sys.stdout) -
                    host_lvm_dir=getattr(args, "host_lvm_dir", None) or None,
                    tls_cert=getattr(args, "snapshot_metadata_tls_cert", None) or None,
                    tls_cert_warning_days=getattr(args, "tls_cert_warning_days",
-                                                 CERT_WARNING_DAYS))
+                                                 CERT_WARNING_DAYS),
+                   snapshot_metadata_address=getattr(args, "snapshot_metadata_address",
+                                                     SNAPSHOT_METADATA_ADDRESS))
     checks = run_checks(system, opts)
     out.write(to_json(checks) if args.json else render(checks))
     return exit_code(checks)

@@ -1,6 +1,6 @@
 """Doctor's checks of the deployment: the state and lock directories, the
 CSI socket, the mount propagation kubelet needs, and the snapshot-metadata
-sidecar's TLS certificate.
+sidecar's TLS certificate (its dates, and the host it is for).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from csi_local import config as config_mod
 from csi_local.ops.doctor.system import FAIL, OK, WARN, Check, System
-from csi_local.ops.x509 import CertificateError, pem_validity
+from csi_local.ops.x509 import AltNames, CertificateError, pem_certificate
 
 KUBELET_DIR = "/var/lib/kubelet"
 
@@ -115,6 +115,7 @@ def check_propagation(system: System, path: str = KUBELET_DIR) -> Check:
 # snapshot-metadata), for the fixes; and how early an expiry is a warning.
 SNAPSHOT_METADATA_SECRET = "csi-local-snapshot-metadata-tls"  # noqa: S105 - a name
 CERT_WARNING_DAYS = config_mod.DEFAULT_CERT_WARNING_DAYS
+SNAPSHOT_METADATA_ADDRESS = config_mod.DEFAULT_SNAPSHOT_METADATA_ADDRESS
 _CERT_FIX = (f"create the kubernetes.io/tls Secret {SNAPSHOT_METADATA_SECRET} (namespace "
              "csi-local), best with the cert-manager Certificate of docs/snapshot-metadata.md "
              "(\"TLS with cert-manager\"), which renews it; kubelet then updates this file "
@@ -125,13 +126,21 @@ def _date(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _names(names: AltNames) -> str:
+    shown = [f"DNS:{n}" for n in names.dns] + [f"IP:{a}" for a in names.ips]
+    return ", ".join(shown) if shown else "none"
+
+
 def check_tls_certificate(system: System, path: str, *,
-                          warning_days: int = CERT_WARNING_DAYS) -> Check:
+                          warning_days: int = CERT_WARNING_DAYS,
+                          address: str = SNAPSHOT_METADATA_ADDRESS) -> Check:
     """The snapshot-metadata sidecar's certificate (the Secret's tls.crt, as
-    mounted where doctor runs): there, a certificate, and not expired nor
-    expiring within `warning_days`. Without it the sidecar does not start
-    (changed-block tracking is down on the node); expired, every client
-    refuses it."""
+    mounted where doctor runs): there, a certificate, naming the host of
+    `address` (the SnapshotMetadataService's spec.address, host:port) among
+    its subject alternative names, and not expired nor expiring within
+    `warning_days`. Without it the sidecar does not start (changed-block
+    tracking is down on the node); expired, or for another name, every
+    client refuses it."""
     label = "snapshot-metadata TLS certificate"
     try:
         text = system.read_bytes(path).decode("ascii", errors="replace")
@@ -143,7 +152,7 @@ def check_tls_certificate(system: System, path: str, *,
         return Check(label, FAIL, f"{path} cannot be read: {err.strerror or err}",
                      "run doctor as root in the plugin's container")
     try:
-        valid = pem_validity(text)
+        valid, names = pem_certificate(text)
     except CertificateError as err:
         return Check(label, FAIL, f"{path} is not a PEM certificate: {err}",
                      f"put the sidecar's certificate (PEM) into the Secret "
@@ -154,6 +163,15 @@ def check_tls_certificate(system: System, path: str, *,
     if valid.not_after <= now:
         return Check(label, FAIL, f"{path} expired on {_date(valid.not_after)}: backup "
                      "clients refuse the sidecar", renew)
+    host = config_mod.parse_listen_address(address)[0]
+    if not names.covers(host):
+        return Check(label, FAIL, f"{path} is not for {host}, the host of the snapshot "
+                     f"metadata address {address}: its subject alternative names are "
+                     f"{_names(names)}, and backup clients that dial the address refuse the "
+                     "sidecar", f"issue it for {host} (the cert-manager Certificate's "
+                     "dnsNames, or subjectAltName in the openssl commands of "
+                     "docs/snapshot-metadata.md); or, when the SnapshotMetadataService's "
+                     "spec.address is another, give doctor that (--snapshot-metadata-address)")
     if valid.not_before > now:
         return Check(label, WARN, f"{path} is not valid before {_date(valid.not_before)}: "
                      "clients refuse it until then (or this node's clock is behind)",
@@ -162,4 +180,5 @@ def check_tls_certificate(system: System, path: str, *,
     if valid.not_after - now < timedelta(days=warning_days):
         return Check(label, WARN, f"{path} expires on {_date(valid.not_after)}, in {days} "
                      f"day(s)", renew)
-    return Check(label, OK, f"{path} valid until {_date(valid.not_after)} ({days} days)")
+    return Check(label, OK, f"{path} for {host}, valid until {_date(valid.not_after)} "
+                 f"({days} days)")

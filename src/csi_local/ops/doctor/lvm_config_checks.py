@@ -1,7 +1,7 @@
 """Doctor's checks of how LVM is set up where the plugin runs: lvm.conf's
-udev and monitoring settings, the lvm shell's command profile, and, in a
-container, whether the plugin's LVM sees the devices and VGs the host's
-does.
+udev and monitoring settings, the lvm shell's command profile, LVM's
+version beside the lvm2 that last wrote each VG, and, in a container,
+whether the plugin's LVM sees the devices and VGs the host's does.
 """
 
 from __future__ import annotations
@@ -9,13 +9,22 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from csi_local.errors import StorageError
 from csi_local.host.runner import Runner
 from csi_local.ops.doctor.system import OK, WARN, Check, System
-from csi_local.storage.lvm_config import physical_volumes, profile_dir, read_config
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm_config import (
+    SUPPORTED_LVM2,
+    lvm_versions,
+    physical_volumes,
+    profile_dir,
+    read_config,
+    release,
+    release_text,
+)
 from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
 
 LVM_SETTINGS = ("activation/udev_sync", "activation/udev_rules", "activation/monitoring")
@@ -199,3 +208,54 @@ def check_lvm_view(system: System, host_dir: str) -> Check:
     return Check(label, OK, f"the same as the host's ({host_dir}): {len(plugin.pvs)} PV(s)"
                  f"{' in ' + ', '.join(vgs) if vgs else ''}; filters, devices file "
                  f"({plugin.settings['devices file']}) and system ID settings alike")
+
+
+def check_lvm_versions(system: System, vgs: Sequence[str]) -> Check:
+    """This container's LVM (`lvm version`: the tools, the device-mapper
+    library, the kernel's driver) and, for each VG of `vgs`, the lvm2 that
+    last wrote its metadata and on which host, as the metadata's own text
+    says (read off the PVs: the host's lvm binary is out of the container's
+    reach, and a VG is written by the host's LVM and by the plugin's alike).
+
+    warn when a VG's metadata was written by an lvm2 newer than this one
+    (which may not read all of it, and drops what it does not know when it
+    writes the VG next) or outside the releases csi-local supports."""
+    label = "lvm versions"
+    try:
+        mine = lvm_versions(system.runner)
+        why = "lvm version printed none"
+    except StorageError as err:
+        mine, why = {}, err.message
+    ours = release(mine.get("LVM", ""))
+    shown = ", ".join(f"{name} {mine[key]}" for key, name in
+                      (("LVM", "LVM"), ("Library", "library"), ("Driver", "driver"))
+                      if key in mine)
+    parts = [f"here: {shown}" if shown else f"here: LVM version unknown ({why})"]
+    low, high = SUPPORTED_LVM2
+    supported = f"{release_text(low)} to {release_text(high)}"
+    problems, fixes = [], []
+    committed = CommittedMetadata(system.runner)
+    for vg in dict.fromkeys(vgs):
+        meta = committed.volume_group(vg)
+        written = release(meta.written_by) if meta is not None else None
+        if meta is None or written is None:
+            parts.append(f"VG {vg}: no lvm2 version read off its PVs")
+            continue
+        host = f" on {meta.creation_host}" if meta.creation_host else ""
+        parts.append(f"VG {vg} last written by LVM {meta.written_by}{host}")
+        if ours is not None and written > ours:
+            problems.append(f"VG {vg}'s metadata was written by lvm2 "
+                            f"{release_text(written)}{host}, newer than this "
+                            f"{release_text(ours)}: this LVM may misread it, and drops what "
+                            "it does not know when it writes the VG")
+            fixes.append("run the plugin's image whose lvm2 is at least as new as the "
+                         "host's (`lvm version` on the host)")
+        if not low <= written <= high:
+            problems.append(f"VG {vg}'s metadata was written by lvm2 "
+                            f"{release_text(written)}{host}, outside the releases csi-local "
+                            f"supports ({supported})")
+            fixes.append(f"use an lvm2 from {supported} on the host and in the image")
+    if problems:
+        return Check(label, WARN, "; ".join([*problems, *parts]),
+                     "; ".join(dict.fromkeys(fixes)))
+    return Check(label, OK, "; ".join(parts))
