@@ -298,6 +298,27 @@ def test_resizer_deployment_uses_node_expansion_only() -> None:
     assert "--leader-election" in resizer["args"]
 
 
+
+def test_resizer_watches_no_pods() -> None:
+    """The plugin expands online and never answers "volume in use", so
+    csi-resizer runs without its pod informer (--handle-volume-inuse-error
+    =false, as its README advises for such drivers): no watch of every pod in
+    the cluster under its memory limit, and no right to list them."""
+    dep = one("Deployment", "csi-local-resizer")
+    resizer = container(dep, "csi-resizer")
+    assert _flag(resizer, "--handle-volume-inuse-error") == "false"
+    sa = pod_spec(dep)["serviceAccountName"]
+    pods = {(g, res, verb) for g, res, verb in _granted(sa, dep["metadata"]["namespace"])
+            if res == "pods"}
+    assert not pods, pods
+
+
+def test_resizer_runs_on_linux_nodes() -> None:
+    """Both of the resizer pod's images are Linux images: a cluster with
+    Windows nodes must not schedule it there."""
+    spec = pod_spec(one("Deployment", "csi-local-resizer"))
+    assert spec.get("nodeSelector", {}).get("kubernetes.io/os") == "linux"
+
 # --- RBAC ---------------------------------------------------------------------
 
 # (apiGroup, resource, verb) each sidecar needs at the pinned version.
@@ -318,7 +339,7 @@ NEEDS = {
     },
     "csi-resizer": {
         ("", "persistentvolumeclaims/status", "patch"), ("", "persistentvolumes", "patch"),
-        ("", "pods", "list"), ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "create"),
         ("", "events", "create"),
     },
 }
