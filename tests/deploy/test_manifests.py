@@ -273,6 +273,21 @@ def test_provisioner_distributed_mode() -> None:
     assert ds["kind"] == "DaemonSet"
 
 
+
+def test_provisioner_timeout_outlasts_the_plugins_commands() -> None:
+    """csi-provisioner's --timeout outlasts the plugin's --command-timeout, so
+    it never gives up on a CreateVolume whose lvcreate still runs; and
+    node.yaml gives the real reason: CreateVolume runs lvcreate, and mkfs is
+    NodeStageVolume's (the comment once blamed mkfs)."""
+    ds = one("DaemonSet", "csi-local-node")
+    timeout = _flag(container(ds, "csi-provisioner"), "--timeout")
+    command = _env(container(ds, "csi-local"))["CSI_LOCAL_COMMAND_TIMEOUT"]["value"]
+    assert int(timeout.removesuffix("s")) > int(command)
+    text = (BASE_DIR / "node.yaml").read_text()
+    comment = text.split("- --worker-threads", 1)[0].rsplit("- --extra-create-metadata", 1)[1]
+    assert "lvcreate" in comment and "NodeStageVolume" in comment, comment
+    assert "mkfs of a large volume is slow" not in comment
+
 def test_snapshotter_distributed_mode() -> None:
     c = container(one("DaemonSet", "csi-local-node"), "csi-snapshotter")
     assert "--node-deployment" in c["args"]
