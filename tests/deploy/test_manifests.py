@@ -526,8 +526,19 @@ def _variant(kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+def _classes_config_map(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The generated ConfigMap csi-local-classes-<hash> of a build (default:
+    the device-classes example)."""
+    found = [d for d in (device_classes_docs() if docs is None else docs)
+             if d["kind"] == "ConfigMap"
+             and re.fullmatch(rf"{DEVICE_CLASSES_CONFIGMAP}-[a-z0-9]{{10}}",
+                              d["metadata"]["name"])]
+    assert len(found) == 1, [d["metadata"]["name"] for d in found]
+    return found[0]
+
+
 def _classes_text() -> str:
-    data = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+    data = _classes_config_map()["data"]
     assert set(data) == {"classes.toml"}, set(data)
     text: str = data["classes.toml"]
     return text
@@ -564,7 +575,7 @@ def test_device_classes_changes_only_what_it_should() -> None:
     added; the resizer (a capabilities-only plugin) and the rest stay."""
     changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new()}
     assert changed == {("DaemonSet", "csi-local-node"),
-                       ("ConfigMap", DEVICE_CLASSES_CONFIGMAP),
+                       ("ConfigMap", _classes_config_map()["metadata"]["name"]),
                        ("StorageClass", "csi-local-fast"),
                        ("StorageClass", "csi-local-big")}, changed
 
@@ -577,7 +588,7 @@ def test_device_classes_schema_valid(doc: dict[str, Any], version: str) -> None:
 
 
 def test_device_classes_configmap_shape() -> None:
-    cm = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)
+    cm = _classes_config_map()
     assert cm["metadata"]["namespace"] == one("Namespace", "csi-local")["metadata"]["name"]
     data = tomllib.loads(_classes_text())
     classes = check_classes_shape(data, "classes.toml")
@@ -586,6 +597,31 @@ def test_device_classes_configmap_shape() -> None:
     assert classes["fast"]["volume_group"] == "vg-nvme"
     assert classes["big"]["volume_group"] == "vg-hdd"
 
+
+
+def test_a_device_classes_edit_rolls_the_node_pods(tmp_path: Path) -> None:
+    """The plugin reads classes.toml only when it starts, and a mounted
+    ConfigMap's update never restarts it: the ConfigMap is generated, its
+    name carrying a hash of the file, so an edit changes the node pods'
+    template and `kubectl apply -k` rolls them (no manual rollout restart)."""
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(K8S_DIR, copy)
+    path = copy / DEVICE_CLASSES_DIR.relative_to(K8S_DIR) / "classes.toml"
+    edited = path.read_text().replace('readahead = "auto"', "readahead = 1024")
+    assert edited != path.read_text()
+    path.write_text(edited)
+    before, after = device_classes_docs(), kustomize_docs(path.parent)
+    old, new = _classes_config_map(before), _classes_config_map(after)
+    assert old["metadata"]["name"] != new["metadata"]["name"]
+    (a,) = [d for d in before if (d["kind"], d["metadata"]["name"]) == ("DaemonSet",
+                                                                         "csi-local-node")]
+    (b,) = [d for d in after if (d["kind"], d["metadata"]["name"]) == ("DaemonSet",
+                                                                        "csi-local-node")]
+    text = yaml.safe_dump(b["spec"]["template"])
+    assert new["metadata"]["name"] in text and old["metadata"]["name"] not in text
+    assert f"name: {DEVICE_CLASSES_CONFIGMAP}\n" not in text
+    assert a["spec"]["template"] != b["spec"]["template"]
+    assert "rollout restart" not in (DEVICE_CLASSES_DIR / "classes.toml").read_text()
 
 def test_device_classes_configmap_parses_with_the_plugins_parser() -> None:
     """The plugin's own parser (the one that refuses a bad file at start) takes
@@ -649,9 +685,9 @@ def test_device_classes_node_plugin_reads_the_configmap() -> None:
     mount = _mounts(c)[str(path.parent)]
     assert mount.get("readOnly") is True and "subPath" not in mount
     source = _volume(ds, mount["name"])["configMap"]
-    assert source["name"] == DEVICE_CLASSES_CONFIGMAP
+    assert source["name"] == _classes_config_map()["metadata"]["name"]
     assert {"key": "classes.toml", "path": path.name} in source["items"]
-    assert "classes.toml" in _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+    assert "classes.toml" in _classes_config_map()["data"]
 
     # the rest is node.yaml's
     base = one("DaemonSet", "csi-local-node")
