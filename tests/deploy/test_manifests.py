@@ -435,6 +435,42 @@ def test_node_plugin_runs_on_labelled_nodes_only() -> None:
     assert f"kubectl label node <node> {STORAGE_NODE_LABEL}=true" in docs
 
 
+
+# csi-provisioner v6.3.0 (--node-deployment) labels each CSIStorageCapacity it
+# makes with these, managed-by being "external-provisioner-<node>" (node names
+# up to 42 characters), and only manages the objects of its own node.
+CAPACITY_SELECTOR = (f"csi.storage.k8s.io/drivername={DRIVER},"
+                     "csi.storage.k8s.io/managed-by=external-provisioner-<node>")
+
+
+def test_taking_a_node_out_removes_its_capacities_and_topology_label() -> None:
+    """Unlabelling a node removes its plugin pod, but neither its
+    CSIStorageCapacity objects (the DaemonSet owns them) nor the topology
+    label kubelet set; the scheduler matches capacities by StorageClass and
+    node labels and would keep sending volumes there. The documented
+    procedure removes the label, waits for the node's pod to go, then deletes
+    the node's capacities and the topology label, in that order; the
+    troubleshooting page and node.yaml's comment name both steps."""
+    ds = one("DaemonSet", "csi-local-node")
+    pod_label = "app.kubernetes.io/name=" + (
+        ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"])
+    assert "--capacity-ownerref-level=1" in container(ds, "csi-provisioner")["args"]
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    block = _sh_block(text, f"{STORAGE_NODE_LABEL}-")
+    steps = [
+        f"kubectl label node <node> {STORAGE_NODE_LABEL}-",
+        f"kubectl -n csi-local get pods -l {pod_label} --field-selector spec.nodeName=<node>",
+        f"kubectl -n csi-local delete csistoragecapacities \\\n    -l {CAPACITY_SELECTOR}",
+        f"kubectl label node <node> {TOPOLOGY_KEY}-",
+    ]
+    where = [block.find(s) for s in steps]
+    assert -1 not in where, list(zip(steps, where, strict=True))
+    assert where == sorted(where), where
+    for path in (REPO / "docs" / "troubleshooting.md", BASE_DIR / "node.yaml"):
+        doc = path.read_text()
+        assert "managed-by=external-provisioner-<node>" in doc, path.name
+        assert f"kubectl label node <node> {TOPOLOGY_KEY}-" in doc, path.name
+
 def test_sidecars_beside_a_privileged_plugin_are_privileged() -> None:
     """On SELinux-enforcing nodes a confined container cannot use the socket a
     privileged one made (csi-driver-host-path runs its sidecars privileged
