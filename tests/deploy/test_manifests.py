@@ -27,7 +27,11 @@ from tests.deploy._deploy import (
     PLUGIN_IMAGE_RE,
     REPO,
     SIDECAR_IMAGES,
+    SNAPSHOT_CONTROLLER_DIR,
+    SNAPSHOT_METADATA_COMPONENT,
     SNAPSHOT_METADATA_DIR,
+    SNAPSHOTS_COMPONENT,
+    SNAPSHOTS_DIR,
     TOPOLOGY_KEY,
     VARIANT_DIRS,
     all_docs,
@@ -42,9 +46,11 @@ from tests.deploy._deploy import (
     load_docs,
     manifest_files,
     one,
+    one_of,
     pod_spec,
     run_lvm,
     snapshot_metadata_docs,
+    snapshots_docs,
 )
 
 # Oldest Kubernetes release this deployment supports; kubernetes-validate
@@ -68,7 +74,7 @@ CRD_KINDS = {"VolumeSnapshot", "VolumeSnapshotClass", "VolumeSnapshotContent"}
 
 def test_manifests_exist() -> None:
     kinds = {d["kind"] for _, d in all_docs()}
-    for kind in ("CSIDriver", "DaemonSet", "Deployment", "StorageClass", "VolumeSnapshotClass",
+    for kind in ("CSIDriver", "DaemonSet", "Deployment", "StorageClass",
                  "VolumeSnapshot", "PersistentVolumeClaim", "Pod", "ServiceAccount",
                  "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace",
                  "ConfigMap"):
@@ -108,7 +114,7 @@ def _check_meta(doc: dict[str, Any], namespaced: bool) -> None:
 
 
 def test_volume_snapshot_class_shape() -> None:
-    classes = find("VolumeSnapshotClass")
+    classes = [d for d in snapshots_docs() if d["kind"] == "VolumeSnapshotClass"]
     assert classes
     for c in classes:
         _check_meta(c, namespaced=False)
@@ -123,7 +129,8 @@ def test_volume_snapshot_class_shape() -> None:
 def test_volume_snapshot_shape() -> None:
     snaps = find("VolumeSnapshot")
     assert snaps
-    class_names = {c["metadata"]["name"] for c in find("VolumeSnapshotClass")}
+    class_names = {c["metadata"]["name"] for c in snapshots_docs()
+                   if c["kind"] == "VolumeSnapshotClass"}
     for s in snaps:
         _check_meta(s, namespaced=True)
         assert set(s) == {"apiVersion", "kind", "metadata", "spec"}
@@ -135,6 +142,216 @@ def test_volume_snapshot_shape() -> None:
         assert set(source) <= {"persistentVolumeClaimName", "volumeSnapshotContentName"}
         assert spec["volumeSnapshotClassName"] in class_names
 
+
+
+# --- snapshots: a component, over a base that needs no CRD ---------------------
+
+def _changed_or_new(directory: Path = DEVICE_CLASSES_DIR,
+                    against: Path | None = None) -> list[dict[str, Any]]:
+    """What `directory` renders that `against` (default: the deployment)
+    does not, changed or new."""
+    base = [d for _, d in all_docs()] if against is None else kustomize_docs(against)
+    return [d for d in kustomize_docs(directory) if all(d != b for b in base)]
+
+
+# The API groups a cluster serves without any CRD, of those the deployment uses.
+BUILT_IN_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "storage.k8s.io",
+                   "scheduling.k8s.io"}
+SNAPSHOT_GROUPS = {"snapshot.storage.k8s.io", "groupsnapshot.storage.k8s.io"}
+
+
+def _group(doc: dict[str, Any]) -> str:
+    api: str = doc["apiVersion"]
+    return api.rsplit("/", 1)[0] if "/" in api else ""
+
+
+def _containers(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    return {w["metadata"]["name"]: [image_repo(c["image"]) for c in pod_spec(w)["containers"]]
+            for w in docs if w["kind"] in ("DaemonSet", "Deployment")}
+
+
+def test_base_needs_no_snapshot_crds() -> None:
+    """`kubectl apply -k deploy/kubernetes` on a cluster without the snapshot
+    CRDs: every object is of a built-in kind (no "no matches for kind
+    VolumeSnapshotClass"), and no sidecar needs them (csi-snapshotter would
+    only log errors there); no rule grants snapshot resources either."""
+    docs = kustomize_docs(K8S_DIR)
+    assert {_group(d) for d in docs} <= BUILT_IN_GROUPS, {
+        (d["kind"], _group(d)) for d in docs if _group(d) not in BUILT_IN_GROUPS}
+    assert not [c for cs in _containers(docs).values() for c in cs
+                if c in ("csi-snapshotter", "csi-snapshot-metadata")]
+    rules = {g for d in docs if d["kind"] in ("ClusterRole", "Role")
+             for r in d["rules"] for g in r["apiGroups"]}
+    assert not rules & SNAPSHOT_GROUPS, rules & SNAPSHOT_GROUPS
+
+
+def test_snapshots_component_adds_what_needs_the_crds() -> None:
+    """The snapshots component adds the VolumeSnapshotClass, csi-snapshotter
+    after the node pod's other containers (the plugin stays the first, the
+    one `kubectl logs` takes) and the RBAC of snapshots; nothing else of the
+    deployment changes."""
+    base, docs = kustomize_docs(K8S_DIR), snapshots_docs()
+    added = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOTS_DIR)}
+    assert added == {("VolumeSnapshotClass", "csi-local"),
+                     ("DaemonSet", "csi-local-node"),
+                     ("ClusterRole", "csi-local-snapshotter"),
+                     ("ClusterRoleBinding", "csi-local-snapshotter"),
+                     ("ClusterRole", "csi-local-provisioner-snapshots"),
+                     ("ClusterRoleBinding", "csi-local-provisioner-snapshots")}, added
+    assert [d for d in docs if d["kind"] != "DaemonSet" and d not in base] == [
+        d for d in docs if d["kind"] != "DaemonSet" and (d["kind"], d["metadata"]["name"])
+        in added]
+    node, bare = one_of(docs, "DaemonSet", "csi-local-node"), one_of(base, "DaemonSet",
+                                                                      "csi-local-node")
+    assert _containers([node])["csi-local-node"] == [
+        *_containers([bare])["csi-local-node"], "csi-snapshotter"]
+    pod_spec(node)["containers"].pop()
+    assert node == bare
+    for d in docs:
+        if _group(d) in SNAPSHOT_GROUPS:
+            assert (d["kind"], d["metadata"]["name"]) in added
+
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(
+    "doc", [d for d in _changed_or_new(SNAPSHOTS_DIR) if d["kind"] not in CRD_KINDS],
+    ids=lambda d: f"snapshots:{d['kind']}/{d['metadata']['name']}")
+def test_snapshots_schema_valid(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
+
+@pytest.mark.parametrize("directory", [SNAPSHOTS_DIR, SNAPSHOT_METADATA_DIR,
+                                       DEVICE_CLASSES_DIR], ids=lambda d: d.name)
+def test_plugin_is_the_node_pods_first_container(directory: Path) -> None:
+    """Patches append, never put a sidecar before the plugin: `kubectl logs`
+    and `exec` take a pod's first container by default."""
+    node = one_of(kustomize_docs(directory), "DaemonSet", "csi-local-node")
+    assert pod_spec(node)["containers"][0]["name"] == "csi-local"
+
+
+def _snapshotter_tag() -> str:
+    return SIDECAR_IMAGES["csi-snapshotter"].rsplit(":", 1)[1]
+
+
+def test_snapshot_controller_kustomization(tmp_path: Path) -> None:
+    """deploy/kubernetes/snapshot-controller takes upstream's
+    snapshot-controller at the csi-snapshotter sidecar's release and gives it
+    what distributed snapshotting needs: --enable-distributed-snapshotting,
+    a ClusterRole that reads nodes, and the controller of that release.
+    Rendered against a stand-in of upstream's objects (names as upstream has
+    them; the tests have no network)."""
+    tag = _snapshotter_tag()
+    k = kustomization(SNAPSHOT_CONTROLLER_DIR)
+    remote = ("https://github.com/kubernetes-csi/external-snapshotter//deploy/kubernetes/"
+              f"snapshot-controller?ref={tag}")
+    assert k["resources"] == [remote]
+    stand_in = tmp_path / "upstream"
+    stand_in.mkdir()
+    (stand_in / "kustomization.yaml").write_text("resources: [objects.yaml]\n")
+    (stand_in / "objects.yaml").write_text(yaml.safe_dump_all([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "snapshot-controller-runner"},
+         "rules": [{"apiGroups": [""], "resources": ["persistentvolumes"],
+                    "verbs": ["get"]}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "snapshot-controller", "namespace": "kube-system"},
+         "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+             "metadata": {"labels": {"app": "x"}},
+             "spec": {"containers": [{
+                 "name": "snapshot-controller",
+                 "image": "registry.k8s.io/sig-storage/snapshot-controller:v0.0.0",
+                 "args": ["--v=5", "--leader-election=true"]}]}}}}]))
+    local = tmp_path / "controller"
+    local.mkdir()
+    k["resources"] = ["../upstream"]
+    (local / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    docs = kustomize_docs(local)
+    dep = one_of(docs, "Deployment", "snapshot-controller")
+    (c,) = pod_spec(dep)["containers"]
+    assert c["args"] == ["--v=5", "--leader-election=true",
+                         "--enable-distributed-snapshotting=true"]
+    assert c["image"] == f"registry.k8s.io/sig-storage/snapshot-controller:{tag}"
+    role = one_of(docs, "ClusterRole", "snapshot-controller-runner")
+    assert {("", "nodes", v) for v in ("get", "list", "watch")} <= _rules(role)
+
+
+CRD_INSTALL = ("kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter//"
+               "client/config/crd?ref={tag}'")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/kubernetes.md"])
+def test_docs_install_snapshots_step_by_step(doc: str) -> None:
+    """The README and the guide give the snapshot CRDs and controller inline,
+    pinned to the sidecar's release, before the deployment with snapshots."""
+    text = (REPO / doc).read_text()
+    crds = CRD_INSTALL.format(tag=_snapshotter_tag())
+    controller = "kubectl apply -k deploy/kubernetes/snapshot-controller"
+    assert crds in text and controller in text
+    assert text.index(crds) < text.index(controller)
+    assert "deploy/kubernetes/components/snapshots" in text
+
+
+def test_documented_snapshots_kustomization(tmp_path: Path) -> None:
+    """The kustomization docs/kubernetes.md shows to add snapshots renders
+    what the tests take as the deployment with snapshots."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    own = yaml.safe_load(_yaml_block(text, "components/snapshots"))
+    prefix = own["resources"][0].removesuffix("deploy/kubernetes")
+    assert own["resources"] == [f"{prefix}deploy/kubernetes"]
+    assert own["components"] == [f"{prefix}deploy/kubernetes/components/snapshots"]
+    own["resources"] = [os.path.relpath(K8S_DIR, tmp_path)]
+    own["components"] = [os.path.relpath(SNAPSHOTS_COMPONENT, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(own))
+    assert kustomize_docs(tmp_path) == snapshots_docs()
+
+
+def test_readme_snapshots_kustomization() -> None:
+    """The README's kustomization (written into my-csi-local/ at the
+    repository's root) takes the deployment and the snapshots component."""
+    text = (REPO / "README.md").read_text()
+    body = re.search(r"cat > my-csi-local/kustomization.yaml <<'EOF'\n(.*?)\nEOF\n", text, re.S)
+    assert body, "no kustomization in the README"
+    own = yaml.safe_load(body[1])
+    where = REPO / "my-csi-local"
+    assert [(where / r).resolve() for r in own["resources"]] == [K8S_DIR]
+    assert [(where / c).resolve() for c in own["components"]] == [SNAPSHOTS_COMPONENT]
+    assert "kubectl apply -k my-csi-local" in text
+
+
+def test_documented_snapshot_metadata_kustomization(tmp_path: Path) -> None:
+    """docs/snapshot-metadata.md's kustomization: the deployment with both
+    components, snapshots first; and the components apply the same way to
+    the device-classes overlay, as it says (the node pods then have the
+    classes, csi-snapshotter and the certificate for doctor)."""
+    text = SM_DOCS.read_text()
+    own = yaml.safe_load(_yaml_block(text, "components/snapshot-metadata"))
+    prefix = "../csi-local/deploy/kubernetes"
+    assert own["resources"] == [prefix]
+    assert own["components"] == [f"{prefix}/components/snapshots",
+                                 f"{prefix}/components/snapshot-metadata"]
+    assert f"{prefix}/examples/device-classes" in text
+    docs = snapshot_metadata_docs()
+    assert [_identity(d) for d in docs if _identity(d)[0] == "SnapshotMetadataService"]
+    both = kustomize_docs(_composed_over(DEVICE_CLASSES_DIR, tmp_path))
+    node = container(one_of(both, "DaemonSet", "csi-local-node"), "csi-local")
+    env = {e["name"] for e in node["env"]}
+    assert {"CSI_LOCAL_CONFIG", "CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT"} <= env
+    assert _containers([one_of(both, "DaemonSet", "csi-local-node")])["csi-local-node"][-1] == (
+        "csi-snapshotter")
+    assert one_of(both, "DaemonSet", SM_DAEMONSET)
+
+
+def _identity(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _composed_over(resource: Path, where: Path) -> Path:
+    """Both snapshot components over `resource`, in `where`."""
+    doc = {"resources": [os.path.relpath(resource, where)],
+           "components": [os.path.relpath(c, where)
+                          for c in (SNAPSHOTS_COMPONENT, SNAPSHOT_METADATA_COMPONENT)]}
+    (where / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return where
 
 # --- CSIDriver, StorageClass, examples ---------------------------------------
 
@@ -289,7 +506,7 @@ def test_provisioner_timeout_outlasts_the_plugins_commands() -> None:
     assert "mkfs of a large volume is slow" not in comment
 
 def test_snapshotter_distributed_mode() -> None:
-    c = container(one("DaemonSet", "csi-local-node"), "csi-snapshotter")
+    c = container(one_of(snapshots_docs(), "DaemonSet", "csi-local-node"), "csi-snapshotter")
     assert "--node-deployment" in c["args"]
     assert not any(a.startswith("--leader-election") for a in c["args"])
     assert _field_ref(c, "NODE_NAME") == "spec.nodeName"
@@ -390,7 +607,10 @@ def _granted(sa: str, namespace: str,
 
 @pytest.mark.parametrize("sidecar", sorted(NEEDS))
 def test_rbac_covers_sidecar(sidecar: str) -> None:
-    for _, doc in all_docs():
+    """With snapshots (the base has no csi-snapshotter, and grants nothing of
+    snapshot.storage.k8s.io: test_base_needs_no_snapshot_crds)."""
+    docs = snapshots_docs()
+    for doc in docs:
         if doc["kind"] not in ("DaemonSet", "Deployment"):
             continue
         names = [image_repo(c["image"]) for c in pod_spec(doc)["containers"]]
@@ -398,8 +618,8 @@ def test_rbac_covers_sidecar(sidecar: str) -> None:
             continue
         sa = pod_spec(doc)["serviceAccountName"]
         ns = doc["metadata"]["namespace"]
-        assert find("ServiceAccount", sa), f"ServiceAccount {sa} missing"
-        missing = NEEDS[sidecar] - _granted(sa, ns)
+        assert one_of(docs, "ServiceAccount", sa), f"ServiceAccount {sa} missing"
+        missing = NEEDS[sidecar] - _granted(sa, ns, docs)
         assert not missing, f"{sa} lacks {sorted(missing)}"
         return
     raise AssertionError(f"{sidecar} not deployed")
@@ -599,11 +819,6 @@ def _check_takes_every_manifest(directory: Path) -> None:
 
 def test_device_classes_kustomization_takes_every_manifest() -> None:
     _check_takes_every_manifest(DEVICE_CLASSES_DIR)
-
-
-def _changed_or_new(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, Any]]:
-    base = [d for _, d in all_docs()]
-    return [d for d in kustomize_docs(directory) if all(d != b for b in base)]
 
 
 def test_device_classes_changes_only_what_it_should() -> None:
@@ -820,8 +1035,22 @@ def _sh_block(text: str, marker: str) -> str:
     return str(blocks[0])
 
 
-def test_snapshot_metadata_kustomization_takes_every_manifest() -> None:
-    _check_takes_every_manifest(SNAPSHOT_METADATA_DIR)
+def _check_component_takes_every_manifest(directory: Path) -> None:
+    """A Component: every file of its directory is used, and none outside it
+    (no load restrictor to turn off)."""
+    (k,) = load_docs(directory / "kustomization.yaml")
+    assert k["kind"] == "Component" and k["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    resources = k.get("resources", [])
+    assert not [r for r in resources if "/" in r], resources
+    own = set(resources) | {p["path"] for p in k.get("patches", [])}
+    assert own == {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+    assert "load-restrictor" not in (directory / "kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("directory", [SNAPSHOTS_COMPONENT, SNAPSHOT_METADATA_COMPONENT],
+                         ids=lambda d: d.name)
+def test_components_take_every_manifest(directory: Path) -> None:
+    _check_component_takes_every_manifest(directory)
 
 
 def test_snapshot_metadata_changes_only_what_it_should() -> None:
@@ -830,7 +1059,8 @@ def test_snapshot_metadata_changes_only_what_it_should() -> None:
     DaemonSet changes, by the certificate for doctor alone (see
     test_snapshot_metadata_node_plugin_gets_the_certificate_only; the
     resizer's capabilities-only plugin serves no snapshot metadata)."""
-    changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOT_METADATA_DIR)}
+    changed = {(d["kind"], d["metadata"]["name"])
+               for d in _changed_or_new(SNAPSHOT_METADATA_DIR, SNAPSHOTS_DIR)}
     assert changed == {("DaemonSet", SM_DAEMONSET),
                        ("DaemonSet", "csi-local-node"),
                        ("ServiceAccount", SM_DAEMONSET),
@@ -844,7 +1074,7 @@ def test_snapshot_metadata_changes_only_what_it_should() -> None:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
-    "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR)
+    "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR, SNAPSHOTS_DIR)
             if d["kind"] != "SnapshotMetadataService"],  # a CRD kind: shape checked below
     ids=lambda d: f"snapshot-metadata:{d['kind']}/{d['metadata']['name']}")
 def test_snapshot_metadata_schema_valid(doc: dict[str, Any], version: str) -> None:
@@ -877,7 +1107,7 @@ def test_snapshot_metadata_service_object_shape() -> None:
     assert not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", SM_CA_PLACEHOLDER)
     replace = f'sed -i "s|{SM_CA_PLACEHOLDER}|'
     assert replace in SM_DOCS.read_text()
-    assert replace in (SNAPSHOT_METADATA_DIR / "snapshotmetadataservice.yaml").read_text()
+    assert replace in (SNAPSHOT_METADATA_COMPONENT / "snapshotmetadataservice.yaml").read_text()
 
 
 def test_snapshot_metadata_service_reaches_the_sidecar_on_the_clients_node() -> None:
@@ -962,7 +1192,8 @@ def test_snapshot_metadata_sidecar_container() -> None:
     assert _resolve_port(sidecar, probe["port"]) == http_port
     node = _sm("DaemonSet", "csi-local-node")
     assert [c["name"] for c in pod_spec(node)["containers"]] == [
-        c["name"] for c in pod_spec(one("DaemonSet", "csi-local-node"))["containers"]]
+        c["name"] for c in pod_spec(one_of(snapshots_docs(), "DaemonSet",
+                                           "csi-local-node"))["containers"]]
     assert SM_SIDECAR not in [c["name"] for c in pod_spec(node)["containers"]]
     assert spec["priorityClassName"] in {d["metadata"]["name"] for d in snapshot_metadata_docs()
                                          if d["kind"] == "PriorityClass"}
@@ -995,7 +1226,7 @@ def test_snapshot_metadata_node_plugin_gets_the_certificate_only() -> None:
     plugin["volumeMounts"].remove(mount)
     pod_spec(node)["volumes"] = [v for v in pod_spec(node)["volumes"]
                                  if v["name"] != mount["name"]]
-    assert node == one("DaemonSet", "csi-local-node")
+    assert node == one_of(snapshots_docs(), "DaemonSet", "csi-local-node")
 
 
 def test_snapshot_metadata_rbac_covers_sidecar() -> None:
@@ -1058,7 +1289,7 @@ def test_snapshot_metadata_docs_certificate(tmp_path: Path) -> None:
         assert (r.returncode == 0) == ok, (name, r.stdout + r.stderr)
 
     (sed,) = re.findall(r"^sed -i .*?\.yaml$", _sh_block(text, "kubectl apply -k"), re.S | re.M)
-    rel = SNAPSHOT_METADATA_DIR.relative_to(REPO) / "snapshotmetadataservice.yaml"
+    rel = SNAPSHOT_METADATA_COMPONENT.relative_to(REPO) / "snapshotmetadataservice.yaml"
     copy = tmp_path / "repo" / rel
     copy.parent.mkdir(parents=True)
     shutil.copy(REPO / rel, copy)
@@ -1240,8 +1471,9 @@ def test_api_credentials_only_where_the_api_is_called(directory: Path) -> None:
             ns = next(s["downwardAPI"] for s in sources if "downwardAPI" in s)
             assert ns["items"] == [{"path": "namespace",
                                     "fieldRef": {"fieldPath": "metadata.namespace"}}]
-    expected = API_CALLERS if directory == SNAPSHOT_METADATA_DIR else (
-        API_CALLERS - {"csi-snapshot-metadata"})
+    expected = {SNAPSHOT_METADATA_DIR: API_CALLERS,
+                SNAPSHOTS_DIR: API_CALLERS - {"csi-snapshot-metadata"}}.get(
+        directory, API_CALLERS - {"csi-snapshot-metadata", "csi-snapshotter"})
     assert seen == expected
 
 
