@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests.deploy._deploy import (
     DEVICE_CLASSES_DIR,
     DRIVER,
     K8S_DIR,
+    KUBELET_DIR_COMPONENT,
     PLUGIN_IMAGE_NAME,
     PLUGIN_IMAGE_RE,
     REPO,
@@ -36,6 +38,7 @@ from tests.deploy._deploy import (
     VARIANT_DIRS,
     all_docs,
     check_classes_shape,
+    compose,
     container,
     device_classes_docs,
     find,
@@ -295,7 +298,9 @@ def test_documented_snapshots_kustomization(tmp_path: Path) -> None:
     """The kustomization docs/kubernetes.md shows to add snapshots renders
     what the tests take as the deployment with snapshots."""
     text = (REPO / "docs" / "kubernetes.md").read_text()
-    own = yaml.safe_load(_yaml_block(text, "components/snapshots"))
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
+                if b.rstrip().endswith("components/snapshots")]
+    own = yaml.safe_load(block)
     prefix = own["resources"][0].removesuffix("deploy/kubernetes")
     assert own["resources"] == [f"{prefix}deploy/kubernetes"]
     assert own["components"] == [f"{prefix}deploy/kubernetes/components/snapshots"]
@@ -352,6 +357,89 @@ def _composed_over(resource: Path, where: Path) -> Path:
                           for c in (SNAPSHOTS_COMPONENT, SNAPSHOT_METADATA_COMPONENT)]}
     (where / "kustomization.yaml").write_text(yaml.safe_dump(doc))
     return where
+
+
+# --- another kubelet directory (components/kubelet-dir) ------------------------
+
+KUBELET_DIRS = {"microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+                "k0s": "/var/lib/k0s/kubelet"}
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+
+
+def _kubelet_dir_docs(name: str, path: str, kustomization: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployment with both snapshot components and the kubelet-dir
+    component, its path given as `kustomization` (the documented one) gives it."""
+    extra = {k: v for k, v in kustomization.items()
+             if k not in ("apiVersion", "kind", "resources", "components")}
+    (generator,) = extra["configMapGenerator"]
+    generator["literals"] = [f"path={path}"]
+    return kustomize_docs(compose(f"kubelet-dir-{name}", SNAPSHOTS_COMPONENT,
+                                  SNAPSHOT_METADATA_COMPONENT, KUBELET_DIR_COMPONENT,
+                                  extra=extra))
+
+
+def _documented_kubelet_dir() -> dict[str, Any]:
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    doc: dict[str, Any] = yaml.safe_load(_yaml_block(text, "components/kubelet-dir"))
+    return doc
+
+
+@pytest.mark.parametrize("name", sorted(KUBELET_DIRS))
+def test_kubelet_dir_component(name: str) -> None:
+    """One value moves every use of the kubelet directory: nothing names
+    /var/lib/kubelet any more; the plugin mounts the directory at the host's
+    own path (kubelet passes host paths), Bidirectional; the socket kubelet
+    is told of (--kubelet-registration-path, expanded) is the file the plugin
+    serves on, through the hostPaths, as is the one the snapshot-metadata
+    sidecar dials; the registration directory is kubelet's."""
+    path = KUBELET_DIRS[name]
+    doc = _documented_kubelet_dir()
+    docs = _kubelet_dir_docs(name, path, doc)
+    for s in _strings(docs):
+        for token in re.split(r"=|unix://", s):
+            assert not token.startswith("/var/lib/kubelet"), s
+    assert not [d for d in docs if d["metadata"]["name"] == "csi-local-kubelet-dir"]
+    ds = one_of(docs, "DaemonSet", "csi-local-node")
+    plugin = container(ds, "csi-local")
+    (mount,) = [m for m in plugin["volumeMounts"] if m["name"] == "kubelet-dir"]
+    assert mount["mountPath"] == path and mount["mountPropagation"] == "Bidirectional"
+    assert _host_path(ds, "kubelet-dir") == path
+    socket = _host_file(ds, plugin, _env(plugin)["CSI_ENDPOINT"]["value"].removeprefix("unix://"))
+    assert socket == PurePosixPath(path, "plugins", DRIVER, "csi.sock")
+    reg = container(ds, "node-driver-registrar")
+    assert PurePosixPath(_expand(reg, _flag(reg, "--kubelet-registration-path"))) == socket
+    assert _host_path(ds, _mounts(reg)["/registration"]["name"]) == f"{path}/plugins_registry"
+    for c in pod_spec(ds)["containers"]:
+        if "/csi" in _mounts(c):
+            assert _host_file(ds, c, "/csi/csi.sock") == socket, c["name"]
+    sm = one_of(docs, "DaemonSet", SM_DAEMONSET)
+    sidecar = container(sm, SM_SIDECAR)
+    assert _host_file(sm, sidecar, _flag(sidecar, "--csi-address")) == socket
+
+
+def test_kubelet_dir_documented() -> None:
+    """The guide's kustomization lists the component last (after the
+    components whose objects it changes), with the ConfigMap it reads as
+    local configuration, and names the paths of microk8s and k0s."""
+    doc = _documented_kubelet_dir()
+    assert doc["components"][-1].endswith("deploy/kubernetes/components/kubelet-dir")
+    (generator,) = doc["configMapGenerator"]
+    assert generator["name"] == "csi-local-kubelet-dir"
+    assert generator["options"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    for path in KUBELET_DIRS.values():
+        assert path in text
+    assert "change the hostPaths in `base/node.yaml`" not in text
 
 # --- CSIDriver, StorageClass, examples ---------------------------------------
 
@@ -446,8 +534,10 @@ def test_node_plugin_container() -> None:
     c = container(ds, "csi-local")
     assert c["securityContext"]["privileged"] is True
     assert _field_ref(c, "NODE_ID") == "spec.nodeName"
-    assert _env(c)["CSI_ENDPOINT"]["value"] == (
-        f"unix:///var/lib/kubelet/plugins/{DRIVER}/csi.sock")
+    endpoint = _env(c)["CSI_ENDPOINT"]["value"]
+    assert endpoint == "unix:///csi/csi.sock"
+    assert _host_file(ds, c, endpoint.removeprefix("unix://")) == PurePosixPath(
+        f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock")
     assert _env(c)["CSI_LOCAL_DRIVER_NAME"]["value"] == DRIVER
     mounts = _mounts(c)
     assert mounts["/var/lib/kubelet"]["mountPropagation"] == "Bidirectional"
@@ -463,8 +553,8 @@ def test_node_plugin_container() -> None:
 def test_node_registrar_and_liveness() -> None:
     ds = one("DaemonSet", "csi-local-node")
     reg = container(ds, "node-driver-registrar")
-    assert (f"--kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
-            in reg["args"])
+    assert _expand(reg, _flag(reg, "--kubelet-registration-path")) == (
+        f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock")
     assert _host_path(ds, _mounts(reg)["/registration"]["name"]) == (
         "/var/lib/kubelet/plugins_registry")
     assert _host_path(ds, _mounts(reg)["/csi"]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}"
@@ -1020,6 +1110,13 @@ def _host_file(workload: dict[str, Any], c: dict[str, Any], path: str) -> PurePo
     m = max(mounts, key=lambda m: len(PurePosixPath(m["mountPath"]).parts))
     return PurePosixPath(_host_path(workload, m["name"])) / p.relative_to(m["mountPath"])
 
+
+
+def _expand(c: dict[str, Any], value: str) -> str:
+    """`value` with the $(NAME) references kubelet expands from the
+    container's literal environment variables."""
+    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], value)
 
 def _resolve_port(c: dict[str, Any], port: int | str) -> int:
     if isinstance(port, int):
