@@ -22,7 +22,7 @@ DEFAULT_STATE_DIR = "/var/lib/csi-local"
 # renews 30 days before by default, so a warning means renewal is failing).
 DEFAULT_CERT_WARNING_DAYS = 14
 # spec.address of the SnapshotMetadataService the snapshot-metadata example
-# ships (deploy/kubernetes/examples/snapshot-metadata): where backup clients
+# ships (deploy/kubernetes/components/snapshot-metadata): where backup clients
 # dial the sidecar, so the host its certificate must name.
 DEFAULT_SNAPSHOT_METADATA_ADDRESS = "csi-local-snapshot-metadata.csi-local.svc:6443"
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")

@@ -3,12 +3,15 @@ collect what they pass to the plugin."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +27,48 @@ BASE_DIR = K8S_DIR / "base"
 # Workloads to try the driver with (PVCs, a pod, snapshots): no part of the
 # deployment, applied with -f one by one.
 EXAMPLES_DIR = K8S_DIR / "examples"
-# The overlays of BASE_DIR: device-classes: several thin pools per node;
-# snapshot-metadata: the external-snapshot-metadata sidecar (changed-block
-# tracking).
+# The overlay of BASE_DIR: several thin pools per node.
 DEVICE_CLASSES_DIR = EXAMPLES_DIR / "device-classes"
-SNAPSHOT_METADATA_DIR = EXAMPLES_DIR / "snapshot-metadata"
-VARIANT_DIRS = (DEVICE_CLASSES_DIR, SNAPSHOT_METADATA_DIR)
+# The kustomize Components an operator adds to the deployment in a
+# kustomization of their own: snapshots (the VolumeSnapshotClass,
+# csi-snapshotter and their RBAC: all that needs the snapshot CRDs),
+# snapshot-metadata (changed-block tracking, over snapshots) and kubelet-dir
+# (another kubelet root directory).
+COMPONENTS_DIR = K8S_DIR / "components"
+SNAPSHOTS_COMPONENT = COMPONENTS_DIR / "snapshots"
+SNAPSHOT_METADATA_COMPONENT = COMPONENTS_DIR / "snapshot-metadata"
+KUBELET_DIR_COMPONENT = COMPONENTS_DIR / "kubelet-dir"
+# The upstream snapshot-controller with csi-local's changes (a remote base:
+# rendered only against a stand-in, tests have no network).
+SNAPSHOT_CONTROLLER_DIR = K8S_DIR / "snapshot-controller"
+
+# Kustomizations made for the tests, the way an operator's own would be.
+_COMPOSED_ROOT = Path(tempfile.mkdtemp(prefix="csi-local-kustomizations-"))
+atexit.register(shutil.rmtree, _COMPOSED_ROOT, True)
+
+
+def compose(name: str, *components: Path, resource: Path = K8S_DIR,
+            extra: dict[str, Any] | None = None) -> Path:
+    """A directory holding a kustomization of `resource` (default: the
+    deployment) with `components` added in that order (and the `extra`
+    fields), as an operator's own kustomization would. Paths are relative:
+    kustomize takes no absolute ones."""
+    directory = _COMPOSED_ROOT / name
+    directory.mkdir()
+    doc: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(resource, directory)],
+        "components": [os.path.relpath(c, directory) for c in components],
+        **(extra or {})}
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return directory
+
+
+# The deployment with snapshots, and with changed-block tracking too.
+SNAPSHOTS_DIR = compose("snapshots", SNAPSHOTS_COMPONENT)
+SNAPSHOT_METADATA_DIR = compose("snapshot-metadata", SNAPSHOTS_COMPONENT,
+                                SNAPSHOT_METADATA_COMPONENT)
+VARIANT_DIRS = (DEVICE_CLASSES_DIR, SNAPSHOTS_DIR, SNAPSHOT_METADATA_DIR)
 NOMAD_DIR = REPO / "deploy" / "nomad"
 CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 
@@ -47,7 +86,7 @@ SIDECAR_IMAGES = {
     "csi-resizer": "registry.k8s.io/sig-storage/csi-resizer:v2.2.1",
     "csi-node-driver-registrar": "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0",
     "livenessprobe": "registry.k8s.io/sig-storage/livenessprobe:v2.19.0",
-    # examples/snapshot-metadata only
+    # components/snapshot-metadata only
     "csi-snapshot-metadata": "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.1.0",
 }
 
@@ -200,6 +239,17 @@ def device_classes_docs() -> list[dict[str, Any]]:
 
 def snapshot_metadata_docs() -> list[dict[str, Any]]:
     return kustomize_docs(SNAPSHOT_METADATA_DIR)
+
+
+def snapshots_docs() -> list[dict[str, Any]]:
+    """The deployment with the snapshots component."""
+    return kustomize_docs(SNAPSHOTS_DIR)
+
+
+def one_of(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
 
 
 # The shape of a device classes file (docs/device-classes.md); the plugin's own

@@ -135,7 +135,7 @@ def _doctor(root: Path, now: datetime) -> doctor.Check:
 
 
 CERT = "/etc/csi-snapshot-metadata/tls/tls.crt"
-SM_ADDRESS = yaml.safe_load((REPO / "deploy/kubernetes/examples/snapshot-metadata/"
+SM_ADDRESS = yaml.safe_load((REPO / "deploy/kubernetes/components/snapshot-metadata/"
                              "snapshotmetadataservice.yaml").read_text())["spec"]["address"]
 
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -23,15 +24,21 @@ from tests.deploy._deploy import (
     DEVICE_CLASSES_DIR,
     DRIVER,
     K8S_DIR,
+    KUBELET_DIR_COMPONENT,
     PLUGIN_IMAGE_NAME,
     PLUGIN_IMAGE_RE,
     REPO,
     SIDECAR_IMAGES,
+    SNAPSHOT_CONTROLLER_DIR,
+    SNAPSHOT_METADATA_COMPONENT,
     SNAPSHOT_METADATA_DIR,
+    SNAPSHOTS_COMPONENT,
+    SNAPSHOTS_DIR,
     TOPOLOGY_KEY,
     VARIANT_DIRS,
     all_docs,
     check_classes_shape,
+    compose,
     container,
     device_classes_docs,
     find,
@@ -42,9 +49,11 @@ from tests.deploy._deploy import (
     load_docs,
     manifest_files,
     one,
+    one_of,
     pod_spec,
     run_lvm,
     snapshot_metadata_docs,
+    snapshots_docs,
 )
 
 # Oldest Kubernetes release this deployment supports; kubernetes-validate
@@ -68,7 +77,7 @@ CRD_KINDS = {"VolumeSnapshot", "VolumeSnapshotClass", "VolumeSnapshotContent"}
 
 def test_manifests_exist() -> None:
     kinds = {d["kind"] for _, d in all_docs()}
-    for kind in ("CSIDriver", "DaemonSet", "Deployment", "StorageClass", "VolumeSnapshotClass",
+    for kind in ("CSIDriver", "DaemonSet", "Deployment", "StorageClass",
                  "VolumeSnapshot", "PersistentVolumeClaim", "Pod", "ServiceAccount",
                  "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace",
                  "ConfigMap"):
@@ -108,7 +117,7 @@ def _check_meta(doc: dict[str, Any], namespaced: bool) -> None:
 
 
 def test_volume_snapshot_class_shape() -> None:
-    classes = find("VolumeSnapshotClass")
+    classes = [d for d in snapshots_docs() if d["kind"] == "VolumeSnapshotClass"]
     assert classes
     for c in classes:
         _check_meta(c, namespaced=False)
@@ -123,7 +132,8 @@ def test_volume_snapshot_class_shape() -> None:
 def test_volume_snapshot_shape() -> None:
     snaps = find("VolumeSnapshot")
     assert snaps
-    class_names = {c["metadata"]["name"] for c in find("VolumeSnapshotClass")}
+    class_names = {c["metadata"]["name"] for c in snapshots_docs()
+                   if c["kind"] == "VolumeSnapshotClass"}
     for s in snaps:
         _check_meta(s, namespaced=True)
         assert set(s) == {"apiVersion", "kind", "metadata", "spec"}
@@ -135,6 +145,301 @@ def test_volume_snapshot_shape() -> None:
         assert set(source) <= {"persistentVolumeClaimName", "volumeSnapshotContentName"}
         assert spec["volumeSnapshotClassName"] in class_names
 
+
+
+# --- snapshots: a component, over a base that needs no CRD ---------------------
+
+def _changed_or_new(directory: Path = DEVICE_CLASSES_DIR,
+                    against: Path | None = None) -> list[dict[str, Any]]:
+    """What `directory` renders that `against` (default: the deployment)
+    does not, changed or new."""
+    base = [d for _, d in all_docs()] if against is None else kustomize_docs(against)
+    return [d for d in kustomize_docs(directory) if all(d != b for b in base)]
+
+
+# The API groups a cluster serves without any CRD, of those the deployment uses.
+BUILT_IN_GROUPS = {"", "apps", "rbac.authorization.k8s.io", "storage.k8s.io",
+                   "scheduling.k8s.io"}
+SNAPSHOT_GROUPS = {"snapshot.storage.k8s.io", "groupsnapshot.storage.k8s.io"}
+
+
+def _group(doc: dict[str, Any]) -> str:
+    api: str = doc["apiVersion"]
+    return api.rsplit("/", 1)[0] if "/" in api else ""
+
+
+def _containers(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    return {w["metadata"]["name"]: [image_repo(c["image"]) for c in pod_spec(w)["containers"]]
+            for w in docs if w["kind"] in ("DaemonSet", "Deployment")}
+
+
+def test_base_needs_no_snapshot_crds() -> None:
+    """`kubectl apply -k deploy/kubernetes` on a cluster without the snapshot
+    CRDs: every object is of a built-in kind (no "no matches for kind
+    VolumeSnapshotClass"), and no sidecar needs them (csi-snapshotter would
+    only log errors there); no rule grants snapshot resources either."""
+    docs = kustomize_docs(K8S_DIR)
+    assert {_group(d) for d in docs} <= BUILT_IN_GROUPS, {
+        (d["kind"], _group(d)) for d in docs if _group(d) not in BUILT_IN_GROUPS}
+    assert not [c for cs in _containers(docs).values() for c in cs
+                if c in ("csi-snapshotter", "csi-snapshot-metadata")]
+    rules = {g for d in docs if d["kind"] in ("ClusterRole", "Role")
+             for r in d["rules"] for g in r["apiGroups"]}
+    assert not rules & SNAPSHOT_GROUPS, rules & SNAPSHOT_GROUPS
+
+
+def test_snapshots_component_adds_what_needs_the_crds() -> None:
+    """The snapshots component adds the VolumeSnapshotClass, csi-snapshotter
+    after the node pod's other containers (the plugin stays the first, the
+    one `kubectl logs` takes) and the RBAC of snapshots; nothing else of the
+    deployment changes."""
+    base, docs = kustomize_docs(K8S_DIR), snapshots_docs()
+    added = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOTS_DIR)}
+    assert added == {("VolumeSnapshotClass", "csi-local"),
+                     ("DaemonSet", "csi-local-node"),
+                     ("ClusterRole", "csi-local-snapshotter"),
+                     ("ClusterRoleBinding", "csi-local-snapshotter"),
+                     ("ClusterRole", "csi-local-provisioner-snapshots"),
+                     ("ClusterRoleBinding", "csi-local-provisioner-snapshots")}, added
+    assert [d for d in docs if d["kind"] != "DaemonSet" and d not in base] == [
+        d for d in docs if d["kind"] != "DaemonSet" and (d["kind"], d["metadata"]["name"])
+        in added]
+    node, bare = one_of(docs, "DaemonSet", "csi-local-node"), one_of(base, "DaemonSet",
+                                                                      "csi-local-node")
+    assert _containers([node])["csi-local-node"] == [
+        *_containers([bare])["csi-local-node"], "csi-snapshotter"]
+    pod_spec(node)["containers"].pop()
+    assert node == bare
+    for d in docs:
+        if _group(d) in SNAPSHOT_GROUPS:
+            assert (d["kind"], d["metadata"]["name"]) in added
+
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(
+    "doc", [d for d in _changed_or_new(SNAPSHOTS_DIR) if d["kind"] not in CRD_KINDS],
+    ids=lambda d: f"snapshots:{d['kind']}/{d['metadata']['name']}")
+def test_snapshots_schema_valid(doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
+
+@pytest.mark.parametrize("directory", [SNAPSHOTS_DIR, SNAPSHOT_METADATA_DIR,
+                                       DEVICE_CLASSES_DIR], ids=lambda d: d.name)
+def test_plugin_is_the_node_pods_first_container(directory: Path) -> None:
+    """Patches append, never put a sidecar before the plugin: `kubectl logs`
+    and `exec` take a pod's first container by default."""
+    node = one_of(kustomize_docs(directory), "DaemonSet", "csi-local-node")
+    assert pod_spec(node)["containers"][0]["name"] == "csi-local"
+
+
+def _snapshotter_tag() -> str:
+    return SIDECAR_IMAGES["csi-snapshotter"].rsplit(":", 1)[1]
+
+
+def test_snapshot_controller_kustomization(tmp_path: Path) -> None:
+    """deploy/kubernetes/snapshot-controller takes upstream's
+    snapshot-controller at the csi-snapshotter sidecar's release and gives it
+    what distributed snapshotting needs: --enable-distributed-snapshotting,
+    a ClusterRole that reads nodes, and the controller of that release.
+    Rendered against a stand-in of upstream's objects (names as upstream has
+    them; the tests have no network)."""
+    tag = _snapshotter_tag()
+    k = kustomization(SNAPSHOT_CONTROLLER_DIR)
+    remote = ("https://github.com/kubernetes-csi/external-snapshotter//deploy/kubernetes/"
+              f"snapshot-controller?ref={tag}")
+    assert k["resources"] == [remote]
+    stand_in = tmp_path / "upstream"
+    stand_in.mkdir()
+    (stand_in / "kustomization.yaml").write_text("resources: [objects.yaml]\n")
+    (stand_in / "objects.yaml").write_text(yaml.safe_dump_all([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "snapshot-controller-runner"},
+         "rules": [{"apiGroups": [""], "resources": ["persistentvolumes"],
+                    "verbs": ["get"]}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "snapshot-controller", "namespace": "kube-system"},
+         "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+             "metadata": {"labels": {"app": "x"}},
+             "spec": {"containers": [{
+                 "name": "snapshot-controller",
+                 "image": "registry.k8s.io/sig-storage/snapshot-controller:v0.0.0",
+                 "args": ["--v=5", "--leader-election=true"]}]}}}}]))
+    local = tmp_path / "controller"
+    local.mkdir()
+    k["resources"] = ["../upstream"]
+    (local / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    docs = kustomize_docs(local)
+    dep = one_of(docs, "Deployment", "snapshot-controller")
+    (c,) = pod_spec(dep)["containers"]
+    assert c["args"] == ["--v=5", "--leader-election=true",
+                         "--enable-distributed-snapshotting=true"]
+    assert c["image"] == f"registry.k8s.io/sig-storage/snapshot-controller:{tag}"
+    role = one_of(docs, "ClusterRole", "snapshot-controller-runner")
+    assert {("", "nodes", v) for v in ("get", "list", "watch")} <= _rules(role)
+
+
+CRD_INSTALL = ("kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter//"
+               "client/config/crd?ref={tag}'")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/kubernetes.md"])
+def test_docs_install_snapshots_step_by_step(doc: str) -> None:
+    """The README and the guide give the snapshot CRDs and controller inline,
+    pinned to the sidecar's release, before the deployment with snapshots."""
+    text = (REPO / doc).read_text()
+    crds = CRD_INSTALL.format(tag=_snapshotter_tag())
+    controller = "kubectl apply -k deploy/kubernetes/snapshot-controller"
+    assert crds in text and controller in text
+    assert text.index(crds) < text.index(controller)
+    assert "deploy/kubernetes/components/snapshots" in text
+
+
+def test_documented_snapshots_kustomization(tmp_path: Path) -> None:
+    """The kustomization docs/kubernetes.md shows to add snapshots renders
+    what the tests take as the deployment with snapshots."""
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
+                if b.rstrip().endswith("components/snapshots")]
+    own = yaml.safe_load(block)
+    prefix = own["resources"][0].removesuffix("deploy/kubernetes")
+    assert own["resources"] == [f"{prefix}deploy/kubernetes"]
+    assert own["components"] == [f"{prefix}deploy/kubernetes/components/snapshots"]
+    own["resources"] = [os.path.relpath(K8S_DIR, tmp_path)]
+    own["components"] = [os.path.relpath(SNAPSHOTS_COMPONENT, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(own))
+    assert kustomize_docs(tmp_path) == snapshots_docs()
+
+
+def test_readme_snapshots_kustomization() -> None:
+    """The README's kustomization (written into my-csi-local/ at the
+    repository's root) takes the deployment and the snapshots component."""
+    text = (REPO / "README.md").read_text()
+    body = re.search(r"cat > my-csi-local/kustomization.yaml <<'EOF'\n(.*?)\nEOF\n", text, re.S)
+    assert body, "no kustomization in the README"
+    own = yaml.safe_load(body[1])
+    where = REPO / "my-csi-local"
+    assert [(where / r).resolve() for r in own["resources"]] == [K8S_DIR]
+    assert [(where / c).resolve() for c in own["components"]] == [SNAPSHOTS_COMPONENT]
+    assert "kubectl apply -k my-csi-local" in text
+
+
+def test_documented_snapshot_metadata_kustomization(tmp_path: Path) -> None:
+    """docs/snapshot-metadata.md's kustomization: the deployment with both
+    components, snapshots first; and the components apply the same way to
+    the device-classes overlay, as it says (the node pods then have the
+    classes, csi-snapshotter and the certificate for doctor)."""
+    text = SM_DOCS.read_text()
+    own = yaml.safe_load(_yaml_block(text, "components/snapshot-metadata"))
+    prefix = "../csi-local/deploy/kubernetes"
+    assert own["resources"] == [prefix]
+    assert own["components"] == [f"{prefix}/components/snapshots",
+                                 f"{prefix}/components/snapshot-metadata"]
+    assert f"{prefix}/examples/device-classes" in text
+    docs = snapshot_metadata_docs()
+    assert [_identity(d) for d in docs if _identity(d)[0] == "SnapshotMetadataService"]
+    both = kustomize_docs(_composed_over(DEVICE_CLASSES_DIR, tmp_path))
+    node = container(one_of(both, "DaemonSet", "csi-local-node"), "csi-local")
+    env = {e["name"] for e in node["env"]}
+    assert {"CSI_LOCAL_CONFIG", "CSI_LOCAL_SNAPSHOT_METADATA_TLS_CERT"} <= env
+    assert _containers([one_of(both, "DaemonSet", "csi-local-node")])["csi-local-node"][-1] == (
+        "csi-snapshotter")
+    assert one_of(both, "DaemonSet", SM_DAEMONSET)
+
+
+def _identity(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _composed_over(resource: Path, where: Path) -> Path:
+    """Both snapshot components over `resource`, in `where`."""
+    doc = {"resources": [os.path.relpath(resource, where)],
+           "components": [os.path.relpath(c, where)
+                          for c in (SNAPSHOTS_COMPONENT, SNAPSHOT_METADATA_COMPONENT)]}
+    (where / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return where
+
+
+# --- another kubelet directory (components/kubelet-dir) ------------------------
+
+KUBELET_DIRS = {"microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+                "k0s": "/var/lib/k0s/kubelet"}
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+
+
+def _kubelet_dir_docs(name: str, path: str, kustomization: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployment with both snapshot components and the kubelet-dir
+    component, its path given as `kustomization` (the documented one) gives it."""
+    extra = {k: v for k, v in kustomization.items()
+             if k not in ("apiVersion", "kind", "resources", "components")}
+    (generator,) = extra["configMapGenerator"]
+    generator["literals"] = [f"path={path}"]
+    return kustomize_docs(compose(f"kubelet-dir-{name}", SNAPSHOTS_COMPONENT,
+                                  SNAPSHOT_METADATA_COMPONENT, KUBELET_DIR_COMPONENT,
+                                  extra=extra))
+
+
+def _documented_kubelet_dir() -> dict[str, Any]:
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    doc: dict[str, Any] = yaml.safe_load(_yaml_block(text, "components/kubelet-dir"))
+    return doc
+
+
+@pytest.mark.parametrize("name", sorted(KUBELET_DIRS))
+def test_kubelet_dir_component(name: str) -> None:
+    """One value moves every use of the kubelet directory: nothing names
+    /var/lib/kubelet any more; the plugin mounts the directory at the host's
+    own path (kubelet passes host paths), Bidirectional; the socket kubelet
+    is told of (--kubelet-registration-path, expanded) is the file the plugin
+    serves on, through the hostPaths, as is the one the snapshot-metadata
+    sidecar dials; the registration directory is kubelet's."""
+    path = KUBELET_DIRS[name]
+    doc = _documented_kubelet_dir()
+    docs = _kubelet_dir_docs(name, path, doc)
+    for s in _strings(docs):
+        for token in re.split(r"=|unix://", s):
+            assert not token.startswith("/var/lib/kubelet"), s
+    assert not [d for d in docs if d["metadata"]["name"] == "csi-local-kubelet-dir"]
+    ds = one_of(docs, "DaemonSet", "csi-local-node")
+    plugin = container(ds, "csi-local")
+    (mount,) = [m for m in plugin["volumeMounts"] if m["name"] == "kubelet-dir"]
+    assert mount["mountPath"] == path and mount["mountPropagation"] == "Bidirectional"
+    assert _host_path(ds, "kubelet-dir") == path
+    socket = _host_file(ds, plugin, _env(plugin)["CSI_ENDPOINT"]["value"].removeprefix("unix://"))
+    assert socket == PurePosixPath(path, "plugins", DRIVER, "csi.sock")
+    reg = container(ds, "node-driver-registrar")
+    assert PurePosixPath(_expand(reg, _flag(reg, "--kubelet-registration-path"))) == socket
+    assert _host_path(ds, _mounts(reg)["/registration"]["name"]) == f"{path}/plugins_registry"
+    for c in pod_spec(ds)["containers"]:
+        if "/csi" in _mounts(c):
+            assert _host_file(ds, c, "/csi/csi.sock") == socket, c["name"]
+    sm = one_of(docs, "DaemonSet", SM_DAEMONSET)
+    sidecar = container(sm, SM_SIDECAR)
+    assert _host_file(sm, sidecar, _flag(sidecar, "--csi-address")) == socket
+
+
+def test_kubelet_dir_documented() -> None:
+    """The guide's kustomization lists the component last (after the
+    components whose objects it changes), with the ConfigMap it reads as
+    local configuration, and names the paths of microk8s and k0s."""
+    doc = _documented_kubelet_dir()
+    assert doc["components"][-1].endswith("deploy/kubernetes/components/kubelet-dir")
+    (generator,) = doc["configMapGenerator"]
+    assert generator["name"] == "csi-local-kubelet-dir"
+    assert generator["options"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    for path in KUBELET_DIRS.values():
+        assert path in text
+    assert "change the hostPaths in `base/node.yaml`" not in text
 
 # --- CSIDriver, StorageClass, examples ---------------------------------------
 
@@ -229,8 +534,10 @@ def test_node_plugin_container() -> None:
     c = container(ds, "csi-local")
     assert c["securityContext"]["privileged"] is True
     assert _field_ref(c, "NODE_ID") == "spec.nodeName"
-    assert _env(c)["CSI_ENDPOINT"]["value"] == (
-        f"unix:///var/lib/kubelet/plugins/{DRIVER}/csi.sock")
+    endpoint = _env(c)["CSI_ENDPOINT"]["value"]
+    assert endpoint == "unix:///csi/csi.sock"
+    assert _host_file(ds, c, endpoint.removeprefix("unix://")) == PurePosixPath(
+        f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock")
     assert _env(c)["CSI_LOCAL_DRIVER_NAME"]["value"] == DRIVER
     mounts = _mounts(c)
     assert mounts["/var/lib/kubelet"]["mountPropagation"] == "Bidirectional"
@@ -246,8 +553,8 @@ def test_node_plugin_container() -> None:
 def test_node_registrar_and_liveness() -> None:
     ds = one("DaemonSet", "csi-local-node")
     reg = container(ds, "node-driver-registrar")
-    assert (f"--kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock"
-            in reg["args"])
+    assert _expand(reg, _flag(reg, "--kubelet-registration-path")) == (
+        f"/var/lib/kubelet/plugins/{DRIVER}/csi.sock")
     assert _host_path(ds, _mounts(reg)["/registration"]["name"]) == (
         "/var/lib/kubelet/plugins_registry")
     assert _host_path(ds, _mounts(reg)["/csi"]["name"]) == f"/var/lib/kubelet/plugins/{DRIVER}"
@@ -273,8 +580,23 @@ def test_provisioner_distributed_mode() -> None:
     assert ds["kind"] == "DaemonSet"
 
 
+
+def test_provisioner_timeout_outlasts_the_plugins_commands() -> None:
+    """csi-provisioner's --timeout outlasts the plugin's --command-timeout, so
+    it never gives up on a CreateVolume whose lvcreate still runs; and
+    node.yaml gives the real reason: CreateVolume runs lvcreate, and mkfs is
+    NodeStageVolume's (the comment once blamed mkfs)."""
+    ds = one("DaemonSet", "csi-local-node")
+    timeout = _flag(container(ds, "csi-provisioner"), "--timeout")
+    command = _env(container(ds, "csi-local"))["CSI_LOCAL_COMMAND_TIMEOUT"]["value"]
+    assert int(timeout.removesuffix("s")) > int(command)
+    text = (BASE_DIR / "node.yaml").read_text()
+    comment = text.split("- --worker-threads", 1)[0].rsplit("- --extra-create-metadata", 1)[1]
+    assert "lvcreate" in comment and "NodeStageVolume" in comment, comment
+    assert "mkfs of a large volume is slow" not in comment
+
 def test_snapshotter_distributed_mode() -> None:
-    c = container(one("DaemonSet", "csi-local-node"), "csi-snapshotter")
+    c = container(one_of(snapshots_docs(), "DaemonSet", "csi-local-node"), "csi-snapshotter")
     assert "--node-deployment" in c["args"]
     assert not any(a.startswith("--leader-election") for a in c["args"])
     assert _field_ref(c, "NODE_NAME") == "spec.nodeName"
@@ -298,6 +620,27 @@ def test_resizer_deployment_uses_node_expansion_only() -> None:
     assert "--leader-election" in resizer["args"]
 
 
+
+def test_resizer_watches_no_pods() -> None:
+    """The plugin expands online and never answers "volume in use", so
+    csi-resizer runs without its pod informer (--handle-volume-inuse-error
+    =false, as its README advises for such drivers): no watch of every pod in
+    the cluster under its memory limit, and no right to list them."""
+    dep = one("Deployment", "csi-local-resizer")
+    resizer = container(dep, "csi-resizer")
+    assert _flag(resizer, "--handle-volume-inuse-error") == "false"
+    sa = pod_spec(dep)["serviceAccountName"]
+    pods = {(g, res, verb) for g, res, verb in _granted(sa, dep["metadata"]["namespace"])
+            if res == "pods"}
+    assert not pods, pods
+
+
+def test_resizer_runs_on_linux_nodes() -> None:
+    """Both of the resizer pod's images are Linux images: a cluster with
+    Windows nodes must not schedule it there."""
+    spec = pod_spec(one("Deployment", "csi-local-resizer"))
+    assert spec.get("nodeSelector", {}).get("kubernetes.io/os") == "linux"
+
 # --- RBAC ---------------------------------------------------------------------
 
 # (apiGroup, resource, verb) each sidecar needs at the pinned version.
@@ -318,7 +661,7 @@ NEEDS = {
     },
     "csi-resizer": {
         ("", "persistentvolumeclaims/status", "patch"), ("", "persistentvolumes", "patch"),
-        ("", "pods", "list"), ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "create"),
         ("", "events", "create"),
     },
 }
@@ -354,7 +697,10 @@ def _granted(sa: str, namespace: str,
 
 @pytest.mark.parametrize("sidecar", sorted(NEEDS))
 def test_rbac_covers_sidecar(sidecar: str) -> None:
-    for _, doc in all_docs():
+    """With snapshots (the base has no csi-snapshotter, and grants nothing of
+    snapshot.storage.k8s.io: test_base_needs_no_snapshot_crds)."""
+    docs = snapshots_docs()
+    for doc in docs:
         if doc["kind"] not in ("DaemonSet", "Deployment"):
             continue
         names = [image_repo(c["image"]) for c in pod_spec(doc)["containers"]]
@@ -362,8 +708,8 @@ def test_rbac_covers_sidecar(sidecar: str) -> None:
             continue
         sa = pod_spec(doc)["serviceAccountName"]
         ns = doc["metadata"]["namespace"]
-        assert find("ServiceAccount", sa), f"ServiceAccount {sa} missing"
-        missing = NEEDS[sidecar] - _granted(sa, ns)
+        assert one_of(docs, "ServiceAccount", sa), f"ServiceAccount {sa} missing"
+        missing = NEEDS[sidecar] - _granted(sa, ns, docs)
         assert not missing, f"{sa} lacks {sorted(missing)}"
         return
     raise AssertionError(f"{sidecar} not deployed")
@@ -398,6 +744,42 @@ def test_node_plugin_runs_on_labelled_nodes_only() -> None:
     docs = (REPO / "docs" / "kubernetes.md").read_text()
     assert f"kubectl label node <node> {STORAGE_NODE_LABEL}=true" in docs
 
+
+
+# csi-provisioner v6.3.0 (--node-deployment) labels each CSIStorageCapacity it
+# makes with these, managed-by being "external-provisioner-<node>" (node names
+# up to 42 characters), and only manages the objects of its own node.
+CAPACITY_SELECTOR = (f"csi.storage.k8s.io/drivername={DRIVER},"
+                     "csi.storage.k8s.io/managed-by=external-provisioner-<node>")
+
+
+def test_taking_a_node_out_removes_its_capacities_and_topology_label() -> None:
+    """Unlabelling a node removes its plugin pod, but neither its
+    CSIStorageCapacity objects (the DaemonSet owns them) nor the topology
+    label kubelet set; the scheduler matches capacities by StorageClass and
+    node labels and would keep sending volumes there. The documented
+    procedure removes the label, waits for the node's pod to go, then deletes
+    the node's capacities and the topology label, in that order; the
+    troubleshooting page and node.yaml's comment name both steps."""
+    ds = one("DaemonSet", "csi-local-node")
+    pod_label = "app.kubernetes.io/name=" + (
+        ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"])
+    assert "--capacity-ownerref-level=1" in container(ds, "csi-provisioner")["args"]
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    block = _sh_block(text, f"{STORAGE_NODE_LABEL}-")
+    steps = [
+        f"kubectl label node <node> {STORAGE_NODE_LABEL}-",
+        f"kubectl -n csi-local get pods -l {pod_label} --field-selector spec.nodeName=<node>",
+        f"kubectl -n csi-local delete csistoragecapacities \\\n    -l {CAPACITY_SELECTOR}",
+        f"kubectl label node <node> {TOPOLOGY_KEY}-",
+    ]
+    where = [block.find(s) for s in steps]
+    assert -1 not in where, list(zip(steps, where, strict=True))
+    assert where == sorted(where), where
+    for path in (REPO / "docs" / "troubleshooting.md", BASE_DIR / "node.yaml"):
+        doc = path.read_text()
+        assert "managed-by=external-provisioner-<node>" in doc, path.name
+        assert f"kubectl label node <node> {TOPOLOGY_KEY}-" in doc, path.name
 
 def test_sidecars_beside_a_privileged_plugin_are_privileged() -> None:
     """On SELinux-enforcing nodes a confined container cannot use the socket a
@@ -490,8 +872,19 @@ def _variant(kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+def _classes_config_map(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The generated ConfigMap csi-local-classes-<hash> of a build (default:
+    the device-classes example)."""
+    found = [d for d in (device_classes_docs() if docs is None else docs)
+             if d["kind"] == "ConfigMap"
+             and re.fullmatch(rf"{DEVICE_CLASSES_CONFIGMAP}-[a-z0-9]{{10}}",
+                              d["metadata"]["name"])]
+    assert len(found) == 1, [d["metadata"]["name"] for d in found]
+    return found[0]
+
+
 def _classes_text() -> str:
-    data = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+    data = _classes_config_map()["data"]
     assert set(data) == {"classes.toml"}, set(data)
     text: str = data["classes.toml"]
     return text
@@ -518,17 +911,12 @@ def test_device_classes_kustomization_takes_every_manifest() -> None:
     _check_takes_every_manifest(DEVICE_CLASSES_DIR)
 
 
-def _changed_or_new(directory: Path = DEVICE_CLASSES_DIR) -> list[dict[str, Any]]:
-    base = [d for _, d in all_docs()]
-    return [d for d in kustomize_docs(directory) if all(d != b for b in base)]
-
-
 def test_device_classes_changes_only_what_it_should() -> None:
     """The node DaemonSet is changed, the ConfigMap and StorageClasses are
     added; the resizer (a capabilities-only plugin) and the rest stay."""
     changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new()}
     assert changed == {("DaemonSet", "csi-local-node"),
-                       ("ConfigMap", DEVICE_CLASSES_CONFIGMAP),
+                       ("ConfigMap", _classes_config_map()["metadata"]["name"]),
                        ("StorageClass", "csi-local-fast"),
                        ("StorageClass", "csi-local-big")}, changed
 
@@ -541,7 +929,7 @@ def test_device_classes_schema_valid(doc: dict[str, Any], version: str) -> None:
 
 
 def test_device_classes_configmap_shape() -> None:
-    cm = _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)
+    cm = _classes_config_map()
     assert cm["metadata"]["namespace"] == one("Namespace", "csi-local")["metadata"]["name"]
     data = tomllib.loads(_classes_text())
     classes = check_classes_shape(data, "classes.toml")
@@ -550,6 +938,31 @@ def test_device_classes_configmap_shape() -> None:
     assert classes["fast"]["volume_group"] == "vg-nvme"
     assert classes["big"]["volume_group"] == "vg-hdd"
 
+
+
+def test_a_device_classes_edit_rolls_the_node_pods(tmp_path: Path) -> None:
+    """The plugin reads classes.toml only when it starts, and a mounted
+    ConfigMap's update never restarts it: the ConfigMap is generated, its
+    name carrying a hash of the file, so an edit changes the node pods'
+    template and `kubectl apply -k` rolls them (no manual rollout restart)."""
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(K8S_DIR, copy)
+    path = copy / DEVICE_CLASSES_DIR.relative_to(K8S_DIR) / "classes.toml"
+    edited = path.read_text().replace('readahead = "auto"', "readahead = 1024")
+    assert edited != path.read_text()
+    path.write_text(edited)
+    before, after = device_classes_docs(), kustomize_docs(path.parent)
+    old, new = _classes_config_map(before), _classes_config_map(after)
+    assert old["metadata"]["name"] != new["metadata"]["name"]
+    (a,) = [d for d in before if (d["kind"], d["metadata"]["name"]) == ("DaemonSet",
+                                                                         "csi-local-node")]
+    (b,) = [d for d in after if (d["kind"], d["metadata"]["name"]) == ("DaemonSet",
+                                                                        "csi-local-node")]
+    text = yaml.safe_dump(b["spec"]["template"])
+    assert new["metadata"]["name"] in text and old["metadata"]["name"] not in text
+    assert f"name: {DEVICE_CLASSES_CONFIGMAP}\n" not in text
+    assert a["spec"]["template"] != b["spec"]["template"]
+    assert "rollout restart" not in (DEVICE_CLASSES_DIR / "classes.toml").read_text()
 
 def test_device_classes_configmap_parses_with_the_plugins_parser() -> None:
     """The plugin's own parser (the one that refuses a bad file at start) takes
@@ -613,9 +1026,9 @@ def test_device_classes_node_plugin_reads_the_configmap() -> None:
     mount = _mounts(c)[str(path.parent)]
     assert mount.get("readOnly") is True and "subPath" not in mount
     source = _volume(ds, mount["name"])["configMap"]
-    assert source["name"] == DEVICE_CLASSES_CONFIGMAP
+    assert source["name"] == _classes_config_map()["metadata"]["name"]
     assert {"key": "classes.toml", "path": path.name} in source["items"]
-    assert "classes.toml" in _variant("ConfigMap", DEVICE_CLASSES_CONFIGMAP)["data"]
+    assert "classes.toml" in _classes_config_map()["data"]
 
     # the rest is node.yaml's
     base = one("DaemonSet", "csi-local-node")
@@ -634,7 +1047,7 @@ def test_device_classes_node_plugin_reads_the_configmap() -> None:
         {k: v for k, v in base_spec.items() if k not in strip})
 
 
-# --- changed-block tracking (examples/snapshot-metadata) ----------------------
+# --- changed-block tracking (components/snapshot-metadata) ----------------------
 
 SM_SIDECAR = "csi-snapshot-metadata"
 SM_DAEMONSET = "csi-local-snapshot-metadata"
@@ -698,6 +1111,13 @@ def _host_file(workload: dict[str, Any], c: dict[str, Any], path: str) -> PurePo
     return PurePosixPath(_host_path(workload, m["name"])) / p.relative_to(m["mountPath"])
 
 
+
+def _expand(c: dict[str, Any], value: str) -> str:
+    """`value` with the $(NAME) references kubelet expands from the
+    container's literal environment variables."""
+    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], value)
+
 def _resolve_port(c: dict[str, Any], port: int | str) -> int:
     if isinstance(port, int):
         return port
@@ -712,8 +1132,22 @@ def _sh_block(text: str, marker: str) -> str:
     return str(blocks[0])
 
 
-def test_snapshot_metadata_kustomization_takes_every_manifest() -> None:
-    _check_takes_every_manifest(SNAPSHOT_METADATA_DIR)
+def _check_component_takes_every_manifest(directory: Path) -> None:
+    """A Component: every file of its directory is used, and none outside it
+    (no load restrictor to turn off)."""
+    (k,) = load_docs(directory / "kustomization.yaml")
+    assert k["kind"] == "Component" and k["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    resources = k.get("resources", [])
+    assert not [r for r in resources if "/" in r], resources
+    own = set(resources) | {p["path"] for p in k.get("patches", [])}
+    assert own == {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+    assert "load-restrictor" not in (directory / "kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("directory", [SNAPSHOTS_COMPONENT, SNAPSHOT_METADATA_COMPONENT],
+                         ids=lambda d: d.name)
+def test_components_take_every_manifest(directory: Path) -> None:
+    _check_component_takes_every_manifest(directory)
 
 
 def test_snapshot_metadata_changes_only_what_it_should() -> None:
@@ -722,7 +1156,8 @@ def test_snapshot_metadata_changes_only_what_it_should() -> None:
     DaemonSet changes, by the certificate for doctor alone (see
     test_snapshot_metadata_node_plugin_gets_the_certificate_only; the
     resizer's capabilities-only plugin serves no snapshot metadata)."""
-    changed = {(d["kind"], d["metadata"]["name"]) for d in _changed_or_new(SNAPSHOT_METADATA_DIR)}
+    changed = {(d["kind"], d["metadata"]["name"])
+               for d in _changed_or_new(SNAPSHOT_METADATA_DIR, SNAPSHOTS_DIR)}
     assert changed == {("DaemonSet", SM_DAEMONSET),
                        ("DaemonSet", "csi-local-node"),
                        ("ServiceAccount", SM_DAEMONSET),
@@ -736,7 +1171,7 @@ def test_snapshot_metadata_changes_only_what_it_should() -> None:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
-    "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR)
+    "doc", [d for d in _changed_or_new(SNAPSHOT_METADATA_DIR, SNAPSHOTS_DIR)
             if d["kind"] != "SnapshotMetadataService"],  # a CRD kind: shape checked below
     ids=lambda d: f"snapshot-metadata:{d['kind']}/{d['metadata']['name']}")
 def test_snapshot_metadata_schema_valid(doc: dict[str, Any], version: str) -> None:
@@ -769,7 +1204,7 @@ def test_snapshot_metadata_service_object_shape() -> None:
     assert not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", SM_CA_PLACEHOLDER)
     replace = f'sed -i "s|{SM_CA_PLACEHOLDER}|'
     assert replace in SM_DOCS.read_text()
-    assert replace in (SNAPSHOT_METADATA_DIR / "snapshotmetadataservice.yaml").read_text()
+    assert replace in (SNAPSHOT_METADATA_COMPONENT / "snapshotmetadataservice.yaml").read_text()
 
 
 def test_snapshot_metadata_service_reaches_the_sidecar_on_the_clients_node() -> None:
@@ -854,7 +1289,8 @@ def test_snapshot_metadata_sidecar_container() -> None:
     assert _resolve_port(sidecar, probe["port"]) == http_port
     node = _sm("DaemonSet", "csi-local-node")
     assert [c["name"] for c in pod_spec(node)["containers"]] == [
-        c["name"] for c in pod_spec(one("DaemonSet", "csi-local-node"))["containers"]]
+        c["name"] for c in pod_spec(one_of(snapshots_docs(), "DaemonSet",
+                                           "csi-local-node"))["containers"]]
     assert SM_SIDECAR not in [c["name"] for c in pod_spec(node)["containers"]]
     assert spec["priorityClassName"] in {d["metadata"]["name"] for d in snapshot_metadata_docs()
                                          if d["kind"] == "PriorityClass"}
@@ -887,7 +1323,7 @@ def test_snapshot_metadata_node_plugin_gets_the_certificate_only() -> None:
     plugin["volumeMounts"].remove(mount)
     pod_spec(node)["volumes"] = [v for v in pod_spec(node)["volumes"]
                                  if v["name"] != mount["name"]]
-    assert node == one("DaemonSet", "csi-local-node")
+    assert node == one_of(snapshots_docs(), "DaemonSet", "csi-local-node")
 
 
 def test_snapshot_metadata_rbac_covers_sidecar() -> None:
@@ -950,7 +1386,7 @@ def test_snapshot_metadata_docs_certificate(tmp_path: Path) -> None:
         assert (r.returncode == 0) == ok, (name, r.stdout + r.stderr)
 
     (sed,) = re.findall(r"^sed -i .*?\.yaml$", _sh_block(text, "kubectl apply -k"), re.S | re.M)
-    rel = SNAPSHOT_METADATA_DIR.relative_to(REPO) / "snapshotmetadataservice.yaml"
+    rel = SNAPSHOT_METADATA_COMPONENT.relative_to(REPO) / "snapshotmetadataservice.yaml"
     copy = tmp_path / "repo" / rel
     copy.parent.mkdir(parents=True)
     shutil.copy(REPO / rel, copy)
@@ -1132,8 +1568,9 @@ def test_api_credentials_only_where_the_api_is_called(directory: Path) -> None:
             ns = next(s["downwardAPI"] for s in sources if "downwardAPI" in s)
             assert ns["items"] == [{"path": "namespace",
                                     "fieldRef": {"fieldPath": "metadata.namespace"}}]
-    expected = API_CALLERS if directory == SNAPSHOT_METADATA_DIR else (
-        API_CALLERS - {"csi-snapshot-metadata"})
+    expected = {SNAPSHOT_METADATA_DIR: API_CALLERS,
+                SNAPSHOTS_DIR: API_CALLERS - {"csi-snapshot-metadata"}}.get(
+        directory, API_CALLERS - {"csi-snapshot-metadata", "csi-snapshotter"})
     assert seen == expected
 
 

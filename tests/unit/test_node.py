@@ -15,6 +15,7 @@ Paths in rows are names under the node's directory ("stage" is
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -1247,6 +1248,32 @@ def test_publish_undone_when_its_state_write_fails(
     if readonly and cap.HasField("block"):
         ran_cmd("losetup", "--detach", LOOP)(n, None)
 
+
+
+def test_publish_logs_the_pod_kubelet_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """With podInfoOnMount (the CSIDriver of the Kubernetes manifests),
+    kubelet puts the pod's name, namespace and UID into volume_context: the
+    publish is accepted with them (and any other key) and its log line names
+    the pod; a publish without them (Nomad) logs no pod."""
+    n = node(tmp_path, monkeypatch)
+    STAGED(n)
+    pod = {"csi.storage.k8s.io/pod.name": "app-0",
+           "csi.storage.k8s.io/pod.namespace": "shop",
+           "csi.storage.k8s.io/pod.uid": "0b7e3c52-5f1a-4c8e-9d2b-2f4c1a7e9b10",
+           "csi.storage.k8s.io/serviceAccount.name": "default",
+           "csi.storage.k8s.io/ephemeral": "false"}
+    request = publish()(n)
+    request.volume_context.update(pod)
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.node_servicer"):
+        expect_ok(n.node.NodePublishVolume, request)
+    (line,) = [r.getMessage() for r in caplog.records if "published" in r.getMessage()]
+    assert "shop/app-0" in line and "0b7e3c52-5f1a-4c8e-9d2b-2f4c1a7e9b10" in line, line
+    assert V in line and at(n, TARGET) in line, line
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="csi_local.csi.node_servicer"):
+        expect_ok(n.node.NodePublishVolume, publish(target=TARGET2)(n))
+    assert not [r for r in caplog.records if "for pod" in r.getMessage()]
 
 # NodeUnpublishVolume ------------------------------------------------------------------------
 

@@ -241,6 +241,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                                      "volumes before publishing them")
         staging_path = validation.path(request.staging_target_path, "staging_target_path")
         readonly = request.readonly or cap.read_only_mode
+        pod = validation.pod_info(request.volume_context)
         with self._lock(volume_id):
             rec = self.state.get(volume_id)
             if rec.staging is None or rec.staging.path != staging_path:
@@ -300,6 +301,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     raise
             elif have != want:
                 self.state.add_publish(volume_id, target, want)
+        # Which pod a volume went to (kubelet's podInfoOnMount): the server's
+        # own line names only the RPC, and a target path names only the pod's UID.
+        if pod is not None:
+            log.info("volume %s published at %s for pod %s/%s (uid %s)", volume_id, target,
+                     pod.namespace, pod.name, pod.uid)
         return pb.NodePublishVolumeResponse()
 
     def _publish_block(self, device: str, target: str, readonly: bool) -> None:

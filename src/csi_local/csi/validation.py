@@ -166,6 +166,33 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
     return own
 
 
+
+# The keys kubelet adds to NodePublishVolume's volume_context when the
+# CSIDriver says podInfoOnMount: true (the Kubernetes manifests do).
+POD_NAME_KEY = "csi.storage.k8s.io/pod.name"
+POD_NAMESPACE_KEY = "csi.storage.k8s.io/pod.namespace"
+POD_UID_KEY = "csi.storage.k8s.io/pod.uid"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The pod a publish is for, as kubelet names it."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def pod_info(context: Mapping[str, str]) -> PodInfo | None:
+    """The pod of a NodePublishVolume's volume_context, or None where the CO
+    sends none (Nomad; a CSIDriver without podInfoOnMount). Informational
+    only: any other key of the context is left alone, never refused."""
+    if not any(k in context for k in (POD_NAME_KEY, POD_NAMESPACE_KEY, POD_UID_KEY)):
+        return None
+    return PodInfo(name=context.get(POD_NAME_KEY, ""),
+                   namespace=context.get(POD_NAMESPACE_KEY, ""),
+                   uid=context.get(POD_UID_KEY, ""))
+
 def encryption_key(secrets: Mapping[str, str]) -> Key | None:
     """The encryption key in a request's secrets (None: none given); a value
     that cannot be a key is INVALID_ARGUMENT, its message naming the secret
