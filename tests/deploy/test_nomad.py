@@ -16,12 +16,15 @@ import pytest
 
 from csi_local.dhv.request import parse_parameters
 from tests.deploy._deploy import (
+    BASE_DIR,
     NOMAD_DIR,
+    PLUGIN_IMAGE_NAME,
     REPO,
     TOPOLOGY_KEY,
     blocks,
     check_classes_shape,
     hcl_list,
+    kustomization,
     labelled,
     load_hcl,
     nomad_plugin_tasks,
@@ -225,6 +228,30 @@ def test_plugin_job_is_per_node_monolith() -> None:
     targets = {unquote(m["target"]) for m in blocks(cfg, "mount")}
     assert {"/run/lock/lvm", "/run/lvm", "/etc/lvm/backup", "/etc/lvm/archive",
             "/var/lib/csi-local"} <= targets
+
+
+def test_plugin_image_is_the_kubernetes_one() -> None:
+    """The job's default image is the one the Kubernetes manifests run (the
+    kustomize images entry: its name and tag), named with its registry: the
+    docker driver takes `csi-local:0.1.0` for docker.io/library/csi-local and
+    pulls it, which fails. The docs' and README's commands build and load
+    that same image."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    variables = dict(labelled(v) for v in blocks(load_hcl(path), "variable"))
+    (entry,) = [i for i in kustomization(BASE_DIR)["images"] if i["name"] == PLUGIN_IMAGE_NAME]
+    image = f"{entry.get('newName', entry['name'])}:{entry['newTag']}"
+    assert unquote(variables["image"]["default"]) == image
+    assert image.startswith("localhost/"), image
+    readme = (REPO / "README.md").read_text()
+    nomad_readme = readme.split("### Nomad (CSI)", 1)[1].split("\n### ", 1)[0]
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    for where, text in (("docs/nomad.md", docs), ("README.md", nomad_readme)):
+        assert f"scripts/build-image -t {image}" in text, where
+        commands = "".join(re.findall(r"```sh\n(.*?)```", text, re.S))
+        named = set(re.findall(r"[\w./-]*csi-local:[\w.-]+", commands))
+        # a registry of the operator's own, passed with -var image=...
+        assert named <= {image, "registry.example.com/csi-local:0.1.0"}, (where, named)
+    assert f"podman --storage-driver vfs save -o csi-local.tar {image}" in docs
 
 
 # --- volume specifications ---------------------------------------------------
