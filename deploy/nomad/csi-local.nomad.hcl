@@ -256,9 +256,16 @@ job "csi-local" {
         # state writes are atomic and a half-done RPC is retried.)
         kill_timeout = "30s"
 
+        # memory is a hard limit (no memory_max): the docker driver sets the
+        # container's to it, and the kernel kills the task past it. The plugin
+        # idles at about 50 MB, and staging an encrypted volume runs
+        # cryptsetup, whose argon2id takes 64 MiB more (host/crypt.py): 128
+        # left no room. The same 256 MiB as the Kubernetes node container's
+        # limit (deploy/kubernetes/base/node.yaml); tests/integration/
+        # test_encryption.py measures an encrypted stage under it.
         resources {
           cpu    = 100
-          memory = 128
+          memory = 256
         }
       }
     }

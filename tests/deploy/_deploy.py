@@ -346,3 +346,29 @@ def nomad_plugin_invocations() -> Iterator[PluginInvocation]:
                     if not k.startswith("__"):
                         inv.env[k] = unquote(v)
             yield inv
+
+# --- memory limits -------------------------------------------------------------
+
+_K8S_QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+
+def plugin_memory_limits() -> dict[str, int]:
+    """Bytes: the memory limit of each shipped plugin that stages volumes,
+    which the kernel enforces on its container (a process past it is killed).
+    The Nomad job's plugin task: resources.memory_max if set, else memory, in
+    Nomad's MB, which are MiB (the docker driver multiplies by 1 << 20). The
+    Kubernetes node DaemonSet's csi-local container: limits.memory. (The
+    plugin beside csi-resizer, resizer.yaml, never stages a volume.)"""
+    limits = {}
+    for job_file in sorted(NOMAD_DIR.glob("*.nomad.hcl")):
+        for glabel, task in nomad_plugin_tasks(job_file):
+            (resources,) = blocks(task, "resources")
+            mib = resources.get("memory_max", resources["memory"])
+            assert isinstance(mib, int), (job_file.name, mib)
+            limits[f"{job_file.name}:{glabel}"] = mib << 20
+    (node,) = [d for d in load_docs(BASE_DIR / "node.yaml") if d["kind"] == "DaemonSet"]
+    quantity = container(node, "csi-local")["resources"]["limits"]["memory"]
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity)
+    assert m, f"node.yaml: limits.memory {quantity!r}"
+    limits["node.yaml:csi-local"] = int(m[1]) * _K8S_QUANTITY[m[2]]
+    return limits

@@ -28,6 +28,7 @@ from tests.deploy._deploy import (
     labelled,
     load_hcl,
     nomad_plugin_tasks,
+    plugin_memory_limits,
     run_lvm,
     unquote,
 )
@@ -252,6 +253,17 @@ def test_plugin_image_is_the_kubernetes_one() -> None:
         # a registry of the operator's own, passed with -var image=...
         assert named <= {image, "registry.example.com/csi-local:0.1.0"}, (where, named)
     assert f"podman --storage-driver vfs save -o csi-local.tar {image}" in docs
+
+
+def test_plugin_memory_is_the_kubernetes_limit() -> None:
+    """The Nomad task may use as much memory as the Kubernetes node
+    container: the same plugin stages the same volumes (an encrypted stage
+    runs cryptsetup's argon2id at 64 MiB on top of the idle plugin, which
+    128 MB did not hold). tests/integration/test_encryption.py measures that
+    stage against these limits."""
+    limits = plugin_memory_limits()
+    nomad = {k: v for k, v in limits.items() if k.startswith("csi-local.nomad.hcl:")}
+    assert nomad and set(nomad.values()) == {limits["node.yaml:csi-local"]}, limits
 
 
 # --- volume specifications ---------------------------------------------------
