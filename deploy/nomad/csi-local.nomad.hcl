@@ -249,7 +249,8 @@ job "csi-local" {
         }
 
         # Let in-flight LVM commands and mounts finish: the plugin refuses new
-        # RPCs at SIGTERM and gives running ones up to 30 s. Not more: a Nomad
+        # RPCs at SIGTERM and gives running ones up to 20 s (--shutdown-grace),
+        # which leaves it 10 s to stop before the SIGKILL. Not more: a Nomad
         # client caps kill_timeout at its max_kill_timeout, 30 s by default,
         # silently. (A longer one needs max_kill_timeout raised on every
         # client first, docs/nomad.md. A kill -9 part-way is safe either way:
