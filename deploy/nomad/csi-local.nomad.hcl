@@ -84,6 +84,20 @@ job "csi-local" {
   # Storage must come up before the jobs that claim volumes.
   priority = 90
 
+  # The task is a privileged container with bind mounts of host paths. The
+  # docker driver sets these attributes only on a client that allows both
+  # (allow_privileged = true, volumes { enabled = true }; its fingerprint,
+  # drivers/docker/fingerprint.go): on another client placement fails
+  # naming the constraint, instead of the task failing at start.
+  constraint {
+    attribute = "${attr.driver.docker.privileged.enabled}"
+    value     = "true"
+  }
+  constraint {
+    attribute = "${attr.driver.docker.volumes.enabled}"
+    value     = "true"
+  }
+
   dynamic "group" {
     for_each = var.nodes
     labels   = ["node-${group.value}"]

@@ -232,6 +232,27 @@ def test_plugin_job_is_per_node_monolith() -> None:
             "/var/lib/csi-local"} <= targets
 
 
+def test_plugin_job_needs_a_docker_that_allows_its_task() -> None:
+    """The task is a privileged docker container with bind mounts: the job
+    is constrained on the attributes the docker driver fingerprints when its
+    client allows both, so placement fails with that reason on a client
+    that does not (rather than the task failing at start)."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    _, job = labelled(blocks(load_hcl(path), "job")[0])
+    required = {unquote(c["attribute"]): unquote(c["value"]) for c in blocks(job, "constraint")
+                if unquote(c.get("operator", "=")) in ("=", "==")}
+    assert required == {"${attr.driver.docker.privileged.enabled}": "true",
+                        "${attr.driver.docker.volumes.enabled}": "true"}, required
+    ((_, task),) = nomad_plugin_tasks(path)
+    cfg = blocks(task, "config")[0]
+    assert unquote(task["driver"]) == "docker" and cfg["privileged"] is True
+    assert any(unquote(m["type"]) == "bind" and unquote(m["source"]).startswith("/")
+               for m in blocks(cfg, "mount"))
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    for attribute in required:
+        assert attribute.removeprefix("${attr.").removesuffix("}") in docs, attribute
+
+
 def test_plugin_image_is_the_kubernetes_one() -> None:
     """The job's default image is the one the Kubernetes manifests run (the
     kustomize images entry: its name and tag), named with its registry: the
