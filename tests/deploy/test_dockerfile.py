@@ -283,3 +283,27 @@ def test_oci_labels() -> None:
     build = (REPO / "scripts" / "build-image").read_text()
     for arg in ("VERSION", "SOURCE", "REVISION"):
         assert f'--build-arg "{arg}=${arg}"' in build, arg
+
+
+# The Apache License 2.0 as apache.org publishes it (LICENSE-2.0.txt) and
+# Debian ships it (/usr/share/common-licenses/Apache-2.0): its SHA-256.
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_license_is_shipped_in_the_image() -> None:
+    """pyproject.toml and the image's label declare Apache-2.0: the
+    repository holds that licence's standard text, unchanged, as LICENSE, the
+    build context lets it in and the final image carries it."""
+    import hashlib
+    import tomllib
+
+    license_file = REPO / "LICENSE"
+    assert hashlib.sha256(license_file.read_bytes()).hexdigest() == APACHE_2_0_SHA256
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert "!LICENSE" in lines
+    ins = _instructions()
+    final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
+    assert ("COPY", "LICENSE /usr/share/doc/csi-local/LICENSE") in final
