@@ -307,3 +307,17 @@ def test_license_is_shipped_in_the_image() -> None:
     ins = _instructions()
     final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
     assert ("COPY", "LICENSE /usr/share/doc/csi-local/LICENSE") in final
+
+
+def test_compose_builds_from_the_dockerfiles_pinned_base() -> None:
+    """tests/deploy/docker-compose.yml passes BASE to the build (an empty or
+    missing value would not fall back to the ARG's default): its default is
+    the Dockerfile's, the same digest, never a bare tag."""
+    import yaml
+
+    base = _instructions()[0][1].removeprefix("BASE=")
+    compose = yaml.safe_load((REPO / "tests" / "deploy" / "docker-compose.yml").read_text())
+    arg = compose["services"]["csi-local"]["build"]["args"]["BASE"]
+    m = re.fullmatch(r"\$\{CSI_SANITY_BASE:-(.+)\}", arg)
+    assert m, arg
+    assert m[1] == base and _PINNED.match(m[1]), (m[1], base)
