@@ -28,8 +28,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
-# .dockerignore limits the context to pyproject.toml, README.md, src/ and
-# deploy/container/ (the conformance suite, sanity/, is no part of the image).
+# .dockerignore limits the context to pyproject.toml, README.md, LICENSE, src/
+# and deploy/container/ (the conformance suite, sanity/, is no part of the image).
 COPY . /src
 # Behind a TLS-intercepting proxy, pass its CA bundle as the build secret
 # "ca-bundle" (scripts/build-image --ca-bundle FILE); it is used by pip for
@@ -106,6 +106,9 @@ RUN apt-get update \
 #    as the host's. Never run this image without the /run/lock/lvm mount:
 #    without shared locks, two writers could update the same VG at once.
 COPY deploy/container/lvm.conf /etc/lvm/lvm.conf
+# The licence the labels name (org.opencontainers.image.licenses), shipped
+# with what it covers, where Debian keeps its packages' own.
+COPY LICENSE /usr/share/doc/csi-local/LICENSE
 COPY --from=builder /opt/csi-local /opt/csi-local
 # The command profile of the plugin's lvm shell (csi_local/storage/lvm_shell.py), in
 # the image: the plugin then needs no write to /etc at run time.

@@ -141,13 +141,13 @@ def _wait_traced(pid: int, proc: subprocess.Popen[bytes], timeout: float = 120) 
         time.sleep(0.05)
 
 
-def rss_bytes(pid: int) -> int:
-    """VmRSS of a process, in bytes."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """VmRSS of a process, in bytes; or VmHWM, its peak so far."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
 
 
 @dataclass(frozen=True)

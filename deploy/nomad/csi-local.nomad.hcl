@@ -36,9 +36,15 @@ variable "nodes" {
   description = "node.unique.name of every client that runs the plugin"
 }
 
+# The image scripts/build-image -t localhost/csi-local:0.1.0 makes, by the
+# same name as deploy/kubernetes/base/kustomization.yaml's images entry. Fully
+# qualified: the docker driver takes a name without a registry for one on
+# docker.io (csi-local:0.1.0 is docker.io/library/csi-local:0.1.0), finds no
+# such image among those loaded on the client and pulls it, which fails; an
+# image that `docker load` put there under this name is used as it is.
 variable "image" {
   type    = string
-  default = "csi-local:0.1.0"
+  default = "localhost/csi-local:0.1.0"
 }
 
 variable "volume_group" {
@@ -77,6 +83,20 @@ job "csi-local" {
   datacenters = var.datacenters
   # Storage must come up before the jobs that claim volumes.
   priority = 90
+
+  # The task is a privileged container with bind mounts of host paths. The
+  # docker driver sets these attributes only on a client that allows both
+  # (allow_privileged = true, volumes { enabled = true }; its fingerprint,
+  # drivers/docker/fingerprint.go): on another client placement fails
+  # naming the constraint, instead of the task failing at start.
+  constraint {
+    attribute = "${attr.driver.docker.privileged.enabled}"
+    value     = "true"
+  }
+  constraint {
+    attribute = "${attr.driver.docker.volumes.enabled}"
+    value     = "true"
+  }
 
   dynamic "group" {
     for_each = var.nodes
@@ -243,16 +263,24 @@ job "csi-local" {
         }
 
         # Let in-flight LVM commands and mounts finish: the plugin refuses new
-        # RPCs at SIGTERM and gives running ones up to 30 s. Not more: a Nomad
+        # RPCs at SIGTERM and gives running ones up to 20 s (--shutdown-grace),
+        # which leaves it 10 s to stop before the SIGKILL. Not more: a Nomad
         # client caps kill_timeout at its max_kill_timeout, 30 s by default,
         # silently. (A longer one needs max_kill_timeout raised on every
         # client first, docs/nomad.md. A kill -9 part-way is safe either way:
         # state writes are atomic and a half-done RPC is retried.)
         kill_timeout = "30s"
 
+        # memory is a hard limit (no memory_max): the docker driver sets the
+        # container's to it, and the kernel kills the task past it. The plugin
+        # idles at about 50 MB, and staging an encrypted volume runs
+        # cryptsetup, whose argon2id takes 64 MiB more (host/crypt.py): 128
+        # left no room. The same 256 MiB as the Kubernetes node container's
+        # limit (deploy/kubernetes/base/node.yaml); tests/integration/
+        # test_encryption.py measures an encrypted stage under it.
         resources {
           cpu    = 100
-          memory = 128
+          memory = 256
         }
       }
     }

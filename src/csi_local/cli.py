@@ -16,6 +16,7 @@ from csi_local.config import (
     DEFAULT_DRIVER_NAME,
     DEFAULT_ENDPOINT,
     DEFAULT_FREEZE_LIMIT,
+    DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_SNAPSHOT_METADATA_ADDRESS,
     DEFAULT_STATE_DIR,
     Config,
@@ -156,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
       default="20", type=float, help="grow by this share of the current size")
     e("--pool-monitor-interval", action=_EnvDefault, env="CSI_LOCAL_POOL_MONITOR_INTERVAL",
       default="10", type=float, help="seconds between the pool monitor's readings")
+    e("--shutdown-grace", action=_EnvDefault, env="CSI_LOCAL_SHUTDOWN_GRACE",
+      default=f"{DEFAULT_SHUTDOWN_GRACE:g}", type=float,
+      help="seconds the RPCs still running at SIGTERM may take before the plugin stops; "
+      "keep it below the CO's kill timeout (Nomad's kill_timeout, Kubernetes' "
+      "terminationGracePeriodSeconds)")
     e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
       help="serve Prometheus metrics at http://ADDRESS/metrics (host:port or :port); "
       "empty: off")
@@ -346,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             pool_autoextend_threshold_percent=float(args.pool_autoextend_threshold_percent),
             pool_autoextend_percent=float(args.pool_autoextend_percent),
             pool_monitor_interval=float(args.pool_monitor_interval),
+            shutdown_grace=float(args.shutdown_grace),
             metrics_address=args.metrics_address,
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)

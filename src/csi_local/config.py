@@ -25,6 +25,13 @@ DEFAULT_CERT_WARNING_DAYS = 14
 # ships (deploy/kubernetes/components/snapshot-metadata): where backup clients
 # dial the sidecar, so the host its certificate must name.
 DEFAULT_SNAPSHOT_METADATA_ADDRESS = "csi-local-snapshot-metadata.csi-local.svc:6443"
+# Seconds the RPCs still running at SIGTERM get before the plugin stops. Below
+# every shipped kill timeout, with time to spare for the rest of the stop (the
+# metrics server, the lvm shell, the socket): Nomad's kill_timeout of 30 s
+# (the most a client allows by default) and Kubernetes' 60 s
+# (terminationGracePeriodSeconds). tests/deploy/test_plugin_flags.py holds
+# the two apart.
+DEFAULT_SHUTDOWN_GRACE = 20.0
 _DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
 
 
@@ -106,6 +113,7 @@ class Config:
     pool_autoextend_threshold_percent: float = 0.0
     pool_autoextend_percent: float = 20.0
     pool_monitor_interval: float = 10.0
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     metrics_address: str = ""  # host:port or :port of the Prometheus endpoint; "": off
 
     def __post_init__(self) -> None:
@@ -151,6 +159,7 @@ class Config:
         except ValueError as err:
             raise ConfigError(f"pool flags: {err}") from None
         seconds(self.pool_monitor_interval, "the pool monitor interval")
+        seconds(self.shutdown_grace, "the shutdown grace")
         if self.metrics_address:
             parse_listen_address(self.metrics_address)
 

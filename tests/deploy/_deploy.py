@@ -193,6 +193,13 @@ class PluginInvocation:
     where: str
     flags: list[str] = field(default_factory=list)  # "--flag" names
     env: dict[str, str | None] = field(default_factory=dict)  # literal value or None
+    args: list[str] = field(default_factory=list)  # as written ("--flag=value", ...)
+    # env name -> key of the generated ConfigMap csi-local-config (config.env)
+    config_keys: dict[str, str] = field(default_factory=dict)
+    # Seconds from the CO's SIGTERM to its SIGKILL: a pod's
+    # terminationGracePeriodSeconds (Kubernetes' default 30), a Nomad task's
+    # kill_timeout (Nomad's default 5 s).
+    kill_timeout: float = 0.0
 
 
 def _flag_names(args: list[str]) -> list[str]:
@@ -217,9 +224,16 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
                 continue
             inv = PluginInvocation(where=f"{path.name}:{doc['metadata']['name']}/{c['name']}")
             assert "command" not in c, "the image ENTRYPOINT (csi-local serve) must be used"
-            inv.flags = _flag_names(c.get("args", []))
+            inv.args = list(c.get("args", []))
+            inv.flags = _flag_names(inv.args)
             for e in c.get("env", []):
                 inv.env[e["name"]] = e.get("value")
+                ref = e.get("valueFrom", {}).get("configMapKeyRef")
+                # the generated name: csi-local-config-<hash>
+                if ref is not None and re.fullmatch(rf"{CONFIG_MAP}(-[a-z0-9]{{10}})?",
+                                                    ref["name"]):
+                    inv.config_keys[e["name"]] = ref["key"]
+            inv.kill_timeout = float(spec.get("terminationGracePeriodSeconds", 30))
             assert "envFrom" not in c, "list plugin env vars explicitly so they can be checked"
             yield inv
 
@@ -385,14 +399,50 @@ def nomad_plugin_tasks(job_file: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                     yield glabel, tbody
 
 
+def nomad_duration(text: str) -> float:
+    """Seconds of a Nomad duration as the job files write them ("30s", "2m")."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    assert text[-1:] in units and text[:-1].isdigit(), text
+    return int(text[:-1]) * units[text[-1]]
+
+
 def nomad_plugin_invocations() -> Iterator[PluginInvocation]:
     for job_file in sorted(NOMAD_DIR.glob("*.nomad.hcl")):
         for glabel, task in nomad_plugin_tasks(job_file):
             inv = PluginInvocation(where=f"{job_file.name}:{glabel}")
             for cfg in blocks(task, "config"):
-                inv.flags += _flag_names(hcl_list(cfg.get("args", [])))
+                inv.args += hcl_list(cfg.get("args", []))
+            inv.flags = _flag_names(inv.args)
+            inv.kill_timeout = nomad_duration(unquote(task.get("kill_timeout", '"5s"')))
             for env in blocks(task, "env"):
                 for k, v in env.items():
                     if not k.startswith("__"):
                         inv.env[k] = unquote(v)
             yield inv
+
+
+# --- memory limits -------------------------------------------------------------
+
+_K8S_QUANTITY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+
+
+def plugin_memory_limits() -> dict[str, int]:
+    """Bytes: the memory limit of each shipped plugin that stages volumes,
+    which the kernel enforces on its container (a process past it is killed).
+    The Nomad job's plugin task: resources.memory_max if set, else memory, in
+    Nomad's MB, which are MiB (the docker driver multiplies by 1 << 20). The
+    Kubernetes node DaemonSet's csi-local container: limits.memory. (The
+    plugin beside csi-resizer, resizer.yaml, never stages a volume.)"""
+    limits = {}
+    for job_file in sorted(NOMAD_DIR.glob("*.nomad.hcl")):
+        for glabel, task in nomad_plugin_tasks(job_file):
+            (resources,) = blocks(task, "resources")
+            mib = resources.get("memory_max", resources["memory"])
+            assert isinstance(mib, int), (job_file.name, mib)
+            limits[f"{job_file.name}:{glabel}"] = mib << 20
+    (node,) = [d for d in load_docs(BASE_DIR / "node.yaml") if d["kind"] == "DaemonSet"]
+    quantity = container(node, "csi-local")["resources"]["limits"]["memory"]
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity)
+    assert m, f"node.yaml: limits.memory {quantity!r}"
+    limits["node.yaml:csi-local"] = int(m[1]) * _K8S_QUANTITY[m[2]]
+    return limits

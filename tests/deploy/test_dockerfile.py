@@ -283,3 +283,41 @@ def test_oci_labels() -> None:
     build = (REPO / "scripts" / "build-image").read_text()
     for arg in ("VERSION", "SOURCE", "REVISION"):
         assert f'--build-arg "{arg}=${arg}"' in build, arg
+
+
+# The Apache License 2.0 as apache.org publishes it (LICENSE-2.0.txt) and
+# Debian ships it (/usr/share/common-licenses/Apache-2.0): its SHA-256.
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_license_is_shipped_in_the_image() -> None:
+    """pyproject.toml and the image's label declare Apache-2.0: the
+    repository holds that licence's standard text, unchanged, as LICENSE, the
+    build context lets it in and the final image carries it."""
+    import hashlib
+    import tomllib
+
+    license_file = REPO / "LICENSE"
+    assert hashlib.sha256(license_file.read_bytes()).hexdigest() == APACHE_2_0_SHA256
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert "!LICENSE" in lines
+    ins = _instructions()
+    final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
+    assert ("COPY", "LICENSE /usr/share/doc/csi-local/LICENSE") in final
+
+
+def test_compose_builds_from_the_dockerfiles_pinned_base() -> None:
+    """tests/deploy/docker-compose.yml passes BASE to the build (an empty or
+    missing value would not fall back to the ARG's default): its default is
+    the Dockerfile's, the same digest, never a bare tag."""
+    import yaml
+
+    base = _instructions()[0][1].removeprefix("BASE=")
+    compose = yaml.safe_load((REPO / "tests" / "deploy" / "docker-compose.yml").read_text())
+    arg = compose["services"]["csi-local"]["build"]["args"]["BASE"]
+    m = re.fullmatch(r"\$\{CSI_SANITY_BASE:-(.+)\}", arg)
+    assert m, arg
+    assert m[1] == base and _PINNED.match(m[1]), (m[1], base)

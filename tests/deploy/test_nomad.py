@@ -16,15 +16,20 @@ import pytest
 
 from csi_local.dhv.request import parse_parameters
 from tests.deploy._deploy import (
+    BASE_DIR,
     NOMAD_DIR,
+    PLUGIN_IMAGE_NAME,
     REPO,
     TOPOLOGY_KEY,
     blocks,
     check_classes_shape,
     hcl_list,
+    kustomization,
     labelled,
     load_hcl,
+    nomad_plugin_invocations,
     nomad_plugin_tasks,
+    plugin_memory_limits,
     run_lvm,
     unquote,
 )
@@ -225,6 +230,62 @@ def test_plugin_job_is_per_node_monolith() -> None:
     targets = {unquote(m["target"]) for m in blocks(cfg, "mount")}
     assert {"/run/lock/lvm", "/run/lvm", "/etc/lvm/backup", "/etc/lvm/archive",
             "/var/lib/csi-local"} <= targets
+
+
+def test_plugin_job_needs_a_docker_that_allows_its_task() -> None:
+    """The task is a privileged docker container with bind mounts: the job
+    is constrained on the attributes the docker driver fingerprints when its
+    client allows both, so placement fails with that reason on a client
+    that does not (rather than the task failing at start)."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    _, job = labelled(blocks(load_hcl(path), "job")[0])
+    required = {unquote(c["attribute"]): unquote(c["value"]) for c in blocks(job, "constraint")
+                if unquote(c.get("operator", "=")) in ("=", "==")}
+    assert required == {"${attr.driver.docker.privileged.enabled}": "true",
+                        "${attr.driver.docker.volumes.enabled}": "true"}, required
+    ((_, task),) = nomad_plugin_tasks(path)
+    cfg = blocks(task, "config")[0]
+    assert unquote(task["driver"]) == "docker" and cfg["privileged"] is True
+    assert any(unquote(m["type"]) == "bind" and unquote(m["source"]).startswith("/")
+               for m in blocks(cfg, "mount"))
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    for attribute in required:
+        assert attribute.removeprefix("${attr.").removesuffix("}") in docs, attribute
+
+
+def test_plugin_image_is_the_kubernetes_one() -> None:
+    """The job's default image is the one the Kubernetes manifests run (the
+    kustomize images entry: its name and tag), named with its registry: the
+    docker driver takes `csi-local:0.1.0` for docker.io/library/csi-local and
+    pulls it, which fails. The docs' and README's commands build and load
+    that same image."""
+    path = NOMAD_DIR / "csi-local.nomad.hcl"
+    variables = dict(labelled(v) for v in blocks(load_hcl(path), "variable"))
+    (entry,) = [i for i in kustomization(BASE_DIR)["images"] if i["name"] == PLUGIN_IMAGE_NAME]
+    image = f"{entry.get('newName', entry['name'])}:{entry['newTag']}"
+    assert unquote(variables["image"]["default"]) == image
+    assert image.startswith("localhost/"), image
+    readme = (REPO / "README.md").read_text()
+    nomad_readme = readme.split("### Nomad (CSI)", 1)[1].split("\n### ", 1)[0]
+    docs = (REPO / "docs" / "nomad.md").read_text()
+    for where, text in (("docs/nomad.md", docs), ("README.md", nomad_readme)):
+        assert f"scripts/build-image -t {image}" in text, where
+        commands = "".join(re.findall(r"```sh\n(.*?)```", text, re.S))
+        named = set(re.findall(r"[\w./-]*csi-local:[\w.-]+", commands))
+        # a registry of the operator's own, passed with -var image=...
+        assert named <= {image, "registry.example.com/csi-local:0.1.0"}, (where, named)
+    assert f"podman --storage-driver vfs save -o csi-local.tar {image}" in docs
+
+
+def test_plugin_memory_is_the_kubernetes_limit() -> None:
+    """The Nomad task may use as much memory as the Kubernetes node
+    container: the same plugin stages the same volumes (an encrypted stage
+    runs cryptsetup's argon2id at 64 MiB on top of the idle plugin, which
+    128 MB did not hold). tests/integration/test_encryption.py measures that
+    stage against these limits."""
+    limits = plugin_memory_limits()
+    nomad = {k: v for k, v in limits.items() if k.startswith("csi-local.nomad.hcl:")}
+    assert nomad and set(nomad.values()) == {limits["node.yaml:csi-local"]}, limits
 
 
 # --- volume specifications ---------------------------------------------------
@@ -432,24 +493,12 @@ def test_plugin_task_honours_the_hosts_device_selection(tmp_path: Path) -> None:
     assert r.stdout.strip() == 'global_filter="r|^/dev/sdb$|"', r.stdout + r.stderr
 
 
-def _seconds(duration: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    assert duration[-1] in units and duration[:-1].isdigit(), duration
-    return int(duration[:-1]) * units[duration[-1]]
-
-
 def test_kill_timeout_within_the_clients_default_cap() -> None:
     """A Nomad client caps kill_timeout at its max_kill_timeout (30 s unless
     set), silently: the plugin job asks for no more, and the docs say how to
-    raise both. The plugin's own grace for running RPCs fits in it."""
-    from csi_local.csi.server import GRACE_SECONDS
-
-    found = []
-    for job_file in sorted(NOMAD_DIR.glob("*.nomad.hcl")):
-        for _, task in nomad_plugin_tasks(job_file):
-            timeout = unquote(task.get("kill_timeout", '"5s"'))
-            found.append(_seconds(timeout))
-    assert found and all(GRACE_SECONDS <= t <= 30 for t in found), found
+    raise both. (The plugin's own grace fits in it: test_plugin_flags.py.)"""
+    found = [inv.kill_timeout for inv in nomad_plugin_invocations()]
+    assert found and all(t <= 30 for t in found), found
     docs = (REPO / "docs" / "nomad.md").read_text()
     assert "max_kill_timeout" in docs
 

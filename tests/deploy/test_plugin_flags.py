@@ -43,6 +43,7 @@ CONTRACT = {
     "--pool-autoextend-percent": "CSI_LOCAL_POOL_AUTOEXTEND_PERCENT",
     "--pool-monitor-interval": "CSI_LOCAL_POOL_MONITOR_INTERVAL",
     "--metrics-address": "CSI_LOCAL_METRICS_ADDRESS",
+    "--shutdown-grace": "CSI_LOCAL_SHUTDOWN_GRACE",
 }
 
 # Allowed literal values, where the contract restricts them.
@@ -146,3 +147,60 @@ def test_configmap_values_allowed() -> None:
     assert data["log-level"] in VALUES["CSI_LOCAL_LOG_LEVEL"]
     assert float(data["overprovision-ratio"]) >= 1.0
     assert int(data["max-volumes-per-node"]) >= 0
+
+
+# What the plugin still does after its grace before it exits (the metrics
+# server, the lvm shell, the state, the socket), with room to spare on a
+# loaded node: seconds a kill timeout must exceed the grace by.
+STOP_MARGIN_SECONDS = 5.0
+
+
+def _shutdown_grace(inv: PluginInvocation) -> tuple[float, str]:
+    """The --shutdown-grace a shipped plugin runs with, and where it comes
+    from: its flag, else its environment (a literal, or config.env through
+    the generated ConfigMap), else the plugin's default."""
+    from csi_local.config import DEFAULT_SHUTDOWN_GRACE
+
+    env = CONTRACT["--shutdown-grace"]
+    for i, arg in enumerate(inv.args):
+        if arg.startswith("--shutdown-grace="):
+            return float(arg.split("=", 1)[1]), "flag"
+        if arg == "--shutdown-grace":
+            return float(inv.args[i + 1]), "flag"
+    if inv.env.get(env) is not None:
+        return float(str(inv.env[env])), "env"
+    if env in inv.config_keys:
+        return float(generated_config_map()["data"][inv.config_keys[env]]), "config.env"
+    assert env not in inv.env, f"{inv.where}: {env} from where?"
+    return DEFAULT_SHUTDOWN_GRACE, "default"
+
+
+@pytest.mark.parametrize("inv", invocations(), ids=lambda i: i.where)
+def test_shutdown_grace_ends_before_the_kill(inv: PluginInvocation) -> None:
+    """The plugin gives running RPCs its grace at SIGTERM, then stops: all of
+    it must end before the CO's SIGKILL (Nomad's kill_timeout, a pod's
+    terminationGracePeriodSeconds), or a grace that runs out kills the
+    plugin part-way through its own stop."""
+    grace, source = _shutdown_grace(inv)
+    assert grace + STOP_MARGIN_SECONDS <= inv.kill_timeout, (
+        f"{inv.where}: grace {grace:g} s ({source}) + {STOP_MARGIN_SECONDS:g} s to stop "
+        f"exceeds the kill timeout {inv.kill_timeout:g} s")
+
+
+def test_shutdown_grace_is_read_from_every_source() -> None:
+    """_shutdown_grace finds a value wherever a manifest may set one."""
+    from csi_local.config import DEFAULT_SHUTDOWN_GRACE
+
+    base = PluginInvocation(where="x", kill_timeout=30)
+    assert _shutdown_grace(base) == (DEFAULT_SHUTDOWN_GRACE, "default")
+    assert _shutdown_grace(PluginInvocation(where="x", args=["--shutdown-grace=7"])) == (
+        7.0, "flag")
+    assert _shutdown_grace(PluginInvocation(where="x", args=["--shutdown-grace", "8"])) == (
+        8.0, "flag")
+    assert _shutdown_grace(PluginInvocation(
+        where="x", env={"CSI_LOCAL_SHUTDOWN_GRACE": "9"})) == (9.0, "env")
+    ratio = float(generated_config_map()["data"]["overprovision-ratio"])
+    assert _shutdown_grace(PluginInvocation(  # any config.env key, read as the grace
+        where="x", env={"CSI_LOCAL_SHUTDOWN_GRACE": None},
+        config_keys={"CSI_LOCAL_SHUTDOWN_GRACE": "overprovision-ratio"})) == (
+        ratio, "config.env")

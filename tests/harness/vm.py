@@ -196,6 +196,8 @@ WEIGHTS = {
     "tests/integration/test_metadata_walk.py": 30,
     "tests/integration/test_mount_differential.py": 15,
     "tests/integration/test_metadata_outdated.py": 6,
+    "tests/integration/test_encryption.py::"
+    "test_an_encrypted_stage_fits_the_shipped_memory_limits": 20,
 }
 DEFAULT_WEIGHT = 3
 

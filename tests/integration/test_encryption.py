@@ -9,17 +9,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from benchmarks.lab import copy_ranges
+from benchmarks.measure import rss_bytes
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.host import mounts
 from csi_local.volumes import encryption
+from tests.deploy._deploy import plugin_memory_limits
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
 from tests.integration.dhvkit import (
     Dhv,
@@ -404,3 +409,107 @@ def test_group_snapshot_of_mounted_encrypted_volumes_on_this_kernel(
             assert f.read() == name.encode() * 1000
         unstage(plugin, copy, path)
         unstage(plugin, vid, staging)
+
+
+# --- memory -------------------------------------------------------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _memory_cgroup() -> Path:
+    """A cgroup v2 of this test's own under the root, with the memory
+    controller (memory.peak: kernel 5.19 or later)."""
+    control = CGROUP_ROOT / "cgroup.subtree_control"
+    if "memory" not in control.read_text().split():
+        control.write_text("+memory")
+    path = CGROUP_ROOT / f"csi-local-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Remove the test's cgroup once empty; whatever is left in it (a child
+    of the stopped plugin) was started by this test: cgroup.kill ends it."""
+    if "populated 1" in (path / "cgroup.events").read_text():
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + 30
+    while "populated 1" in (path / "cgroup.events").read_text():
+        assert time.monotonic() < deadline, (path / "cgroup.procs").read_text()
+        time.sleep(0.1)
+    path.rmdir()
+
+
+def _sample_peaks(cgroup: Path, done: threading.Event, peaks: dict[int, tuple[str, int]],
+                  ) -> None:
+    """Every process in `cgroup`: its command and peak RSS (VmHWM), sampled
+    every 50 ms until `done`. A cryptsetup is caught: its argon2id holds its
+    64 MiB for the whole derivation (--iter-time 1000: a second or more), and
+    VmHWM keeps the peak until the process exits."""
+    while not done.is_set():
+        for pid in map(int, (cgroup / "cgroup.procs").read_text().split()):
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                hwm = rss_bytes(pid, "VmHWM")
+            except (OSError, RuntimeError):
+                continue  # exited meanwhile (a zombie has no VmHWM)
+            peaks[pid] = (comm, max(hwm, peaks.get(pid, ("", 0))[1]))
+        done.wait(0.05)
+
+
+@pytest.mark.report
+def test_an_encrypted_stage_fits_the_shipped_memory_limits(plugin_factory: Any) -> None:
+    """The plugin at its peak: staging an encrypted volume (luksFormat, then
+    open: cryptsetup's argon2id at 64 MiB each, one after the other, then
+    mkfs), the plugin started in a memory cgroup of its own as its container
+    is. Two measures, both under the memory limit of every shipped plugin that
+    stages (the Nomad job's, node.yaml's: the kernel kills a container past
+    it): the cgroup's memory.peak, all it charged since the plugin's start as
+    a container's limit counts it (its processes' memory, their kernel memory
+    and the page cache they brought in); and the peak RSS of the processes
+    that run throughout the stage (the plugin, its lvm shell) added to the
+    largest peak of the commands it ran meanwhile, sampled."""
+    limits = plugin_memory_limits()
+    cgroup = _memory_cgroup()
+    p: PluginProcess = plugin_factory(start=False)
+    p.cgroup = cgroup
+    try:
+        p.start()
+        idle = rss_bytes(p.pid)
+        vid = create(p, "enc-memory")
+        # What runs when the stage starts runs throughout it: the plugin, and
+        # its lvm shell (started in the background once the plugin serves:
+        # by now the create has used it).
+        resident = set(map(int, (cgroup / "cgroup.procs").read_text().split()))
+        staging = p.path("stage-memory")
+        peaks: dict[int, tuple[str, int]] = {}
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_peaks, args=(cgroup, done, peaks))
+        sampler.start()
+        try:
+            stage(p, vid, staging)
+        finally:
+            done.set()
+            sampler.join()
+        cgroup_peak = int((cgroup / "memory.peak").read_text())
+        plugin_peak = rss_bytes(p.pid, "VmHWM")
+        unstage(p, vid, staging)
+    finally:
+        p.stop()
+        _remove_cgroup(cgroup)
+    peaks[p.pid] = ("csi-local", plugin_peak)
+    commands = {pid: v for pid, v in peaks.items() if pid not in resident}
+    crypt = max((v for v in commands.values() if v[0] == "cryptsetup"), key=lambda v: v[1],
+                default=None)
+    assert crypt is not None, f"no cryptsetup sampled: {sorted(peaks.values())}"
+    largest = max(commands.values(), key=lambda v: v[1])
+    rss_peak = sum(h for pid, (_, h) in peaks.items() if pid in resident) + largest[1]
+    mib = 1 << 20
+    print(f"plugin RSS idle {idle / mib:.1f} MiB, peak {plugin_peak / mib:.1f} MiB; "
+          f"cryptsetup peak {crypt[1] / mib:.1f} MiB; largest command {largest[0]} "
+          f"{largest[1] / mib:.1f} MiB; resident processes + largest command "
+          f"{rss_peak / mib:.1f} MiB; cgroup memory.peak {cgroup_peak / mib:.1f} MiB; "
+          "limits " + ", ".join(f"{k} {v / mib:.0f} MiB" for k, v in limits.items()))
+    # argon2id's 64 MiB is in cryptsetup's peak: the sampler saw the real one
+    assert crypt[1] > 64 * mib
+    for where, limit in limits.items():
+        assert max(cgroup_peak, rss_peak) < limit, where

@@ -106,6 +106,7 @@ BAD_ENV = [
     ("--max-volumes-per-node", "CSI_LOCAL_MAX_VOLUMES_PER_NODE", "1.5"),
     ("--command-timeout", "CSI_LOCAL_COMMAND_TIMEOUT", "2m"),
     ("--group-freeze-timeout", "CSI_LOCAL_GROUP_FREEZE_TIMEOUT", "10s"),
+    ("--shutdown-grace", "CSI_LOCAL_SHUTDOWN_GRACE", "20s"),
     ("--node-expansion-only", "CSI_LOCAL_NODE_EXPANSION_ONLY", "maybe"),
     ("--backing-size", "CSI_LOCAL_BACKING_SIZE", "4 gigs"),
 ]
@@ -155,6 +156,16 @@ def test_group_freeze_timeout_flag_env_and_default(monkeypatch: pytest.MonkeyPat
         with pytest.raises(ConfigError, match="group freeze timeout must be a finite number"):
             config_from_args(build_parser().parse_args([*BASE, "--group-freeze-timeout",
                                                         bad]))
+
+
+def test_shutdown_grace_flag_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 s unless set: below the Nomad job's kill_timeout of 30 s with time
+    to stop (tests/deploy/test_plugin_flags.py checks every shipped one)."""
+    assert config_from_args(build_parser().parse_args(BASE)).shutdown_grace == 20.0
+    monkeypatch.setenv("CSI_LOCAL_SHUTDOWN_GRACE", "12.5")
+    assert config_from_args(build_parser().parse_args(BASE)).shutdown_grace == 12.5
+    args = build_parser().parse_args([*BASE, "--shutdown-grace", "4"])
+    assert config_from_args(args).shutdown_grace == 4.0  # the flag wins
 
 
 def test_flag_overrides_a_bad_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,6 +272,7 @@ def test_status_and_doctor_take_a_configuration_file(
 @pytest.mark.parametrize(("flag", "env"), [
     ("--command-timeout", "CSI_LOCAL_COMMAND_TIMEOUT"),
     ("--pool-monitor-interval", "CSI_LOCAL_POOL_MONITOR_INTERVAL"),
+    ("--shutdown-grace", "CSI_LOCAL_SHUTDOWN_GRACE"),
 ])
 def test_timeouts_and_intervals_are_finite_and_positive(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

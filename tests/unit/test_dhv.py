@@ -186,6 +186,11 @@ def test_config_full_and_sizes() -> None:
     ({"volume_group": "vg", "thin_pool": "p", "overprovision_ratio": "2"}, ">= 1.0"),
     ({"volume_group": "vg", "thin_pool": "p", "default_size": "lots"}, "invalid size"),
     ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": 0}, "timeout_seconds"),
+    # Nomad cancels a create or delete at 60 s: a budget that long is never used
+    ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": 60},
+     "below 60: Nomad cancels a host volume create or delete after 60 s"),
+    ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": 3600}, "below 60"),
+    ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": float("inf")}, "below 60"),
 ])
 def test_bad_config(data: dict[str, object], message: str) -> None:
     with pytest.raises(DhvError, match=message):

@@ -824,6 +824,46 @@ def test_a_busy_metrics_port_stops_the_server_cleanly(tmp_path: Path,
     plugin_mod.CsiPlugin(_config(tmp_path)).close()
 
 
+def test_serve_gives_running_rpcs_the_configured_grace_at_sigterm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At SIGTERM serve stops the gRPC server with --shutdown-grace, not a
+    fixed grace that a CO's kill timeout may cut short."""
+    from csi_local.csi import server as server_mod
+
+    monkeypatch.setattr(plugin_mod, "rebuild_state", lambda lvm, host: {})
+    monkeypatch.setattr(Pools, "note_volume_groups", lambda pools: None)
+    monkeypatch.setattr(plugin_mod, "reconcile_state", lambda lvm, host, records: records)
+    monkeypatch.setattr(plugin_mod.CsiPlugin, "start", lambda self: None)
+    handlers: dict[int, Any] = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: handlers.update(
+        {signum: handler}))
+    graces: list[float | None] = []
+    real_build = server_mod.build_server
+
+    def build(plugin: Any, path: str) -> Any:
+        real = real_build(plugin, path)
+        real_stop = real.stop
+
+        def stop(grace: float | None) -> threading.Event:
+            graces.append(grace)
+            return real_stop(0)
+
+        monkeypatch.setattr(real, "stop", stop)
+        return real
+
+    monkeypatch.setattr(server_mod, "build_server", build)
+    config = _config(tmp_path, lvm_shell=False, shutdown_grace=7.5)
+    done = threading.Thread(target=server_mod.serve, args=(config,))
+    done.start()
+    deadline = time.monotonic() + 30
+    while signal.SIGTERM not in handlers or not Path(config.socket).exists():
+        assert done.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    handlers[signal.SIGTERM](signal.SIGTERM, None)
+    done.join(30)
+    assert not done.is_alive() and graces == [7.5]
+
+
 class _Reader:
     """A VG's committed metadata as check() finds it: these problems."""
 

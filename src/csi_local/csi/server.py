@@ -24,7 +24,6 @@ from csi_local.nodestate.state_file import StateLocked
 from csi_local.ops.demo_vg import ensure_backing
 
 log = logging.getLogger(__name__)
-GRACE_SECONDS = 30.0
 
 
 class ServerError(Exception):
@@ -225,8 +224,9 @@ def serve(config: Config) -> None:
              "?" if before is None else f"{before + time.monotonic() - began:.3f}s",
              time.monotonic() - began)
     stop.wait()
-    # New RPCs are refused at once; in-flight ones get the grace period.
-    server.stop(GRACE_SECONDS).wait()
+    # New RPCs are refused at once; in-flight ones get the grace period
+    # (--shutdown-grace), which ends before the CO's SIGKILL.
+    server.stop(config.shutdown_grace).wait()
     if metrics_server is not None:
         metrics_server.stop()
     plugin.close()

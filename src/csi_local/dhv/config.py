@@ -31,7 +31,13 @@ from csi_local.volumes.sizes import parse_size as _parse_size
 PLUGIN_ID = "csi-local-dhv"
 CONFIG_SUFFIX = ".json"
 DEFAULT_SIZE = 1 << 30
-DEFAULT_TIMEOUT = 55.0  # Nomad kills create/delete after 60 s
+# Nomad's client gives a host volume plugin's create and delete one minute
+# (the request context of client/host_volume_endpoint.go), then cancels it
+# and kills the plugin. A budget must end before that, so the plugin reports
+# its own error and undoes its half-made work; one as long or longer would
+# never be used.
+NOMAD_OPERATION_LIMIT = 60.0
+DEFAULT_TIMEOUT = 55.0
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,11 @@ class PluginConfig:
             raise DhvError("config: default_size must be a positive size")
         timeout = self.timeout_seconds
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
-                or not 0 < timeout <= 3600:
-            raise DhvError("config: timeout_seconds must be a number in (0, 3600]")
+                or not 0 < timeout < NOMAD_OPERATION_LIMIT:
+            raise DhvError(f"config: timeout_seconds must be a number above 0 and below "
+                           f"{NOMAD_OPERATION_LIMIT:g}: Nomad cancels a host volume create "
+                           f"or delete after {NOMAD_OPERATION_LIMIT:g} s, so a longer budget "
+                           "would never be used")
         for key in ("pool_data_limit_percent", "pool_metadata_limit_percent"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) \
