@@ -25,7 +25,7 @@ DEFAULT_CERT_WARNING_DAYS = 14
 # ships (deploy/kubernetes/examples/snapshot-metadata): where backup clients
 # dial the sidecar, so the host its certificate must name.
 DEFAULT_SNAPSHOT_METADATA_ADDRESS = "csi-local-snapshot-metadata.csi-local.svc:6443"
-_DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
+_DRIVER_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 
 
 class ConfigError(ValueError):
@@ -125,7 +125,7 @@ class Config:
                 check_name(self.thin_pool)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        if not _DRIVER_RE.match(self.driver_name) or len(self.driver_name) > 63:
+        if not _DRIVER_RE.fullmatch(self.driver_name) or len(self.driver_name) > 63:
             raise ConfigError(
                 f"driver name {self.driver_name!r} must be a domain name of at most 63 characters"
             )
