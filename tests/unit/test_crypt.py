@@ -20,11 +20,11 @@ class Recorder:
     codes a test sets per subcommand (cryptsetup's second argument)."""
 
     def __init__(self, codes: dict[str, int] | None = None) -> None:
-        self.calls: list[tuple[tuple[str, ...], str | None]] = []
+        self.calls: list[tuple[tuple[str, ...], str | bytes | None]] = []
         self.codes = codes or {}
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         argv = tuple(argv)
         self.calls.append((argv, input))
         code = self.codes.get(argv[1], 0)
@@ -37,7 +37,7 @@ class Recorder:
 def test_key_hides_its_value() -> None:
     key = Key(SECRET)
     assert SECRET not in repr(key) and SECRET not in str(key)
-    assert SECRET not in f"{key!r} {key}" and key.reveal() == SECRET
+    assert SECRET not in f"{key!r} {key}" and key.reveal() == SECRET.encode()
     with pytest.raises(TypeError):
         pickle.dumps(key)
     with pytest.raises(ValueError):
@@ -50,7 +50,7 @@ def test_format_passes_the_key_on_stdin_only() -> None:
     runner = Recorder()
     Crypt(runner).format("/dev/vg0/lv", Key(SECRET))
     ((argv, stdin),) = runner.calls
-    assert stdin == SECRET
+    assert stdin == SECRET.encode()
     assert all(SECRET not in a and "horse" not in a for a in argv)
     assert argv[:3] == ("cryptsetup", "luksFormat", "--batch-mode")
     assert argv[-3:] == ("--key-file", "-", "/dev/vg0/lv")
@@ -78,7 +78,7 @@ def test_open_and_a_wrong_key() -> None:
     argv, stdin = runner.calls[0]
     assert argv == ("cryptsetup", "open", "--type", "luks2", "--key-file", "-",
                     "/dev/vg0/lv", "csi-local-luks-lv")
-    assert stdin == SECRET
+    assert stdin == SECRET.encode()
     refused = Recorder({"open": 2})
     with pytest.raises(KeyRefused) as err:
         Crypt(refused).open("/dev/vg0/lv", "m", Key(SECRET))
@@ -104,7 +104,7 @@ def test_resize_and_close() -> None:
     crypt.resize("m", Key(SECRET))
     crypt.close("m")
     assert runner.calls == [
-        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET),
+        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET.encode()),
         (("cryptsetup", "close", "m"), None),
     ]
     with pytest.raises(KeyRefused):

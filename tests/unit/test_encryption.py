@@ -107,7 +107,7 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     assert lv.content.luks.data.fs == "ext4"  # the file system is behind the header
     assert [c[-1] for c in n.host.commands("mkfs.ext4")] == [mapper]
     # The key went to cryptsetup's standard input, and never into an argv.
-    assert KEY in n.host.crypt_inputs
+    assert KEY.encode() in n.host.crypt_inputs
     assert not any("s3cret" in a for c in n.host.calls for a in c)
     # Staged again (a retry): nothing is opened or formatted again, no key needed.
     before = len(n.host.commands("cryptsetup"))
@@ -175,7 +175,7 @@ def test_a_luks_format_cut_short_is_formatted_again(n: Node) -> None:
     assert n.host.lv(vid).content.luks is not None and not n.host.mappers
     assert stage(n, vid, {encryption.SECRET_KEY: "another"})[0] == "OK"
     assert len(crypt_calls(n, "luksFormat")) == 2
-    assert n.host.lv(vid).content.luks.key == "another"  # type: ignore[union-attr]
+    assert n.host.lv(vid).content.luks.key == b"another"  # type: ignore[union-attr]
     # Once formatted and handed out, a wrong key never formats it again.
     unstage(n, vid)
     assert stage(n, vid)[0] == "UNAUTHENTICATED"

@@ -28,7 +28,7 @@ FIRST_MINOR = 1000  # dm-crypt devices' minors: clear of the LVs'
 class Luks:
     """A LUKS2 header's one key, and the content of the data area behind it."""
 
-    key: str
+    key: bytes  # as cryptsetup read it
     data: Content = field(default_factory=Content)
 
 
@@ -46,7 +46,7 @@ class FakeCrypt:
     """cryptsetup and its dm-crypt devices (a FakeHost part)."""
 
     mappers: dict[str, FakeMapper]
-    crypt_inputs: list[str | None]  # each cryptsetup call's standard input
+    crypt_inputs: list[bytes | None]  # each cryptsetup call's standard input, as read
 
     if TYPE_CHECKING:  # what it uses of the other parts (fakehost.FakeHost has all)
         def _device(self, path: str) -> _Dev | None: ...
@@ -86,7 +86,9 @@ class FakeCrypt:
         self.mappers[name] = FakeMapper(lv, minor)
         return f"/dev/mapper/{name}"
 
-    def _cryptsetup(self, argv: Sequence[str], stdin: str | None) -> str:
+    def _cryptsetup(self, argv: Sequence[str], given: str | bytes | None) -> str:
+        # What cryptsetup reads: the bytes given, or the text's UTF-8 (the Runner's).
+        stdin = given.encode() if isinstance(given, str) else given
         self.crypt_inputs.append(stdin)
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
