@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import stat
 from dataclasses import dataclass
 from typing import NoReturn
@@ -85,9 +86,11 @@ def read_key_file(path: str) -> Key:
     PATH` reads it, so an operator opens the device by hand with the same
     file). Only a regular file, not through a symlink, of root's (or this
     process's user's), that no group or other may read or write: KeyMissing
-    (naming the file, never its content) otherwise."""
+    (naming the file, never its content) otherwise. Opened without blocking,
+    so that a FIFO or a device at the path is refused at once rather than
+    waited on."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
         raise KeyMissing(f"key file {path}: {err.strerror or err}") from None
     try:
@@ -104,6 +107,14 @@ def read_key_file(path: str) -> Key:
         return Key(data)
     except ValueError as err:
         raise KeyMissing(f"key file {path}: {err}") from None
+
+
+def forbid_core_dumps() -> None:
+    """No core dump of this process, nor of any process it starts: a dump
+    would write the keys it holds (and cryptsetup's, its child) to disk.
+    RLIMIT_CORE 0, soft and hard, is inherited across fork and execve, and
+    systemd-coredump and apport honour it when core_pattern pipes to them."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 @dataclass(frozen=True)
