@@ -146,6 +146,25 @@ def test_failed_opens_are_told_why(n: Node) -> None:
     assert stage(n, vid)[0] == "OK" and told == ["key_missing", "key_refused"]
 
 
+def test_failed_expands_are_told_why(n: Node) -> None:
+    """NodeExpandVolume asks for the key as a stage does (cryptsetup resize),
+    and its key failures count the same (docs: "at stage or expand"); they
+    went uncounted."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    assert stage(n, vid)[0] == "OK"
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
+    assert call(n.node.NodeExpandVolume, req)[0] == "INVALID_ARGUMENT"  # no secret
+    req.secrets[encryption.SECRET_KEY] = "wrong"
+    assert call(n.node.NodeExpandVolume, req)[0] == "UNAUTHENTICATED"
+    assert told == ["key_missing", "key_refused"]
+    req.secrets[encryption.SECRET_KEY] = KEY
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert told == ["key_missing", "key_refused"]
+
+
 def test_a_failing_counter_never_hides_a_refused_key(n: Node) -> None:
     def broken(reason: str) -> None:
         raise RuntimeError("counter down")
