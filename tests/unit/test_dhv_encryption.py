@@ -13,6 +13,7 @@ from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import DhvError, lv_name_for
 from csi_local.errors import KeyMissing, KeyRefused
+from csi_local.host.crypt import HEADER_BYTES
 from csi_local.host.holders import VolumeUsers
 from csi_local.volumes import encryption
 from csi_local.volumes.host_volume_names import TAG_ENCRYPTED
@@ -61,6 +62,7 @@ def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
                          encryption.mapper_name(lv.name)))
     assert grew.index(("resize2fs", mapper)) > resize
     assert d.host.lvs[lv.name].size == 512 * MiB
+    assert d.host.device_size(mapper) == 512 * MiB - HEADER_BYTES  # the device grew too
     # Deleted: unmounted, closed, removed.
     d.delete("vol-1")
     assert lv.name not in d.host.lvs and not d.host.mappers

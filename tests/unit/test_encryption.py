@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
+from csi_local.host import crypt
 from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from tests.unit.servicers import (
@@ -248,6 +249,37 @@ def test_node_expand_resizes_the_dm_crypt_device_then_the_file_system(n: Node) -
                                          encryption.mapper_name(vid))]
     assert n.host.commands("resize2fs") == [("resize2fs", mapper)]
     assert n.host.lv(vid).size == 2 * GiB
+
+
+def test_an_encrypted_block_volume_grows_online_as_kubelet_expands_it(n: Node) -> None:
+    """kubelet calls NodeExpandVolume only when ControllerExpandVolume says
+    node_expansion_required. A raw block volume needs no file system grown,
+    but an encrypted one's open dm-crypt device grows only there (cryptsetup
+    resize): the reply said false for it, and the device kept its old size."""
+    _, vid = create(n)
+    assert stage(n, vid, block=True)[0] == "OK"
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    before = n.host.device_size(mapper)
+    code, reply = call(n.controller.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=2 * GiB),
+        volume_capability=block_cap()))
+    assert code == "OK", reply
+    if reply.node_expansion_required:  # kubelet's rule
+        code, msg = call(n.node.NodeExpandVolume, pb.NodeExpandVolumeRequest(
+            volume_id=vid, volume_path=n.path("stage"), volume_capability=block_cap(),
+            capacity_range=pb.CapacityRange(required_bytes=2 * GiB), secrets=SECRETS))
+        assert code == "OK", msg
+    assert n.host.lv(vid).size == 2 * GiB
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES > before
+    assert not n.host.commands("resize2fs")  # no file system of ours on it
+
+
+def test_a_plain_block_volume_needs_no_node_expansion(n: Node) -> None:
+    _, vid = create(n, params={})
+    code, reply = call(n.controller.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=2 * GiB),
+        volume_capability=block_cap()))
+    assert (code, reply.node_expansion_required) == ("OK", False)
 
 
 def test_restores_and_clones_keep_the_header_and_key(n: Node,

@@ -322,11 +322,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
             pool, lv = vols.get_volume(self.pools, volume_id)
+            encrypted = encryption.is_encrypted(lv)
             lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
                  and request.volume_capability.HasField("block"))
+        # A file system grows on the node; so does an encrypted volume's open
+        # dm-crypt device (cryptsetup resize), raw block or not: without it,
+        # kubelet never calls NodeExpandVolume and the device stays its old size.
         return pb.ControllerExpandVolumeResponse(
-            capacity_bytes=lv.size, node_expansion_required=not block
+            capacity_bytes=lv.size, node_expansion_required=not block or encrypted
         )
 
     # Local volumes need no attach, and there is nothing to modify.
