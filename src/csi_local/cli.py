@@ -397,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     from csi_local.csi.server import ServerError, serve
+    from csi_local.host.crypt import forbid_core_dumps
 
+    forbid_core_dumps()  # before any key arrives
     setup_logging(args.log_level, args.log_format)
     try:
         serve(config)

@@ -32,7 +32,7 @@ DEFAULT_SNAPSHOT_METADATA_ADDRESS = "csi-local-snapshot-metadata.csi-local.svc:6
 # (terminationGracePeriodSeconds). tests/deploy/test_plugin_flags.py holds
 # the two apart.
 DEFAULT_SHUTDOWN_GRACE = 20.0
-_DRIVER_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$")
+_DRIVER_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 
 
 class ConfigError(ValueError):
@@ -133,7 +133,7 @@ class Config:
                 check_name(self.thin_pool)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        if not _DRIVER_RE.match(self.driver_name) or len(self.driver_name) > 63:
+        if not _DRIVER_RE.fullmatch(self.driver_name) or len(self.driver_name) > 63:
             raise ConfigError(
                 f"driver name {self.driver_name!r} must be a domain name of at most 63 characters"
             )

@@ -108,7 +108,7 @@ class Moment:
         self.answers.clear()
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         key = tuple(str(a) for a in argv)
         kept = self.answers.get(key)
         if kept is not None and input is None:

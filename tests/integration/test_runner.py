@@ -38,6 +38,16 @@ def test_input_reaches_the_child() -> None:
     assert ProcessRunner().run(["cat"], input="a line\n").stdout == "a line\n"
 
 
+def test_bytes_reach_the_child_byte_for_byte() -> None:
+    """A key file's bytes, not UTF-8 text, reach cryptsetup's standard input
+    as they are; the output is text as ever."""
+    raw = bytes(range(256))
+    res = ProcessRunner().run(["od", "-An", "-v", "-tx1"], input=raw)
+    assert bytes.fromhex(res.stdout) == raw
+    assert ProcessRunner().run(["sh", "-c", "cat; echo err >&2"], input=b"a\r\nb").stdout \
+        == "a\nb"  # as a text pipe gives it: universal newlines
+
+
 def test_a_hung_child_is_killed_at_the_timeout() -> None:
     started = time.monotonic()
     with pytest.raises(CommandError) as info:

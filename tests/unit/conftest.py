@@ -90,7 +90,7 @@ class FakeRunner:
         self.replies.setdefault(key, []).append(reply)
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         call = tuple(str(a) for a in argv)
         self.calls.append(call)
         for n in range(len(call), 0, -1):

@@ -78,7 +78,7 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts):
         self.vgs: dict[str, FakeVg] = {}
         self.loops: dict[int, FakeLoop] = {}
         self.mappers: dict[str, FakeMapper] = {}  # dm-crypt devices, by name
-        self.crypt_inputs: list[str | None] = []
+        self.crypt_inputs: list[bytes | None] = []
         self.calls: list[tuple[str, ...]] = []
         self.clock = 1_700_000_000  # lv_time of the next LV; each lvcreate advances it
         self._loop_nodes: set[int] = set()  # loop nodes ever made (they outlive detach)
@@ -116,7 +116,7 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts):
         return [c for c in self.calls if c[0] == name]
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         full = tuple(str(a) for a in argv)
         call = self._norm(full)
         self.calls.append(call)

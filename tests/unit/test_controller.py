@@ -12,7 +12,9 @@ or retagged. The success tests check the replies and the LVs behind them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -995,6 +997,58 @@ def test_list_volumes_takes_an_entry_again_only_for_the_same_lv_and_condition(
     assert sorted(by_id) == ids[:3] and by_id[ids[0]].volume.capacity_bytes == 9 * GiB
     assert all(e.status.volume_condition.abnormal for e in got.entries)
     assert sorted(n.controller._listed_entries) == ids[:3]  # the one gone is forgotten
+
+
+class _PruneMeetsInsert(dict[str, Any]):
+    """ListVolumes' map of entries whose pruning, part-way through its items,
+    lets `meanwhile` run in another thread (at most `wait` seconds)."""
+
+    def __init__(self, entries: dict[str, Any], meanwhile: Callable[[], object],
+                 wait: float) -> None:
+        super().__init__(entries)
+        self.meanwhile, self.wait = meanwhile, wait
+
+    def items(self) -> Any:
+        def gen() -> Iterator[tuple[str, Any]]:
+            for i, item in enumerate(super(_PruneMeetsInsert, self).items()):
+                if i == 1:
+                    other = threading.Thread(target=self.meanwhile)
+                    other.start()
+                    other.join(self.wait)
+                yield item
+        return gen()
+
+
+def test_list_volumes_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ListVolumes at once: one forgets the entries of volumes gone while
+    the other adds the entry of a new volume. Both answer, each with what it
+    listed (an unguarded map failed the first: "dictionary changed size during
+    iteration", INTERNAL)."""
+    n = make_node(tmp_path, monkeypatch)
+    ids = sorted(vol_id(f"v{i}") for i in range(4))
+    for vid in ids:
+        add_volume(n, vid)
+    code, reply = call(n.controller.ListVolumes, pb.ListVolumesRequest())
+    assert code == "OK", reply
+    del n.host.lvs[ids[3]]  # gone: the next listing prunes its entry
+    other: list[tuple[str, Any]] = []
+    new = vol_id("new")
+
+    def list_a_new_volume() -> None:
+        add_volume(n, new)
+        other.append(call(n.controller.ListVolumes, pb.ListVolumesRequest()))
+
+    kept = n.controller._listed_entries
+    n.controller._listed_entries = _PruneMeetsInsert(kept, list_a_new_volume, 0.5)
+    code, reply = call(n.controller.ListVolumes, pb.ListVolumesRequest())
+    assert code == "OK", reply
+    assert lv_volume_ids(reply) == ids[:3]
+    deadline = time.monotonic() + 10
+    while not other and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ((code, second),) = other
+    assert code == "OK", second
+    assert lv_volume_ids(second) == sorted([*ids[:3], new])
 
 
 LIST_VOLUMES_ERRORS = [

@@ -3,13 +3,18 @@ standard input only, and cryptsetup's exit codes as errors."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import resource
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from csi_local.errors import CommandError, KeyRefused
-from csi_local.host.crypt import Crypt, Key, LuksSettings
+from csi_local.errors import CommandError, KeyMissing, KeyRefused
+from csi_local.host import crypt
+from csi_local.host.crypt import Crypt, Key, LuksSettings, forbid_core_dumps, read_key_file
 from csi_local.host.runner import Result
 
 SECRET = "correct horse\nbattery staple"
@@ -20,11 +25,11 @@ class Recorder:
     codes a test sets per subcommand (cryptsetup's second argument)."""
 
     def __init__(self, codes: dict[str, int] | None = None) -> None:
-        self.calls: list[tuple[tuple[str, ...], str | None]] = []
+        self.calls: list[tuple[tuple[str, ...], str | bytes | None]] = []
         self.codes = codes or {}
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         argv = tuple(argv)
         self.calls.append((argv, input))
         code = self.codes.get(argv[1], 0)
@@ -37,7 +42,7 @@ class Recorder:
 def test_key_hides_its_value() -> None:
     key = Key(SECRET)
     assert SECRET not in repr(key) and SECRET not in str(key)
-    assert SECRET not in f"{key!r} {key}" and key.reveal() == SECRET
+    assert SECRET not in f"{key!r} {key}" and key.reveal() == SECRET.encode()
     with pytest.raises(TypeError):
         pickle.dumps(key)
     with pytest.raises(ValueError):
@@ -50,7 +55,7 @@ def test_format_passes_the_key_on_stdin_only() -> None:
     runner = Recorder()
     Crypt(runner).format("/dev/vg0/lv", Key(SECRET))
     ((argv, stdin),) = runner.calls
-    assert stdin == SECRET
+    assert stdin == SECRET.encode()
     assert all(SECRET not in a and "horse" not in a for a in argv)
     assert argv[:3] == ("cryptsetup", "luksFormat", "--batch-mode")
     assert argv[-3:] == ("--key-file", "-", "/dev/vg0/lv")
@@ -78,7 +83,7 @@ def test_open_and_a_wrong_key() -> None:
     argv, stdin = runner.calls[0]
     assert argv == ("cryptsetup", "open", "--type", "luks2", "--key-file", "-",
                     "/dev/vg0/lv", "csi-local-luks-lv")
-    assert stdin == SECRET
+    assert stdin == SECRET.encode()
     refused = Recorder({"open": 2})
     with pytest.raises(KeyRefused) as err:
         Crypt(refused).open("/dev/vg0/lv", "m", Key(SECRET))
@@ -104,8 +109,81 @@ def test_resize_and_close() -> None:
     crypt.resize("m", Key(SECRET))
     crypt.close("m")
     assert runner.calls == [
-        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET),
+        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET.encode()),
         (("cryptsetup", "close", "m"), None),
     ]
     with pytest.raises(KeyRefused):
         Crypt(Recorder({"resize": 2})).resize("m", Key(SECRET))
+
+
+# Key files: only a regular file, opened without blocking or following a link --------------
+
+
+def _key_file(tmp_path: Path, data: bytes = b"k") -> Path:
+    path = tmp_path / "key"
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_fifo_at_the_key_path_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO is refused as not a regular file, at once: without O_NONBLOCK
+    the open waited for a writer that never comes (a create hung until
+    Nomad's deadline)."""
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo, 0o600)
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_key_file(str(fifo))
+        except BaseException as err:  # handed to the test's thread
+            got.append(err)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # blocked in open(): a writer's open lets it go on
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("the open of a FIFO blocked")
+    (err,) = got
+    assert isinstance(err, KeyMissing) and "not a regular file" in err.message
+
+
+def test_a_symlink_at_the_key_path_is_refused(tmp_path: Path) -> None:
+    target = _key_file(tmp_path, b"secret bytes")
+    link = tmp_path / "key.link"
+    link.symlink_to(target)
+    with pytest.raises(KeyMissing) as err:
+        read_key_file(str(link))
+    assert "secret" not in err.value.message
+    assert read_key_file(str(target)).reveal() == b"secret bytes"
+
+
+# No core dumps: a dump would write the keys a plugin process holds to disk -----------------
+
+
+def test_forbid_core_dumps_sets_rlimit_core_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, tuple[int, int]]] = []
+    monkeypatch.setattr(resource, "setrlimit", lambda *a: calls.append(a))
+    forbid_core_dumps()
+    assert calls == [(resource.RLIMIT_CORE, (0, 0))]
+
+
+def test_serve_and_dhv_forbid_core_dumps_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from csi_local import cli, dhv
+    from csi_local.csi import server
+
+    steps: list[str] = []
+    monkeypatch.setattr(crypt, "forbid_core_dumps", lambda: steps.append("no core"))
+    monkeypatch.setattr(server, "serve", lambda config: steps.append("serve"))
+    monkeypatch.setattr(cli, "setup_logging", lambda *a: None)
+    assert cli.main(["serve", "--endpoint", "unix:///run/x.sock", "--node-id", "n1",
+                     "--volume-group", "vg0", "--thin-pool", "pool"]) == 0
+    assert steps == ["no core", "serve"]
+    steps.clear()
+    monkeypatch.setattr(dhv, "_setup_logging", lambda: None)
+    for key in [k for k in os.environ if k.startswith("DHV_")]:
+        monkeypatch.delenv(key)
+    assert dhv.main(["csi-local-dhv", "create"]) == 1  # no request: refused, but after
+    assert steps == ["no core"]

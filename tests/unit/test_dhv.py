@@ -498,7 +498,7 @@ class MountingRunner(FakeRunner):
     table: list[mounts.Mount]
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         result = super().run(argv, ok_codes=ok_codes, input=input, timeout=timeout)
         if argv[0] == "umount":
             self.table = [m for m in self.table if m.mount_point != argv[-1]]

@@ -637,7 +637,7 @@ class FailAfterSnapshot:
         self.host = host
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         result = self.host.run(argv, ok_codes=ok_codes, input=input, timeout=timeout)
         if is_snapshot_create(tuple(argv)):
             self.host.fail_next([], 5, "  Reading VG vg0 failed\n")

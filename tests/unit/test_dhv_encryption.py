@@ -13,6 +13,7 @@ from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import DhvError, lv_name_for
 from csi_local.errors import KeyMissing, KeyRefused
+from csi_local.host.crypt import HEADER_BYTES
 from csi_local.host.holders import VolumeUsers
 from csi_local.volumes import encryption
 from csi_local.volumes.host_volume_names import TAG_ENCRYPTED
@@ -44,11 +45,11 @@ def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     path, _ = d.create("vol-1", params=ENC, cap_min=256 * MiB)
     lv = d.host.lvs[lv_name_for("vol-1")]
     assert TAG_ENCRYPTED in lv.tags and lv.content.fs == "crypto_LUKS"
-    assert lv.content.luks is not None and lv.content.luks.key == KEY
+    assert lv.content.luks is not None and lv.content.luks.key == KEY.encode()
     mapper = f"/dev/mapper/{encryption.mapper_name(lv.name)}"
     top = d.host.top_mount(path)
     assert top is not None and top.source == mapper and lv.content.luks.data.fs == "ext4"
-    assert KEY in d.host.crypt_inputs
+    assert KEY.encode() in d.host.crypt_inputs
     assert not any("host volume key" in a for c in d.host.calls for a in c)
     # Nomad repeats the create at every client start: nothing is done again.
     calls = len(d.host.calls)
@@ -61,6 +62,7 @@ def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
                          encryption.mapper_name(lv.name)))
     assert grew.index(("resize2fs", mapper)) > resize
     assert d.host.lvs[lv.name].size == 512 * MiB
+    assert d.host.device_size(mapper) == 512 * MiB - HEADER_BYTES  # the device grew too
     # Deleted: unmounted, closed, removed.
     d.delete("vol-1")
     assert lv.name not in d.host.lvs and not d.host.mappers
@@ -72,7 +74,22 @@ def test_a_volumes_own_key_file_wins(tmp_path: Path, monkeypatch: pytest.MonkeyP
                                      "volume:vol-2": key_file(tmp_path, "v2.key", "own key")})
     d.create("vol-2", params=ENC)
     luks = d.host.lvs[lv_name_for("vol-2")].content.luks
-    assert luks is not None and luks.key == "own key"
+    assert luks is not None and luks.key == b"own key"
+
+
+def test_a_binary_key_file_is_used_byte_for_byte(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key file is read as `cryptsetup --key-file FILE` reads it: any bytes,
+    not only UTF-8 text (one was refused: "is not UTF-8 text")."""
+    raw = bytes(range(256)) + b"\n"  # not UTF-8, NUL and a trailing newline included
+    path = tmp_path / "binary.key"
+    path.write_bytes(raw)
+    path.chmod(0o600)
+    d = make(tmp_path, monkeypatch, {"class:default": str(path)})
+    d.create("vol-b", params=ENC)
+    luks = d.host.lvs[lv_name_for("vol-b")].content.luks
+    assert luks is not None and luks.key == raw
+    assert d.host.crypt_inputs and all(i == raw for i in d.host.crypt_inputs if i is not None)
 
 
 def test_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

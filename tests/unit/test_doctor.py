@@ -62,7 +62,7 @@ class Runner:
         self.host, self.canned = host, canned
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
-            input: str | None = None, timeout: float | None = None) -> Result:
+            input: str | bytes | None = None, timeout: float | None = None) -> Result:
         if argv[0] in ("vgs", "lvs", "pvs", "dmsetup"):
             return self.host.run(argv, ok_codes=ok_codes)
         return self.canned.run(argv, ok_codes=ok_codes)

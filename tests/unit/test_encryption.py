@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
+from csi_local.host import crypt
 from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from tests.unit.servicers import (
@@ -107,7 +108,7 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     assert lv.content.luks.data.fs == "ext4"  # the file system is behind the header
     assert [c[-1] for c in n.host.commands("mkfs.ext4")] == [mapper]
     # The key went to cryptsetup's standard input, and never into an argv.
-    assert KEY in n.host.crypt_inputs
+    assert KEY.encode() in n.host.crypt_inputs
     assert not any("s3cret" in a for c in n.host.calls for a in c)
     # Staged again (a retry): nothing is opened or formatted again, no key needed.
     before = len(n.host.commands("cryptsetup"))
@@ -146,6 +147,25 @@ def test_failed_opens_are_told_why(n: Node) -> None:
     assert stage(n, vid)[0] == "OK" and told == ["key_missing", "key_refused"]
 
 
+def test_failed_expands_are_told_why(n: Node) -> None:
+    """NodeExpandVolume asks for the key as a stage does (cryptsetup resize),
+    and its key failures count the same (docs: "at stage or expand"); they
+    went uncounted."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    assert stage(n, vid)[0] == "OK"
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
+    assert call(n.node.NodeExpandVolume, req)[0] == "INVALID_ARGUMENT"  # no secret
+    req.secrets[encryption.SECRET_KEY] = "wrong"
+    assert call(n.node.NodeExpandVolume, req)[0] == "UNAUTHENTICATED"
+    assert told == ["key_missing", "key_refused"]
+    req.secrets[encryption.SECRET_KEY] = KEY
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert told == ["key_missing", "key_refused"]
+
+
 def test_a_failing_counter_never_hides_a_refused_key(n: Node) -> None:
     def broken(reason: str) -> None:
         raise RuntimeError("counter down")
@@ -175,7 +195,7 @@ def test_a_luks_format_cut_short_is_formatted_again(n: Node) -> None:
     assert n.host.lv(vid).content.luks is not None and not n.host.mappers
     assert stage(n, vid, {encryption.SECRET_KEY: "another"})[0] == "OK"
     assert len(crypt_calls(n, "luksFormat")) == 2
-    assert n.host.lv(vid).content.luks.key == "another"  # type: ignore[union-attr]
+    assert n.host.lv(vid).content.luks.key == b"another"  # type: ignore[union-attr]
     # Once formatted and handed out, a wrong key never formats it again.
     unstage(n, vid)
     assert stage(n, vid)[0] == "UNAUTHENTICATED"
@@ -229,6 +249,37 @@ def test_node_expand_resizes_the_dm_crypt_device_then_the_file_system(n: Node) -
                                          encryption.mapper_name(vid))]
     assert n.host.commands("resize2fs") == [("resize2fs", mapper)]
     assert n.host.lv(vid).size == 2 * GiB
+
+
+def test_an_encrypted_block_volume_grows_online_as_kubelet_expands_it(n: Node) -> None:
+    """kubelet calls NodeExpandVolume only when ControllerExpandVolume says
+    node_expansion_required. A raw block volume needs no file system grown,
+    but an encrypted one's open dm-crypt device grows only there (cryptsetup
+    resize): the reply said false for it, and the device kept its old size."""
+    _, vid = create(n)
+    assert stage(n, vid, block=True)[0] == "OK"
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    before = n.host.device_size(mapper)
+    code, reply = call(n.controller.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=2 * GiB),
+        volume_capability=block_cap()))
+    assert code == "OK", reply
+    if reply.node_expansion_required:  # kubelet's rule
+        code, msg = call(n.node.NodeExpandVolume, pb.NodeExpandVolumeRequest(
+            volume_id=vid, volume_path=n.path("stage"), volume_capability=block_cap(),
+            capacity_range=pb.CapacityRange(required_bytes=2 * GiB), secrets=SECRETS))
+        assert code == "OK", msg
+    assert n.host.lv(vid).size == 2 * GiB
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES > before
+    assert not n.host.commands("resize2fs")  # no file system of ours on it
+
+
+def test_a_plain_block_volume_needs_no_node_expansion(n: Node) -> None:
+    _, vid = create(n, params={})
+    code, reply = call(n.controller.ControllerExpandVolume, pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=2 * GiB),
+        volume_capability=block_cap()))
+    assert (code, reply.node_expansion_required) == ("OK", False)
 
 
 def test_restores_and_clones_keep_the_header_and_key(n: Node,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from csi_local.csi.dependencies import Backend
 from csi_local.csi.node_servicer import NodeServicer
 from csi_local.csi.pagination import Paginator
 from csi_local.csi.rpc import InvalidArgument, status_of
+from csi_local.dhv import request as dhv_request
 from csi_local.dhv.request import DhvError, parse_mount_options
 from csi_local.errors import (
     CommandError,
@@ -39,7 +41,9 @@ from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
 from csi_local.nodestate.state_file import Publish, StateStore
-from csi_local.storage.lvm import Lvm
+from csi_local.storage.lvm import Lvm, check_name, check_tag
+from csi_local.volumes import naming as vols
+from csi_local.volumes.device_classes import check_class_name
 from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 
@@ -381,3 +385,65 @@ def test_a_quoted_selinux_context_is_one_option_for_both() -> None:
 def test_quotes_outside_a_whole_selinux_context_are_refused(flag: str) -> None:
     with pytest.raises(MountOptionError):
         fsrules.check([flag])
+
+
+# Every validator of a name, tag or ID, with one value it accepts. Each must
+# refuse that value with a line break, NUL or line separator in it: a pattern
+# matched with `$` let a trailing newline through.
+def _config_driver(name: str) -> object:
+    return Config(endpoint="unix:///run/csi.sock", node_id="n1", volume_group="vg0",
+                  thin_pool="pool", driver_name=name)
+
+
+def _mark_key(lv_uuid: str) -> object:
+    """The formatting mark's key (StateStore._mark_path) on a store that is
+    never opened: the check needs only the directory."""
+    store = StateStore.__new__(StateStore)
+    store.directory = "/nonexistent"
+    return store._mark_path(lv_uuid)
+
+
+_HEX = "0123456789abcdef" * 2
+VALIDATORS: list[tuple[str, Callable[[str], object], str]] = [
+    ("naming.is_volume_id", vols.is_volume_id, "csi-v-" + _HEX),
+    ("naming.is_snapshot_id", vols.is_snapshot_id, "csi-s-" + _HEX),
+    ("naming.is_group_id", vols.is_group_id, "csi-g-" + _HEX),
+    ("lvm.check_name", check_name, "vg0"),
+    ("lvm.check_tag", check_tag, "csi-local.kind=volume"),
+    ("device_classes.check_class_name", check_class_name, "fast"),
+    ("dhv.check_volume_id", dhv_request.check_volume_id, "vol1"),
+    ("dhv.check_snapshot_name", dhv_request.check_snapshot_name, "snap1"),
+    ("dhv.is_dhv_lv_name", dhv_request.is_dhv_lv_name, "dhv-" + _HEX),
+    ("config.driver_name", _config_driver, "local.csi.example.com"),
+    ("state_file.mark_key", _mark_key, "aBc123-dEf456"),
+    ("validation.object_id", lambda v: validation.object_id(v, "volume_id"), "csi-v-" + _HEX),
+]
+BREAKS = {"newline": "\n", "nul": "\x00", "line-separator": "\u2028",
+          "paragraph-separator": "\u2029", "next-line": "\x85"}
+
+
+def _accepts(check: Callable[[str], object], value: str) -> bool:
+    try:
+        return bool(check(value))
+    except (ValueError, DhvError, InvalidArgument):
+        return False
+
+
+@pytest.mark.parametrize(("check", "good"), [pytest.param(c, g, id=i) for i, c, g in VALIDATORS])
+@pytest.mark.parametrize("where", ["end", "middle"])
+@pytest.mark.parametrize("brk", list(BREAKS.values()), ids=list(BREAKS))
+def test_validators_refuse_line_breaks_and_nul(check: Callable[[str], object], good: str,
+                                               where: str, brk: str) -> None:
+    assert _accepts(check, good)
+    half = len(good) // 2
+    bad = good + brk if where == "end" else good[:half] + brk + good[half:]
+    assert not _accepts(check, bad), repr(bad)
+
+
+@pytest.mark.parametrize("path", [
+    "/var/lib/kubelet/plugins/kubernetes.io/csi/d/h/globalmount\n",
+    "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv/mount\n",
+    "/var/lib/nomad/csi/staging/ns/vol/rw-file-system-single-node-writer\n",
+])
+def test_classify_a_path_ending_in_newline_is_no_co_shape(path: str) -> None:
+    assert classify(path, block_node=False, volume_id="csi-v-" + _HEX) == UNKNOWN

@@ -9,6 +9,7 @@ through; the server maps them to codes (csi_local.csi.rpc).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 
 import grpc
@@ -57,7 +58,10 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         # metadata's reader gives the same LV object again while nothing of it
         # changed (committed_vg._listed_lvs). Taken again only for that very
         # object and an equal condition; the topology is fixed for our life.
+        # Listings run side by side (gRPC's thread pool): the lock keeps one
+        # listing's insertions out of another's pruning, which iterates the map.
         self._listed_entries: dict[str, tuple[LogicalVolume, vols.Condition, bytes]] = {}
+        self._listed_lock = threading.Lock()
         self.volumes = Provisioner(
             backend.pools, backend.locks,
             VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state), backend.state)
@@ -185,7 +189,6 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         topology = self._topology()
         problems: dict[str, tuple[str | None, str | None]] = {}
         messages: dict[vols.Condition, pb.VolumeCondition] = {}
-        kept = self._listed_entries
         parts = []
         for pool, lv in page:
             pool_lv = thin_pools.get(pool.class_name)
@@ -193,7 +196,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             if found is None:
                 found = problems[pool.class_name] = self._pool_problems(pool, pool_lv)
             cond = vols.condition(lv, pool_lv, pool.name, *found)
-            entry = kept.get(lv.name)
+            entry = self._listed_entries.get(lv.name)
             if entry is None or entry[0] is not lv or entry[1] != cond:
                 message = messages.get(cond)
                 if message is None:
@@ -202,11 +205,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 filled = one.entries.add()
                 self._fill_volume(filled.volume, lv, vols.source_of(lv), topology)
                 filled.status.volume_condition.CopyFrom(message)
-                entry = kept[lv.name] = (lv, cond, one.SerializeToString())
+                entry = (lv, cond, one.SerializeToString())
+                with self._listed_lock:
+                    self._listed_entries[lv.name] = entry
             parts.append(entry[2])
-        if len(kept) > len(volumes):  # volumes gone since: forget their entries
-            names = {lv.name for _, lv in volumes}
-            self._listed_entries = {k: v for k, v in kept.items() if k in names}
+        with self._listed_lock:
+            kept = self._listed_entries
+            if len(kept) > len(volumes):  # volumes gone since: forget their entries
+                names = {lv.name for _, lv in volumes}
+                self._listed_entries = {k: v for k, v in kept.items() if k in names}
         # Replies with one entry each, joined: one reply with them all, in order.
         reply = pb.ListVolumesResponse.FromString(b"".join(parts))
         reply.next_token = token
@@ -315,11 +322,15 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
             pool, lv = vols.get_volume(self.pools, volume_id)
+            encrypted = encryption.is_encrypted(lv)
             lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
                  and request.volume_capability.HasField("block"))
+        # A file system grows on the node; so does an encrypted volume's open
+        # dm-crypt device (cryptsetup resize), raw block or not: without it,
+        # kubelet never calls NodeExpandVolume and the device stays its old size.
         return pb.ControllerExpandVolumeResponse(
-            capacity_bytes=lv.size, node_expansion_required=not block
+            capacity_bytes=lv.size, node_expansion_required=not block or encrypted
         )
 
     # Local volumes need no attach, and there is nothing to modify.

@@ -8,6 +8,7 @@ so nothing below the servicers sees a transport type.
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ READ_ONLY_MODES = frozenset({pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_O
 CO_PARAMETER_PREFIXES = ("csi.storage.k8s.io/",)
 MAX_PATH = 4096
 MAX_ID_BYTES = 128
+# Unicode categories an ID must not hold: controls (C0, DEL, C1), line and
+# paragraph separators.
+_BREAKS = frozenset({"Cc", "Zl", "Zp"})
 # System trees no staging or target path may lie in (or resolve into).
 FORBIDDEN_TREES = ("/dev", "/proc", "/sys", "/etc")
 
@@ -56,11 +60,12 @@ def required(value: str, field: str) -> str:
 def object_id(value: str, field: str) -> str:
     """A volume or snapshot ID as a CO sends it, checked before any lock, path
     or command sees it: at most 128 bytes (the spec's limit), no NUL, no
-    control characters, no "/" and not "." or "..", so that no ID can ever
-    name a path outside the directory it is joined to."""
+    control characters (C0, DEL, C1) or line separators (U+2028, U+2029), no
+    "/" and not "." or "..", so that no ID can ever name a path outside the
+    directory it is joined to or break a log line."""
     required(value, field)
     if (len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES or value in (".", "..")
-            or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)):
+            or "/" in value or any(unicodedata.category(c) in _BREAKS for c in value)):
         raise InvalidArgument(f"{field} {value[:140]!r} is not a valid ID")
     return value
 

@@ -79,6 +79,9 @@ def _setup_logging() -> None:
 def _operate(op: str, argv0: str) -> int:
     _setup_logging()
     try:
+        from csi_local.host.crypt import forbid_core_dumps
+
+        forbid_core_dumps()  # before any key file is read
         from csi_local.dhv.config import load_config
         from csi_local.dhv.request import ok_json, parse_request
 

@@ -36,7 +36,7 @@ class DeadlineRunner:
         argv: Sequence[str],
         *,
         ok_codes: Sequence[int] = (0,),
-        input: str | None = None,
+        input: str | bytes | None = None,
         timeout: float | None = None,
     ) -> Result:
         left = self.deadline.left()

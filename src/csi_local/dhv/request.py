@@ -34,9 +34,9 @@ PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "a
 ATTACHMENT_MODES = ("file-system", "block-device")
 _MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_LV_RE = re.compile(r"^dhv-[0-9a-f]{32}$")
-_INT_RE = re.compile(r"^[0-9]{1,20}$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_LV_RE = re.compile(r"dhv-[0-9a-f]{32}")
+_INT_RE = re.compile(r"[0-9]{1,20}")
 
 
 class DhvError(Exception):
@@ -98,7 +98,7 @@ _ID_RULE = "letters, digits, '.', '_' and '-', at most 128, starting with a lett
 def _checked_id(value: str, what: str, noun: str) -> str:
     """`value` if it is a volume ID or snapshot name: safe in a path, a tag and
     a log line."""
-    if not _ID_RE.match(value) or ".." in value:
+    if not _ID_RE.fullmatch(value) or ".." in value:
         raise DhvError(f"{what} {value!r} is not {noun} ({_ID_RULE})")
     return value
 
@@ -127,7 +127,7 @@ def snapshot_lv_name(name: str) -> str:
 
 
 def is_dhv_lv_name(name: str) -> bool:
-    return bool(_LV_RE.match(name))
+    return bool(_LV_RE.fullmatch(name))
 
 
 def _abs_dir(env: Mapping[str, str], key: str) -> str:
@@ -146,7 +146,7 @@ def _bytes(env: Mapping[str, str], key: str) -> int:
     raw = env.get(key, "").strip()
     if not raw:
         return 0
-    if not _INT_RE.match(raw):
+    if not _INT_RE.fullmatch(raw):
         raise DhvError(f"{key} must be a whole number of bytes, not {raw!r}")
     return int(raw)
 

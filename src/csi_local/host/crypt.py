@@ -5,7 +5,8 @@ Knows nothing of volumes: a device path, a device-mapper name and a key.
 The key never reaches a process's argv or environment, a log line or an
 error: cryptsetup reads it from its standard input (`--key-file -`, a pipe
 the Runner writes and closes), every byte of it up to the end, so a key is
-exactly the string given, newlines included. The Runner logs argv only, and
+exactly the bytes given, newlines included (a key file's, whatever they
+are; a secret's text as UTF-8). The Runner logs argv only, and
 a CommandError carries argv, the exit code and cryptsetup's own output,
 which never echoes a key. A `Key` hides its value from repr() and str(), so
 that a traceback's locals or a logged object cannot show it either.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import stat
 from dataclasses import dataclass
 from typing import NoReturn
@@ -41,18 +43,26 @@ MAX_KEY_BYTES = 64 << 10
 
 
 class Key:
-    """A passphrase, kept out of every repr, str, log line and error."""
+    """A passphrase, kept out of every repr, str, log line and error: bytes,
+    as cryptsetup reads them (a key file's, byte for byte; a secret's text
+    as UTF-8)."""
 
     __slots__ = ("_value",)
 
-    def __init__(self, value: str) -> None:
+    def __init__(self, value: str | bytes) -> None:
+        if isinstance(value, str):
+            try:
+                value = value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("an encryption key given as text must be Unicode text "
+                                 "(it holds a lone surrogate)") from None
         if not value:
             raise ValueError("an encryption key must not be empty")
-        if len(value.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        if len(value) > MAX_KEY_BYTES:
             raise ValueError(f"an encryption key must be at most {MAX_KEY_BYTES} bytes")
         self._value = value
 
-    def reveal(self) -> str:
+    def reveal(self) -> bytes:
         """The passphrase itself: only for cryptsetup's standard input."""
         return self._value
 
@@ -76,9 +86,11 @@ def read_key_file(path: str) -> Key:
     PATH` reads it, so an operator opens the device by hand with the same
     file). Only a regular file, not through a symlink, of root's (or this
     process's user's), that no group or other may read or write: KeyMissing
-    (naming the file, never its content) otherwise."""
+    (naming the file, never its content) otherwise. Opened without blocking,
+    so that a FIFO or a device at the path is refused at once rather than
+    waited on."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
         raise KeyMissing(f"key file {path}: {err.strerror or err}") from None
     try:
@@ -92,10 +104,17 @@ def read_key_file(path: str) -> Key:
     finally:
         os.close(fd)
     try:
-        return Key(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        why = "is not UTF-8 text" if isinstance(err, UnicodeDecodeError) else str(err)
-        raise KeyMissing(f"key file {path}: {why}") from None
+        return Key(data)
+    except ValueError as err:
+        raise KeyMissing(f"key file {path}: {err}") from None
+
+
+def forbid_core_dumps() -> None:
+    """No core dump of this process, nor of any process it starts: a dump
+    would write the keys it holds (and cryptsetup's, its child) to disk.
+    RLIMIT_CORE 0, soft and hard, is inherited across fork and execve, and
+    systemd-coredump and apport honour it when core_pattern pipes to them."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,19 @@ class Result:
     stderr: str
 
 
+def _decoded(data: bytes) -> str:
+    """A binary pipe's output as a text-mode pipe gives it: UTF-8, with
+    replacement characters, universal newlines."""
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
 class Runner(Protocol):
     def run(
         self,
         argv: Sequence[str],
         *,
         ok_codes: Sequence[int] = (0,),
-        input: str | None = None,
+        input: str | bytes | None = None,
         timeout: float | None = None,
     ) -> Result: ...
 
@@ -206,7 +212,7 @@ class ProcessRunner:
         argv: Sequence[str],
         *,
         ok_codes: Sequence[int] = (0,),
-        input: str | None = None,
+        input: str | bytes | None = None,
         timeout: float | None = None,
     ) -> Result:
         if not argv:
@@ -225,7 +231,7 @@ class ProcessRunner:
             except Exception:  # metrics must never fail a command
                 log.exception("command observer failed")
 
-    def _run(self, argv: Sequence[str], ok_codes: Sequence[int], input: str | None,
+    def _run(self, argv: Sequence[str], ok_codes: Sequence[int], input: str | bytes | None,
              timeout: float | None) -> Result:
         exe = resolve(argv[0])
         full = (exe, *(str(a) for a in argv[1:]))
@@ -240,12 +246,16 @@ class ProcessRunner:
                 if code not in ok_codes:
                     raise CommandError(full, code, stdout, stderr)
                 return Result(full, code, stdout, stderr)
+        # Bytes on standard input (a key, byte for byte) go through a pipe in
+        # binary mode, and the output is decoded as text mode would.
+        binary = isinstance(input, bytes)
+        text: dict[str, str] = {} if binary else {"encoding": "utf-8", "errors": "replace"}
         try:
             proc = subprocess.Popen(
                 full, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
-                encoding="utf-8", errors="replace", close_fds=True,
-                process_group=0)  # its own group, killed whole at the timeout
+                close_fds=True, process_group=0,  # its own group, killed whole at the timeout
+                **text)  # type: ignore[call-overload]
         except OSError as err:
             # Removed since it was found, or not executable: as a shell says it.
             forget(exe)
@@ -261,6 +271,8 @@ class ProcessRunner:
             raise
         finally:
             _WATCHDOG.release(deadline)
+        if binary:
+            stdout, stderr = _decoded(stdout), _decoded(stderr)
         if deadline.fired:
             note = f"timed out after {limit:.0f}s"
             raise CommandError(full, -9, stdout, f"{stderr}{note}" if not stderr or

@@ -31,21 +31,22 @@ log = logging.getLogger(__name__)
 
 # kubelet (pkg/volume/csi): staging and publish paths of file-system volumes,
 # staging and publish paths of block volumes, and kubelet's own binds.
-_K8S_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/(?!volumeDevices/)[^/]+/[^/]+/globalmount$")
-_K8S_PUBLISH = re.compile(r"/pods/[^/]+/volumes/kubernetes\.io~csi/[^/]+/mount$")
-_K8S_BLOCK_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/staging/[^/]+$")
-_K8S_BLOCK_PUBLISH = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/publish/[^/]+/[^/]+$")
+_K8S_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/(?!volumeDevices/)[^/]+/[^/]+/globalmount\Z")
+_K8S_PUBLISH = re.compile(r"/pods/[^/]+/volumes/kubernetes\.io~csi/[^/]+/mount\Z")
+_K8S_BLOCK_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/staging/[^/]+\Z")
+_K8S_BLOCK_PUBLISH = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/publish/[^/]+/[^/]+\Z")
 # kubelet's own: the device bound under volumeDevices/<pv>/dev/<pod-uid>, the
 # pod's volumeDevices links, and subPath binds. Never a CO request to us.
 _K8S_OWN = re.compile(
-    r"/plugins/kubernetes\.io/csi/volumeDevices/(?!staging/|publish/)[^/]+/dev/[^/]+$"
+    r"/plugins/kubernetes\.io/csi/volumeDevices/(?!staging/|publish/)[^/]+/dev/[^/]+\Z"
     r"|/pods/[^/]+/volumeDevices/"
     r"|/pods/[^/]+/volume-subpaths/"
 )
 # Nomad (client/pluginmanager/csimanager): <mount dir>/staging/[<namespace>/]<volume>/<usage>
 # and <mount dir>/per-alloc/<alloc id>/<volume>/<usage>.
-_NOMAD_STAGE = re.compile(r"/staging/(?:[^/]+/)?[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+$")
-_NOMAD_PUBLISH = re.compile(r"/per-alloc/[^/]+/[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+$")
+_NOMAD_STAGE = re.compile(
+    r"/staging/(?:[^/]+/)?[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+\Z")
+_NOMAD_PUBLISH = re.compile(r"/per-alloc/[^/]+/[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+\Z")
 
 STAGING, PUBLISH, FOREIGN, UNKNOWN = "staging", "publish", "foreign", "unknown"
 

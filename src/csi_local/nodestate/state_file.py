@@ -29,7 +29,7 @@ VERSION = 1
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"
 FORMATTING_PREFIX = "formatting."
-_MARK_KEY_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")  # an LV's ID (lv_uuid)
+_MARK_KEY_RE = re.compile(r"[A-Za-z0-9-]{1,64}")  # an LV's ID (lv_uuid)
 
 
 class StateLocked(Exception):
@@ -332,7 +332,7 @@ class StateStore:
     # never make a later volume of the same name formattable.
 
     def _mark_path(self, lv_uuid: str) -> str:
-        if not _MARK_KEY_RE.match(lv_uuid):
+        if not _MARK_KEY_RE.fullmatch(lv_uuid):
             raise ValueError(f"invalid LV ID {lv_uuid!r}")
         return os.path.join(self.directory, FORMATTING_PREFIX + lv_uuid)
 

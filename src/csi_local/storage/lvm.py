@@ -49,8 +49,8 @@ RECOMMENDED_METADATA_SIZE = "16m"
 # rounded down to whole sectors; see MetadataArea).
 _VG_ROOM_FIELDS = "vg_extent_size,vg_mda_size,vg_mda_free"
 # LVM names: letters, digits and "+_.-", not starting with "-"; tags add "/=!:#&".
-_NAME_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_+.\-/=!:#&]{1,1024}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}")
+_TAG_RE = re.compile(r"[A-Za-z0-9_+.\-/=!:#&]{1,1024}")
 _NOT_FOUND_RE = re.compile(r"not found|Failed to find|does not exist", re.IGNORECASE)
 # `lvs VG/LV` exits 5 both for a missing LV and for a missing VG. Only the
 # first means "already gone": a missing VG (a disk not yet attached, a VG not
@@ -229,13 +229,13 @@ def parse_vgs(output: str) -> list[VolumeGroup]:
 
 
 def check_name(name: str) -> str:
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise ValueError(f"invalid LVM name {name!r}")
     return name
 
 
 def check_tag(tag: str) -> str:
-    if not _TAG_RE.match(tag):
+    if not _TAG_RE.fullmatch(tag):
         raise ValueError(f"invalid LVM tag {tag!r}")
     return tag
 

@@ -23,7 +23,7 @@ from csi_local.storage.lvm import check_name
 
 DEFAULT_CLASS = "default"  # the class the flags define
 # Shown in StorageClass parameters and Nomad volume specs: keep it plain.
-_CLASS_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_CLASS_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _CLASS_KEYS = ("volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",
                "lvcreate", "encryption")
 # Extra lvcreate options a class may carry: only what lvcreate accepts for a
@@ -112,7 +112,7 @@ def single_class(volume_group: str, thin_pool: str, *, overprovision_ratio: floa
 
 
 def check_class_name(name: str) -> str:
-    if not _CLASS_RE.match(name):
+    if not _CLASS_RE.fullmatch(name):
         raise ValueError(f"device class name {name!r} must be 1 to 63 lower-case letters, "
                          "digits and '-', starting and ending with a letter or digit")
     return name
@@ -125,7 +125,7 @@ class _Lines:
     enclosing table or key (a key inside an inline table names the line of
     the table)."""
 
-    _HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+    _HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?\Z")
     _KEY = re.compile(r'^\s*((?:"[^"]*"|[A-Za-z0-9_-]+)(?:\s*\.\s*(?:"[^"]*"|[A-Za-z0-9_-]+))*)'
                       r"\s*=")
 

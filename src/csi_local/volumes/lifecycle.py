@@ -316,16 +316,20 @@ class VolumeSteps:
         raise EncryptionMismatch(
             f"{top.path} is open, but not over volume {lv.vg}/{lv.name}; it is left alone")
 
+    def _tell_open_failure(self, err: Exception) -> None:
+        """Tell on_open_failure why a device did not open (or grow)."""
+        if self.on_open_failure is not None:
+            try:  # a failing counter never hides the failure it counts
+                self.on_open_failure(OPEN_FAILURES.get(type(err), "error"))
+            except Exception:
+                log.exception("counting a failed open")
+
     def open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
         """_open_device, telling on_open_failure why it failed."""
         try:
             return self._open_device(lv, key)
         except (KeyRefused, KeyMissing, EncryptionMismatch, CommandError) as err:
-            if self.on_open_failure is not None:
-                try:  # a failing counter never hides the failure it counts
-                    self.on_open_failure(OPEN_FAILURES.get(type(err), "error"))
-                except Exception:
-                    log.exception("counting a failed open")
+            self._tell_open_failure(err)
             raise
 
     def _open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
@@ -389,6 +393,15 @@ class VolumeSteps:
         return True
 
     def grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
+        """_grow_device, telling on_open_failure why it failed: a resize asks
+        for the key as an open does, and fails as one."""
+        try:
+            return self._grow_device(lv, key)
+        except (KeyRefused, KeyMissing, EncryptionMismatch, CommandError) as err:
+            self._tell_open_failure(err)
+            raise
+
+    def _grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
         """After the LV grew: grow an encrypted volume's open dm-crypt device
         to it (cryptsetup resize, online, `key`: LUKS2 keeps its volume key
         in the kernel); returns the path of the device to grow a file system

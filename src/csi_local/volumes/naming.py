@@ -24,7 +24,7 @@ from csi_local.volumes.pool import Pool, Pools
 VOLUME_PREFIX = "csi-v-"
 SNAPSHOT_PREFIX = "csi-s-"
 GROUP_PREFIX = "csi-g-"  # a group snapshot: no LV of its own, a tag on each member
-_ID_RE = re.compile(r"^csi-[vsg]-[0-9a-f]{32}$")
+_ID_RE = re.compile(r"csi-[vsg]-[0-9a-f]{32}")
 
 # The StorageClass / VolumeSnapshotClass parameter that names a device class.
 DEVICE_CLASS_PARAMETER = "deviceClass"
@@ -82,7 +82,7 @@ def member_snapshot_id(group_id: str, source_id: str) -> str:
 
 
 def is_group_id(text: str) -> bool:
-    return bool(_ID_RE.match(text)) and text.startswith(GROUP_PREFIX)
+    return bool(_ID_RE.fullmatch(text)) and text.startswith(GROUP_PREFIX)
 
 
 def group_of(lv: LogicalVolume) -> str | None:
@@ -92,11 +92,11 @@ def group_of(lv: LogicalVolume) -> str | None:
 
 
 def is_volume_id(text: str) -> bool:
-    return bool(_ID_RE.match(text)) and text.startswith(VOLUME_PREFIX)
+    return bool(_ID_RE.fullmatch(text)) and text.startswith(VOLUME_PREFIX)
 
 
 def is_snapshot_id(text: str) -> bool:
-    return bool(_ID_RE.match(text)) and text.startswith(SNAPSHOT_PREFIX)
+    return bool(_ID_RE.fullmatch(text)) and text.startswith(SNAPSHOT_PREFIX)
 
 
 def kind(lv: LogicalVolume) -> str | None:

@@ -13,7 +13,7 @@ import re
 from csi_local.errors import SizeOutOfRange, UnsupportedFilesystem
 from csi_local.host import filesystem_rules as fsrules
 
-_SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"(\d+)\s*([KMGT]i?B?|B)?", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -26,7 +26,7 @@ def parse_size(value: str | int) -> int:
         if value < 0:
             raise ValueError(f"invalid size {value!r}")
         return value
-    m = _SIZE_RE.match(str(value).strip())
+    m = _SIZE_RE.fullmatch(str(value).strip())
     if not m:
         raise ValueError(
             f"invalid size {value!r}: use bytes with an optional K/M/G/T suffix")

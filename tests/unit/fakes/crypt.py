@@ -28,7 +28,7 @@ FIRST_MINOR = 1000  # dm-crypt devices' minors: clear of the LVs'
 class Luks:
     """A LUKS2 header's one key, and the content of the data area behind it."""
 
-    key: str
+    key: bytes  # as cryptsetup read it
     data: Content = field(default_factory=Content)
 
 
@@ -36,6 +36,7 @@ class Luks:
 class FakeMapper:
     lv: FakeLv
     minor: int
+    size: int  # the data area's size when opened or last resized: a grown LV does not grow it
 
     @property
     def node(self) -> str:
@@ -46,7 +47,7 @@ class FakeCrypt:
     """cryptsetup and its dm-crypt devices (a FakeHost part)."""
 
     mappers: dict[str, FakeMapper]
-    crypt_inputs: list[str | None]  # each cryptsetup call's standard input
+    crypt_inputs: list[bytes | None]  # each cryptsetup call's standard input, as read
 
     if TYPE_CHECKING:  # what it uses of the other parts (fakehost.FakeHost has all)
         def _device(self, path: str) -> _Dev | None: ...
@@ -68,7 +69,7 @@ class FakeCrypt:
                 luks = m.lv.content.luks
                 assert luks is not None
                 return _Dev(m.node, (DM_MAJOR, m.minor), f"/dev/mapper/{name}",
-                            m.lv.size - HEADER, luks.data, False)
+                            m.size, luks.data, False)
         return None
 
     def underlying(self, major: int, minor: int) -> list[tuple[int, int]]:
@@ -83,10 +84,12 @@ class FakeCrypt:
     def open_luks(self, lv: FakeLv, name: str) -> str:
         """A dm-crypt device over `lv`, as if opened before (a test's setup)."""
         minor = max((m.minor for m in self.mappers.values()), default=FIRST_MINOR - 1) + 1
-        self.mappers[name] = FakeMapper(lv, minor)
+        self.mappers[name] = FakeMapper(lv, minor, lv.size - HEADER)
         return f"/dev/mapper/{name}"
 
-    def _cryptsetup(self, argv: Sequence[str], stdin: str | None) -> str:
+    def _cryptsetup(self, argv: Sequence[str], given: str | bytes | None) -> str:
+        # What cryptsetup reads: the bytes given, or the text's UTF-8 (the Runner's).
+        stdin = given.encode() if isinstance(given, str) else given
         self.crypt_inputs.append(stdin)
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
@@ -142,7 +145,8 @@ class FakeCrypt:
             assert luks is not None
             if luks.key != stdin:
                 raise _Fail(2, "No key available with this passphrase.\n")
-            return ""  # the dm-crypt device's size follows its LV's here
+            m.size = m.lv.size - HEADER  # grows to its (grown) LV, as dm-crypt does
+            return ""
         raise AssertionError(f"FakeHost does not simulate {argv!r}")
 
 

@@ -39,14 +39,14 @@ from csi_local.volumes.pool import Pool, PoolPolicy, lvs_that_fit, metadata_area
 DEFAULT_ORPHAN_AGE = 3600.0
 ORPHAN_NOTE = ('"possible" means check with your CO: the node alone cannot tell whether a '
                "volume is still known (kubectl get pv, nomad volume status)")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 TAG_NAMESPACE = "csi-local."  # every tag of the CSI plugin; csi-local-dhv's differ
 
 
 def parse_duration(text: str) -> float:
     """Seconds from "90", "90s", "30m", "1h", "2d"; ValueError otherwise."""
-    m = _DURATION_RE.match(text)
+    m = _DURATION_RE.fullmatch(text)
     if not m:
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 1h, 2d)")
     return float(m.group(1)) * _UNITS[m.group(2)]
