@@ -70,7 +70,7 @@ class Dhv:
             [*INSTALL, "--plugin-dir", str(self.plugin_dir), *where,
              "--lock-dir", str(lock_dir or self.lock_dir),
              # the test VM (qemu without KVM) is far slower than Nomad's 60 s assumes
-             "--timeout-seconds", "600"],
+             "--timeout-seconds", "600", "--caller-deadline-seconds", "3600"],
             capture_output=True, text=True, check=False, env={},
         )
         assert proc.returncode == 0, proc.stderr

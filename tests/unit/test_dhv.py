@@ -173,6 +173,17 @@ def test_config_full_and_sizes() -> None:
     }))
     assert cfg.default_size == 512 * MIB and cfg.fs_type == "xfs"
     assert dhv_config.parse_config(json.dumps(cfg.to_json())) == cfg
+    assert "caller_deadline_seconds" not in cfg.to_json()  # Nomad's, the default
+
+
+def test_a_caller_other_than_nomad_may_wait_longer() -> None:
+    """The project's VM tests run the plugin outside Nomad, under emulation:
+    they name their own deadline, and the budget must still end before it."""
+    cfg = dhv_config.parse_config(json.dumps({
+        "volume_group": "vg0", "thin_pool": "pool", "timeout_seconds": 600,
+        "caller_deadline_seconds": 3600}))
+    assert cfg.timeout_seconds == 600 and cfg.caller_deadline_seconds == 3600
+    assert dhv_config.parse_config(json.dumps(cfg.to_json())) == cfg
 
 
 @pytest.mark.parametrize("data,message", [
@@ -191,6 +202,13 @@ def test_config_full_and_sizes() -> None:
      "below 60: Nomad cancels a host volume create or delete after 60 s"),
     ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": 3600}, "below 60"),
     ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": float("inf")}, "below 60"),
+    # a caller that is not Nomad names its own deadline, an hour at most
+    ({"volume_group": "vg", "thin_pool": "p", "timeout_seconds": 600,
+      "caller_deadline_seconds": 600}, r"below caller_deadline_seconds \(600\)"),
+    ({"volume_group": "vg", "thin_pool": "p", "caller_deadline_seconds": 7200},
+     "caller_deadline_seconds must be a number above 0 and at most 3600"),
+    ({"volume_group": "vg", "thin_pool": "p", "caller_deadline_seconds": 0},
+     "caller_deadline_seconds"),
 ])
 def test_bad_config(data: dict[str, object], message: str) -> None:
     with pytest.raises(DhvError, match=message):

@@ -38,6 +38,10 @@ DEFAULT_SIZE = 1 << 30
 # never be used.
 NOMAD_OPERATION_LIMIT = 60.0
 DEFAULT_TIMEOUT = 55.0
+# A caller other than Nomad (a script, the project's tests in a VM under
+# software emulation, where one create takes minutes) may wait longer; it says
+# so with caller_deadline_seconds, never above an hour.
+MAX_CALLER_DEADLINE = 3600.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class PluginConfig:
     overprovision_ratio: float = 1.0
     default_size: int = DEFAULT_SIZE
     timeout_seconds: float = DEFAULT_TIMEOUT
+    # How long the caller waits before it cancels a create or delete: Nomad's
+    # fixed minute unless the caller is not Nomad. timeout_seconds ends first.
+    caller_deadline_seconds: float = NOMAD_OPERATION_LIMIT
     # The CSI plugin's high-water marks (--pool-*-limit-percent): Nomad places
     # host volumes without a capacity check, so this plugin must refuse too.
     pool_data_limit_percent: float = 90.0
@@ -96,13 +103,21 @@ class PluginConfig:
         if isinstance(self.default_size, bool) or not isinstance(self.default_size, int) \
                 or self.default_size <= 0:
             raise DhvError("config: default_size must be a positive size")
+        deadline = self.caller_deadline_seconds
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) \
+                or not 0 < deadline <= MAX_CALLER_DEADLINE:
+            raise DhvError(f"config: caller_deadline_seconds must be a number above 0 and at "
+                           f"most {MAX_CALLER_DEADLINE:g}")
         timeout = self.timeout_seconds
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
-                or not 0 < timeout < NOMAD_OPERATION_LIMIT:
+                or not 0 < timeout < deadline:
+            if deadline == NOMAD_OPERATION_LIMIT:
+                raise DhvError(f"config: timeout_seconds must be a number above 0 and below "
+                               f"{NOMAD_OPERATION_LIMIT:g}: Nomad cancels a host volume create "
+                               f"or delete after {NOMAD_OPERATION_LIMIT:g} s, so a longer "
+                               "budget would never be used")
             raise DhvError(f"config: timeout_seconds must be a number above 0 and below "
-                           f"{NOMAD_OPERATION_LIMIT:g}: Nomad cancels a host volume create "
-                           f"or delete after {NOMAD_OPERATION_LIMIT:g} s, so a longer budget "
-                           "would never be used")
+                           f"caller_deadline_seconds ({deadline:g})")
         for key in ("pool_data_limit_percent", "pool_metadata_limit_percent"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) \
@@ -156,6 +171,8 @@ class PluginConfig:
             "overprovision_ratio": self.overprovision_ratio,
             "default_size": self.default_size,
             "timeout_seconds": self.timeout_seconds,
+            **({"caller_deadline_seconds": self.caller_deadline_seconds}
+               if self.caller_deadline_seconds != NOMAD_OPERATION_LIMIT else {}),
             "pool_data_limit_percent": self.pool_data_limit_percent,
             "pool_metadata_limit_percent": self.pool_metadata_limit_percent,
             **({"encryption_key_files": dict(self.encryption_key_files)}

@@ -9,7 +9,13 @@ import json
 import os
 import sys
 
-from csi_local.dhv.config import DEFAULT_TIMEOUT, PLUGIN_ID, PluginConfig, parse_size
+from csi_local.dhv.config import (
+    DEFAULT_TIMEOUT,
+    NOMAD_OPERATION_LIMIT,
+    PLUGIN_ID,
+    PluginConfig,
+    parse_size,
+)
 from csi_local.dhv.request import DhvError
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.filesystem_rules import SUPPORTED_FS
@@ -59,7 +65,12 @@ def install(args: list[str]) -> int:
                         "that set none)")
     parser.add_argument("--default-size", default="1GiB",
                         help="size when a volume sets no capacity_min/capacity_max")
-    parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT,
+                        help="budget of one create or delete; below the caller's deadline")
+    parser.add_argument("--caller-deadline-seconds", type=float,
+                        default=NOMAD_OPERATION_LIMIT,
+                        help="how long the caller waits: Nomad's fixed 60 s; set only for "
+                        "a caller that is not Nomad")
     parser.add_argument("--pool-data-limit-percent", type=float, default=90.0,
                         help="refuse new volumes while the pool's data is this full "
                         "(use the CSI plugin's value)")
@@ -89,6 +100,7 @@ def install(args: list[str]) -> int:
             overprovision_ratio=ns.overprovision_ratio,
             default_size=parse_size(ns.default_size),
             timeout_seconds=ns.timeout_seconds,
+            caller_deadline_seconds=ns.caller_deadline_seconds,
             pool_data_limit_percent=ns.pool_data_limit_percent,
             pool_metadata_limit_percent=ns.pool_metadata_limit_percent,
         )
