@@ -9,6 +9,7 @@ on standard input (`--key-file -`); one in argv is an AssertionError."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ class Luks:
 
     key: bytes  # as cryptsetup read it
     data: Content = field(default_factory=Content)
+    offset: int = HEADER  # where the data area starts
 
 
 @dataclass
@@ -84,7 +86,8 @@ class FakeCrypt:
     def open_luks(self, lv: FakeLv, name: str) -> str:
         """A dm-crypt device over `lv`, as if opened before (a test's setup)."""
         minor = max((m.minor for m in self.mappers.values()), default=FIRST_MINOR - 1) + 1
-        self.mappers[name] = FakeMapper(lv, minor, lv.size - HEADER)
+        luks = lv.content.luks
+        self.mappers[name] = FakeMapper(lv, minor, lv.size - (luks.offset if luks else HEADER))
         return f"/dev/mapper/{name}"
 
     def _cryptsetup(self, argv: Sequence[str], given: str | bytes | None) -> str:
@@ -94,7 +97,7 @@ class FakeCrypt:
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
-                                        "--key-file"}, {"--batch-mode"})
+                                        "--key-file"}, {"--batch-mode", "--dump-json-metadata"})
         if "--key-file" in opts:
             assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
             assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
@@ -131,6 +134,15 @@ class FakeCrypt:
                 raise _Fail(2, "No key available with this passphrase.\n")
             self.open_luks(lv, name)
             return ""
+        if sub == "luksDump":
+            assert "--dump-json-metadata" in opts, f"FakeHost: {argv!r}"
+            dev = self._need_device(_one(pos, argv)[0], 4, "Device {d} does not exist or "
+                                                           "access denied.")
+            if dev.content.luks is None:
+                raise _Fail(1, f"Device {pos[0]} is not a valid LUKS device.\n")
+            return json.dumps({"segments": {"0": {
+                "type": "crypt", "offset": str(dev.content.luks.offset), "size": "dynamic",
+                "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}}}) + "\n"
         if sub == "close":
             (name,) = _one(pos, argv)
             m = self._active(name)
@@ -145,7 +157,7 @@ class FakeCrypt:
             assert luks is not None
             if luks.key != stdin:
                 raise _Fail(2, "No key available with this passphrase.\n")
-            m.size = m.lv.size - HEADER  # grows to its (grown) LV, as dm-crypt does
+            m.size = m.lv.size - luks.offset  # grows to its (grown) LV, as dm-crypt does
             return ""
         raise AssertionError(f"FakeHost does not simulate {argv!r}")
 
