@@ -9,6 +9,7 @@ These run on the host (not in the test VM). Markers registered here:
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def require_as_root(tools: tuple[str, ...], why_root: str, what: str, hint: str = "") -> None:
+    """Skip (fail with CI=true) a test that needs these tools and root."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    problem = f"missing {', '.join(missing)}" if missing else None
+    if problem is None and os.geteuid() != 0:
+        problem = f"not root ({why_root})"
+    if problem:
+        msg = f"{what}: {problem}{hint}"
+        if in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg + "; set CI=true to make this a failure")
 
 
 @pytest.fixture(scope="session")

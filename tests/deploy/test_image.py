@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.deploy._deploy import REPO, container, generated_config_map, one
-from tests.deploy.conftest import in_ci
+from tests.deploy.conftest import require_as_root
 
 pytestmark = pytest.mark.image
 
@@ -31,15 +30,9 @@ BUILD_BUDGET_S = 8 * 60
 
 
 def _require_tools() -> None:
-    missing = [t for t in ("podman", "buildah", "debootstrap") if shutil.which(t) is None]
-    problem = f"missing {', '.join(missing)}" if missing else None
-    if problem is None and os.geteuid() != 0:
-        problem = "not root (debootstrap and chroot isolation need root)"
-    if problem:
-        msg = f"image test cannot run: {problem} (apt-get install podman buildah debootstrap)"
-        if in_ci():
-            pytest.fail(msg)
-        pytest.skip(msg + "; set CI=true to make this a failure")
+    require_as_root(("podman", "buildah", "debootstrap"),
+                    "debootstrap and chroot isolation need root", "image test cannot run",
+                    " (apt-get install podman buildah debootstrap)")
 
 
 def _run(args: list[str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:

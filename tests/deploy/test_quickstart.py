@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import REPO, in_ci
+from tests.deploy.conftest import REPO, require_as_root
 
 README = REPO / "README.md"
 QUICKSTART = REPO / "scripts" / "quickstart"
@@ -85,20 +84,10 @@ def test_the_vm_kernels_never_go_into_the_host_s_boot() -> None:
     assert "/var/lib/csi-local-vm" in INSTALL_KERNEL.read_text()
 
 
-def _require() -> None:
-    missing = [t for t in ("sudo", "git", "qemu-system-x86_64") if shutil.which(t) is None]
-    problem = f"missing {', '.join(missing)}" if missing else None
-    if problem is None and os.geteuid() != 0:
-        problem = "not root (the quick start runs with sudo: LVM, loop devices, apt, qemu)"
-    if problem:
-        msg = f"the README's first command cannot run here: {problem}"
-        if in_ci():
-            pytest.fail(msg)
-        pytest.skip(msg + "; set CI=true to make this a failure")
-
-
 def test_the_readme_s_first_command_works_in_a_fresh_clone(tmp_path: Path) -> None:
-    _require()
+    require_as_root(("sudo", "git", "qemu-system-x86_64"),
+                    "the quick start runs with sudo: LVM, loop devices, apt, qemu",
+                    "the README's first command cannot run here")
     command = _blocks(_install())[0]
     clone = tmp_path / "csi-local"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
