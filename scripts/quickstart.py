@@ -149,9 +149,12 @@ def tour(endpoint: str, work: Path) -> None:
                 volume_id=vid, staging_target_path=str(staging)))
             say(f"unpublished and unstaged ({turn} time)")
     finally:
+        # After a failure part-way: each undo on its own (both are idempotent),
+        # so a failed unpublish does not leave the volume staged.
         with contextlib.suppress(grpc.RpcError):
             node.NodeUnpublishVolume(csi_pb2.NodeUnpublishVolumeRequest(
                 volume_id=vid, target_path=str(target)))
+        with contextlib.suppress(grpc.RpcError):
             node.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
                 volume_id=vid, staging_target_path=str(staging)))
         controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vid))
