@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 IN_VM_ENV = "CSI_LOCAL_IN_VM"
 RESULTS_ENV = "CSI_LOCAL_VM_RESULTS"
 SELECT_ENV = "CSI_LOCAL_VM_SELECT"
+COSTS_LOG_ENV = "CSI_LOCAL_VM_COSTS_LOG"
 
 
 def host_can_run_integration() -> tuple[bool, str]:
@@ -173,53 +175,67 @@ def say(config: pytest.Config, text: str) -> None:
 
 
 
-# Rough cost of one test, in tens of seconds of the VM's time as measured in CI,
-# keyed by node ID prefix (the longest match wins; a plain integration test costs
-# DEFAULT_WEIGHT), so that the VMs finish together.
-WEIGHTS = {
-    "tests/integration/test_sanity_csi_local.py": 113,
-    "tests/integration/test_sanity_csi_local.py::test_sanity_against_csi_local[block]": 30,
-    "tests/sanity_selftest/test_sanity_detects.py": 3,
-    "tests/integration/test_bench.py": 60,
-    "tests/integration/test_bench_fill.py": 10,
-    "tests/integration/test_doctor_lvm_view.py": 8,
-    "tests/integration/test_metadata_area.py": 10,
-    "tests/integration/test_changed_blocks.py": 7,
-    "tests/integration/test_crash.py": 8,
-    "tests/integration/test_dhv_clones.py": 7,
-    "tests/integration/test_group_refusal.py": 7,
-    "tests/integration/test_group_snapshots.py": 5,
-    "tests/integration/test_pool_guard.py": 7,
-    "tests/integration/test_status.py": 9,
-    "tests/integration/test_device_classes.py": 5,
-    "tests/integration/test_dhv_classes.py": 6,
-    "tests/integration/test_metadata_walk.py": 30,
-    "tests/integration/test_mount_differential.py": 15,
-    "tests/integration/test_metadata_outdated.py": 6,
-    "tests/integration/test_encryption.py::"
-    "test_an_encrypted_stage_fits_the_shipped_memory_limits": 20,
-}
-DEFAULT_WEIGHT = 3
+# What each test costs in the VM, measured: seconds of its setup, call and
+# teardown in one emulated CPU's VM, as the last full run wrote them
+# (COSTS_OUT, merged into the committed table by `python -m tests.harness.vm
+# --update-costs`). The shards are packed by these figures so that the VMs
+# finish together; a test not yet measured costs the median of its file's
+# measured tests, else the median of all.
+COSTS_FILE = Path(__file__).with_name("vm_costs.json")
+COSTS_ENV = "CSI_LOCAL_VM_COSTS"
+COSTS_OUT = Path("/var/tmp/csi-local-vm-costs.json")
+# Seconds from a VM's start to its first test (boot, modules, pytest's
+# collection), measured: a guest that queues behind another pays it again.
+BOOT_SECONDS = 90.0
 
 # Settings of the guest's tests that a caller may give on the host.
 FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED",
                  "CSI_LOCAL_WALK_PROGRESS")
 
 
-def weight(nodeid: str) -> int:
-    keys = [k for k in WEIGHTS if nodeid == k or nodeid.startswith(k + "::")
-            or nodeid.startswith(k + "[")]
-    return WEIGHTS[max(keys, key=len)] if keys else DEFAULT_WEIGHT
+def load_costs(path: Path = COSTS_FILE) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.get("seconds", {}).items()}
 
 
-def shard(nodeids: list[str], count: int) -> list[list[str]]:
-    """Split tests into `count` groups of about equal estimated cost."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+class Costs:
+    """Each test's measured seconds, with the fallbacks for one not measured."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        by_file: dict[str, list[float]] = {}
+        for nodeid, secs in seconds.items():
+            by_file.setdefault(nodeid.split("::")[0], []).append(secs)
+        self.file_median = {f: _median(v) for f, v in by_file.items()}
+        self.median = _median(list(seconds.values())) if seconds else 30.0
+
+    def of(self, nodeid: str) -> float:
+        if nodeid in self.seconds:
+            return self.seconds[nodeid]
+        return self.file_median.get(nodeid.split("::")[0], self.median)
+
+
+def shard(nodeids: list[str], count: int, costs: Costs,
+          preload: list[float] | None = None) -> list[list[str]]:
+    """Split tests into `count` groups that finish together by measured cost
+    (longest first, each to the least loaded group); `preload` is what a
+    group's slot already has to run besides (a guest queued behind it)."""
     groups: list[list[str]] = [[] for _ in range(max(1, count))]
-    cost = [0] * len(groups)
-    for n in sorted(nodeids, key=lambda n: -weight(n)):
-        i = cost.index(min(cost))
+    load = list(preload or [])[:len(groups)]
+    load += [0.0] * (len(groups) - len(load))
+    for n in sorted(nodeids, key=lambda n: -costs.of(n)):
+        i = load.index(min(load))
         groups[i].append(n)
-        cost[i] += weight(n)
+        load[i] += costs.of(n)
     return [sorted(g, key=nodeids.index) for g in groups if g]
 
 
@@ -249,6 +265,7 @@ class Guest:
         env = {
             IN_VM_ENV: "1",
             RESULTS_ENV: str(results),
+            COSTS_LOG_ENV: str(self.workdir / "costs.jsonl"),
             SELECT_ENV: str(select),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
@@ -317,6 +334,19 @@ class Guest:
         booted = self.workdir / "booted"
         return float(booted.read_text().split()[1]) if booted.exists() else None
 
+    def costs(self) -> dict[str, float]:
+        """Each test's seconds in this VM: its setup, call and teardown."""
+        path = self.workdir / "costs.jsonl"
+        spent: dict[str, float] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                    spent[row["nodeid"]] = spent.get(row["nodeid"], 0.0) + float(row["duration"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return spent
+
     def reports(self) -> list[dict[str, Any]]:
         results = self.workdir / "results.jsonl"
         if not results.exists():
@@ -334,6 +364,65 @@ class VmRun:
     errors: dict[str, str] = field(default_factory=dict)
     console: str = ""
     total_seconds: float = 0.0
+    # Per guest: the seconds it was planned to take, and what it took.
+    planned: dict[int, float] = field(default_factory=dict)
+    budget: list[str] = field(default_factory=list)
+    guests: list[Guest] = field(default_factory=list)
+    thread: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    messages: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    wait_seconds: float = 0.0  # the main thread's, once the host's tests were done
+
+    def say(self, config: pytest.Config, text: str) -> None:
+        """Say it now from the main thread; from the VMs' thread, keep it for
+        the main thread's next turn (between two host tests)."""
+        if threading.current_thread() is threading.main_thread():
+            say(config, text)
+        else:
+            with self.lock:
+                self.messages.append(text)
+
+    def flush(self, config: pytest.Config) -> None:
+        with self.lock:
+            messages, self.messages = self.messages, []
+        for text in messages:
+            say(config, text)
+
+    def start(self, config: pytest.Config) -> None:
+        """Boot the VMs in a thread of their own: the host's tests run while
+        they do (their stand-ins come last), so that neither core idles."""
+        if self.thread is not None or self.done:
+            return
+
+        def body() -> None:
+            try:
+                self.run(config)
+            except Exception as err:  # reported by every stand-in
+                self.error = f"the VM run failed: {err!r}"
+
+        self.started_at = time.monotonic()
+        self.thread = threading.Thread(target=body, name="csi-local-vms", daemon=True)
+        self.thread.start()
+
+    def wait(self, config: pytest.Config) -> None:
+        """Block until every VM has finished (running them here if no thread did)."""
+        if self.thread is None and not self.done:
+            self.started_at = time.monotonic()
+            self.run(config)
+        elif self.thread is not None and self.thread.is_alive():
+            waited = time.monotonic()
+            while self.thread.is_alive():
+                self.thread.join(timeout=1.0)
+                self.flush(config)
+            self.wait_seconds += time.monotonic() - waited
+        self.flush(config)
+
+    def stop(self) -> None:
+        """Kill what still runs (the session ended early)."""
+        for g in self.guests:
+            if g.proc is not None and g.proc.poll() is None:
+                g.proc.kill()
 
     def run(self, config: pytest.Config) -> None:
         """Boot the VMs once, for every selected test: the stock kernel's shards in
@@ -350,23 +439,34 @@ class VmRun:
         cpus = os.environ.get("CSI_LOCAL_VM_CPUS", "1" if shards > 1 else "2")
         stock = [n for n in self.nodeids if not needs_newer_kernel(n)]
         newer = [n for n in self.nodeids if needs_newer_kernel(n)]
-        plan: list[tuple[str, list[str]]] = []
-        # The newer kernel's tests are few: one guest, queued behind the stock
-        # shards, unless they are all there is to run.
-        for nodeids, find, count in ((stock, find_kernel, shards),
-                                     (newer, find_newer_kernel, 1 if stock else shards)):
+        costs = Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
+        kernels: dict[str, str] = {}
+        for name, nodeids, find in (("stock", stock, find_kernel),
+                                    ("newer", newer, find_newer_kernel)):
             if not nodeids:
                 continue
             try:
-                kernel = find()
+                kernels[name] = find()
             except HarnessMissing as err:
                 for n in nodeids:
                     self.errors[n] = f"integration harness missing: {err}"
-                continue
-            plan += [(kernel, group) for group in shard(nodeids, count)]
+        plan: list[tuple[str, list[str]]] = []
+        # The newer kernel's tests are few: one guest, queued behind the stock
+        # shard packed lightest by the cost of that guest and its boot, unless
+        # they are all there is to run.
+        preload: list[float] = []
+        if "newer" in kernels and "stock" in kernels:
+            preload = [BOOT_SECONDS + sum(costs.of(n) for n in newer)]
+        if "stock" in kernels:
+            plan += [(kernels["stock"], g) for g in shard(stock, shards, costs, preload)]
+        if "newer" in kernels:
+            count = 1 if "stock" in kernels else shards
+            plan += [(kernels["newer"], g) for g in shard(newer, count, costs)]
+        self.planned = {i: BOOT_SECONDS + sum(costs.of(n) for n in g)
+                        for i, (_, g) in enumerate(plan)}
         if not plan:
             return
-        guests = [
+        guests = self.guests = [
             Guest(i, group, Path(tempfile.mkdtemp(prefix="csi-local-vm-", dir="/var/tmp")), kernel)
             for i, (kernel, group) in enumerate(plan)
         ]
@@ -374,7 +474,9 @@ class VmRun:
         # that every Python start inside the (emulated, slow) VM can use it.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests",
                         "benchmarks"], cwd=REPO, check=False, capture_output=True)
-        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "4800"))
+        # An hour a VM at most: well inside CI's 90 minutes with the host's tests,
+        # so that a hung test is reported as such rather than CI being killed.
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
         started = time.monotonic()
         verbose = config.getoption("verbose") > 0
         waiting = list(guests)
@@ -388,12 +490,12 @@ class VmRun:
                 g.start(vng, verbose, cpus)
                 running.append(g)
                 after = f" (after {g.started - started:.1f}s in the queue)" if codes else ""
-                say(config, f"\n[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
+                self.say(config, f"\n[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
                     f"integration test(s){after}; follow {g.workdir / 'pytest.log'}")
 
         start_waiting()
         for g in waiting:
-            say(config, f"[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
+            self.say(config, f"[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
                 f"integration test(s), queued until a VM finishes")
         while waiting or running:
             start_waiting()
@@ -423,17 +525,50 @@ class VmRun:
                 for n in g.nodeids:
                     self.errors[n] = problem
             boot = g.boot_seconds()
-            say(config, f"[vm {g.index}] done in {seconds[g.index]:.1f}s (boot to tests: "
+            self.say(config, f"[vm {g.index}] done in {seconds[g.index]:.1f}s (boot to tests: "
                 f"{boot if boot is not None else '?'}s), exit {rc}, "
                 f"{len({r['nodeid'] for r in reps})} test(s) reported")
             durations = g.durations()
             if durations:
-                say(config, f"[vm {g.index}] slowest tests in the VM:\n{durations}")
+                self.say(config, f"[vm {g.index}] slowest tests in the VM:\n{durations}")
+        self.account(guests, seconds)
         if problems:
             self.error = "; ".join(problems)
         else:
             for g in guests:
                 shutil.rmtree(g.workdir, ignore_errors=True)
+
+    def account(self, guests: list[Guest], seconds: dict[int, float]) -> None:
+        """Where the VMs' time went (printed at the end of the session), and
+        each test's measured cost, merged into COSTS_OUT for the next packing."""
+        measured: dict[str, float] = {}
+        for g in guests:
+            spent = g.costs()
+            measured.update(spent)
+            by_file: dict[str, float] = {}
+            for nodeid, secs in spent.items():
+                name = nodeid.split("::")[0].removeprefix("tests/")
+                by_file[name] = by_file.get(name, 0.0) + secs
+            top = ", ".join(f"{name} {secs:.0f}s" for name, secs in
+                            sorted(by_file.items(), key=lambda kv: -kv[1])[:6])
+            boot = g.boot_seconds()
+            self.budget.append(
+                f"vm {g.index} ({os.path.basename(g.kernel).removeprefix('vmlinuz-')}): "
+                f"{seconds.get(g.index, 0.0):.0f}s wall, "
+                f"planned {self.planned.get(g.index, 0):.0f}s; "
+                f"boot {boot if boot is not None else '?'}s, {len(spent)} tests "
+                f"{sum(spent.values()):.0f}s: {top}")
+        if not measured:
+            return
+        merged = load_costs()
+        merged.update({k: round(v, 1) for k, v in measured.items()})
+        try:
+            COSTS_OUT.write_text(json.dumps({"seconds": dict(sorted(merged.items()))},
+                                            indent=1) + "\n")
+        except OSError:
+            return
+        self.budget.append(f"measured costs of {len(measured)} tests merged into {COSTS_OUT} "
+                           f"(`python -m tests.harness.vm --update-costs` keeps them)")
 
     def console_tail(self, lines: int = 80) -> str:
         return "\n".join(self.console.splitlines()[-lines:])
@@ -451,8 +586,7 @@ class VmItem(pytest.Item):
         self.vmrun = vmrun
 
     def runtest(self) -> None:
-        if not self.vmrun.done:
-            self.vmrun.run(self.config)
+        self.vmrun.wait(self.config)
         reports = self.vmrun.reports.get(self.nodeid)
         if not reports:
             why = (self.vmrun.errors.get(self.nodeid) or self.vmrun.error
@@ -483,6 +617,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real LVM, mkfs and mount")
 
 
+_VMRUN = pytest.StashKey[VmRun]()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
@@ -492,7 +629,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     integration = [i for i in items if i.get_closest_marker("integration")]
     if not integration:
         return
-    vmrun = VmRun([i.nodeid for i in integration])
+    vmrun = config.stash[_VMRUN] = VmRun([i.nodeid for i in integration])
     for index, item in enumerate(items):
         if item.get_closest_marker("integration"):
             assert item.parent is not None, item.nodeid  # a test always has its module
@@ -502,3 +639,64 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             for marker in {m.name: m for m in item.iter_markers()}.values():
                 stand_in.add_marker(marker.name)
             items[index] = stand_in
+    # The stand-ins last: the host's own tests run while the VMs do.
+    items[:] = ([i for i in items if not isinstance(i, VmItem)]
+                + [i for i in items if isinstance(i, VmItem)])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    vmrun = session.config.stash.get(_VMRUN, None)
+    if vmrun is not None and not session.config.option.collectonly:
+        vmrun.start(session.config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    vmrun = item.config.stash.get(_VMRUN, None)
+    if vmrun is not None:
+        vmrun.flush(item.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    vmrun = session.config.stash.get(_VMRUN, None)
+    if vmrun is not None and vmrun.thread is not None and vmrun.thread.is_alive():
+        vmrun.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Where the time went: the host's tests beside the VMs, and each VM."""
+    vmrun = config.stash.get(_VMRUN, None)
+    if vmrun is None or not vmrun.started_at:
+        return
+    in_vm = set(vmrun.nodeids)
+    host = sum(r.duration for key in ("passed", "failed", "skipped", "error")
+               for r in terminalreporter.stats.get(key, [])
+               if getattr(r, "nodeid", in_vm) not in in_vm)
+    terminalreporter.write_sep("=", "where the time went")
+    terminalreporter.write_line(
+        f"VMs: {vmrun.total_seconds:.0f}s from the first boot to the last exit; the host's "
+        f"tests: {host:.0f}s beside them; then {vmrun.wait_seconds:.0f}s waiting for the VMs")
+    for line in vmrun.budget:
+        terminalreporter.write_line(line)
+
+
+def _update_costs(argv: list[str]) -> int:
+    """`python -m tests.harness.vm --update-costs [FILE]`: merge the costs the
+    last run measured (FILE, default COSTS_OUT) into the committed table."""
+    source = Path(argv[0]) if argv else COSTS_OUT
+    fresh = load_costs(source)
+    if not fresh:
+        print(f"no measured costs in {source}", file=sys.stderr)
+        return 1
+    merged = {**load_costs(), **fresh}
+    COSTS_FILE.write_text(json.dumps({"seconds": dict(sorted(merged.items()))}, indent=1) + "\n")
+    print(f"{COSTS_FILE}: {len(fresh)} of {len(merged)} tests' costs from {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--update-costs"]:
+        print("usage: python -m tests.harness.vm --update-costs [FILE]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_update_costs(sys.argv[2:]))

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.harness.vm import RESULTS_ENV, SELECT_ENV
+from tests.harness.vm import COSTS_LOG_ENV, RESULTS_ENV, SELECT_ENV
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,6 +23,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    costs = os.environ.get(COSTS_LOG_ENV)
+    if costs:
+        # Every phase's seconds, for the host's packing of the next run.
+        with open(costs, "a") as f:
+            f.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                                "duration": report.duration}) + "\n")
     path = os.environ.get(RESULTS_ENV)
     if not path:
         return

@@ -21,6 +21,10 @@ def test_benchmark_figures_are_all_produced() -> None:
                             scrape_interval=5, idle_at=10, encryption_rounds=1,
                             progress=progress.append))
     print("\n" + format_tables(res))
+    # Where the bench's own time went: each section's seconds, for CI's budget.
+    print("bench sections: " + "; ".join(
+        line for line in progress if line.endswith("s)") and (" done (" in line
+                                                            or line.startswith("cleaned up"))))
     if res.errors or res.missing():
         print("--- bench progress ---\n" + "\n".join(progress))
     assert not res.errors, res.errors

@@ -52,3 +52,28 @@ def test_a_kernel_named_in_the_environment_needs_its_modules_beside_it(
     monkeypatch.setenv(vm.KERNEL_ENV, lone)
     with pytest.raises(vm.HarnessMissing, match=re.escape("lib/modules/6.1.0-1-amd64")):
         vm.find_kernel()
+
+
+def test_shards_are_packed_by_measured_cost_with_a_queued_guest_counted() -> None:
+    costs = vm.Costs({"t/a.py::x": 600.0, "t/a.py::y": 100.0, "t/a.py::z": 200.0,
+                      "t/b.py::p": 300.0})
+    # Not measured: the median of its file's tests (200), else of all (250).
+    assert costs.of("t/a.py::new") == 200.0
+    assert costs.of("t/c.py::new") == 250.0
+    ids = ["t/a.py::x", "t/a.py::y", "t/a.py::z", "t/b.py::p", "t/c.py::new"]
+    groups = vm.shard(ids, 2, costs)
+    loads = sorted(sum(costs.of(n) for n in g) for g in groups)
+    assert loads == [700.0, 750.0]
+    # A guest of 500 s queued behind the first slot: that slot gets less.
+    first, second = vm.shard(ids, 2, costs, preload=[500.0])
+    assert sum(costs.of(n) for n in first) + 500.0 <= sum(costs.of(n) for n in second) + 250.0
+    assert sorted(first + second) == sorted(ids)
+    # Each group keeps the collection's order.
+    assert all(g == sorted(g, key=ids.index) for g in (first, second))
+
+
+def test_the_committed_cost_table_is_measured_seconds_of_integration_tests() -> None:
+    seconds = vm.load_costs()
+    assert seconds, "tests/harness/vm_costs.json is missing or empty"
+    assert all(n.startswith(("tests/integration/", "tests/sanity_selftest/")) for n in seconds)
+    assert all(0 < s < 3600 for s in seconds.values())
