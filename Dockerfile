@@ -53,9 +53,10 @@ RUN --mount=type=secret,id=ca-bundle \
 # ---------------------------------------------------------------------------
 FROM ${BASE}
 
-# Build arguments for the labels: the version must be pyproject.toml's
-# (tests/deploy/test_dockerfile.py), the source and revision come from
-# scripts/build-image (the git remote without credentials, and the commit).
+# Build arguments for the labels: the version must be src/csi_local/version.py's
+# (tests/deploy/test_version.py; scripts/build-image passes it too), the source
+# and revision come from scripts/build-image (the git remote without
+# credentials, and the commit).
 ARG VERSION=0.1.0
 ARG SOURCE=""
 ARG REVISION=""

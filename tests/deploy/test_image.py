@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from csi_local.version import __version__
 from tests.deploy._deploy import REPO, container, generated_config_map, one
 from tests.deploy.conftest import require_as_root
 
@@ -95,7 +96,7 @@ def test_image_config() -> None:
 
 def test_version(ctr: str) -> None:
     r = run_in(ctr, "csi-local", "--version")
-    assert r.stdout.strip() == "csi-local 0.1.0"
+    assert r.stdout.strip() == f"csi-local {__version__}"
 
 
 def test_runtime_tools_present_and_build_tools_absent(ctr: str) -> None:

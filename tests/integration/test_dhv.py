@@ -21,6 +21,7 @@ from csi_local.dhv.request import lv_name_for
 from csi_local.host import mounts
 from csi_local.host.locks import Locks, pool_key
 from csi_local.storage.lvm import LogicalVolume
+from csi_local.version import __version__
 from csi_local.volumes import naming as vols
 from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
@@ -54,7 +55,7 @@ def _best_of(argv: list[str], env: dict[str, str], n: int = 5) -> tuple[float, f
 @pytest.mark.report
 def test_fingerprint_is_fast_and_light(dhv: Dhv) -> None:
     first, best, out = _best_of([dhv.exe, "fingerprint"], {"DHV_OPERATION": "fingerprint"})
-    assert json.loads(out) == {"version": "0.1.0"}
+    assert json.loads(out) == {"version": __version__}
     _, bare, _ = _best_of([sys.executable, "-I", "-c", "pass"], {})
     print(f"fingerprint wall time: first {first:.3f}s, best {best:.3f}s; "
           f"bare interpreter start {bare:.3f}s (Nomad allows fingerprint 1s)")

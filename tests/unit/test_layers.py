@@ -31,7 +31,7 @@ FLOORS: list[set[str]] = [
     {"volumes"},
     {"storage"},
     {"host"},
-    {"errors", "logs", ""},  # "" is csi_local itself (__version__)
+    {"errors", "logs", "version", ""},  # "" is csi_local itself (its __version__)
 ]
 FRONT_ENDS = {"csi", "dhv"}
 TRANSPORT = ("grpc", "google.protobuf", "csi_local._gen")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import logging
+import platform
 import signal
 import socket
 import subprocess
@@ -158,7 +159,8 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     # One series per volume, none for the snapshot or the pool.
     per_volume = [k for k in got if k[0] == "csi_local_volume_size_bytes"]
     assert len(per_volume) == 2
-    assert value(got, "csi_local_build_info", version=__import__("csi_local").__version__) == 1
+    assert value(got, "csi_local_build_info", version=__import__("csi_local").__version__,
+                 python=platform.python_version()) == 1
 
 
 def test_every_fill_is_a_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

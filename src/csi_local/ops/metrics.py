@@ -24,6 +24,7 @@ The host volume plugin (csi_local.dhv) never imports this module.
 from __future__ import annotations
 
 import logging
+import platform
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -135,10 +136,12 @@ class Metrics:
         for reason in OPEN_FAILURE_REASONS:
             self.open_failures.labels(reason=reason)
         # No start time of its own: process_start_time_seconds (the process
-        # collector's) says when the plugin started.
-        info = Gauge("build_info", "The plugin's version (always 1)", ["version"],
-                     namespace=NAMESPACE, registry=r)
-        info.labels(version=__version__).set(1)
+        # collector's) says when the plugin started. The interpreter's version
+        # beside the plugin's: the image's Python is Debian's, and changes
+        # with the base image, not with csi-local's version.
+        info = Gauge("build_info", "The plugin's version and its Python's (always 1)",
+                     ["version", "python"], namespace=NAMESPACE, registry=r)
+        info.labels(version=__version__, python=platform.python_version()).set(1)
 
     # hooks -------------------------------------------------------------------
 
