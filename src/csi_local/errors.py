@@ -79,6 +79,13 @@ class SourceMismatch(StorageError):
     clone) differ from the source where no copy can: its encryption."""
 
 
+class FormatTooNew(StorageError):
+    """A volume, snapshot or file of an on-disk format newer than this
+    version's (docs/on-disk-format.md): made or changed by a newer csi-local,
+    so its tags or fields may mean what this version cannot tell. Nothing is
+    done to it; the message names both formats."""
+
+
 class LvNotFound(StorageError):
     """The LV (a volume or snapshot, of either plugin) does not exist: LVM's
     "not found", mapped once, in storage/lvm.py."""

@@ -88,8 +88,9 @@ def test_render_parse_roundtrip() -> None:
     recs = {"a": VolumeRecord("a", Staging("/x", AccessType.MOUNT, "xfs", ("ro",), 5),
                               {"/p": Publish(True, 5)})}
     assert st.parse(st.render(recs)) == recs
-    with pytest.raises(ValueError):
-        st.parse(json.dumps({"version": 99, "volumes": {}}))
+    for other in (0, -1, "1", None, True, 1.0):  # not ours: set aside and rebuilt
+        with pytest.raises(ValueError):
+            st.parse(json.dumps({"version": other, "volumes": {}}))
 
 
 def test_one_volume_a_line_and_one_change_renders_one_line(

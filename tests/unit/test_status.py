@@ -259,7 +259,9 @@ def test_reads_lvm_once(node: Node) -> None:
 
 @pytest.mark.parametrize(("content", "error"), [
     ("{not json", "corrupt"),
-    ('{"version": 99, "volumes": {}}', "corrupt (unsupported state version 99)"),
+    ('{"version": 0, "volumes": {}}', "corrupt (unsupported state version 0)"),
+    # A newer csi-local's file is not corrupt: the plugin will not start on it.
+    ('{"version": 2, "volumes": {}}', "state file "),
 ])
 def test_unreadable_state_file_judges_no_orphans(node: Node, tmp_path: Path, content: str,
                                                  error: str) -> None:
@@ -269,6 +271,8 @@ def test_unreadable_state_file_judges_no_orphans(node: Node, tmp_path: Path, con
     (state_dir / state.STATE_FILE).write_text(content)
     got = as_json(node.host, state_dir, node.host.clock + 10 * HOUR)
     assert got["state"]["error"].startswith(error)
+    if '"version": 2' in content:
+        assert "is of format 2, newer than format 1" in got["state"]["error"]
     assert got["possible_orphans"] == []
     _, text, _ = run(node.host, args(state_dir), node.host.clock + 10 * HOUR)
     assert "stagings and publishes unknown" in text

@@ -322,6 +322,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
             pool, lv = vols.get_volume(self.pools, volume_id)
+            vols.check_format(lv)
             encrypted = encryption.is_encrypted(lv)
             lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
@@ -374,6 +375,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     raise InvalidArgument(
                         f"snapshot {snapshot_id} is a member of group snapshot {group}: "
                         "delete the group with DeleteVolumeGroupSnapshot")
+                vols.check_format(found[1])
                 found[0].lvm.remove(snapshot_id)
         return pb.DeleteSnapshotResponse()
 

@@ -91,6 +91,8 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
                 stack.enter_context(self.locks.hold(volume_key(vid)))
             existing = self.groups.find(group_id)
             if existing is not None and existing.complete:
+                for member in existing.members:  # a retry's answer reads their tags
+                    vols.check_format(member)
                 if existing.sources() != set(sources):
                     raise AlreadyExists(
                         f"group snapshot {name!r} exists with other volumes "

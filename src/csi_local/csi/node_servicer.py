@@ -124,6 +124,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             # Stage needs the LV's tags, class and device, which the VG's
             # committed metadata and the kernel give without a process.
             pool, lv = vols.get_volume(self.pools, volume_id, committed=True)
+            vols.check_format(lv)
             if pool.default_fs_type != default_fs:  # no fs_type asked: the class's default
                 cap = validation.capability(request.volume_capability, pool.default_fs_type)
             rec = self.state.get(volume_id)
@@ -247,6 +248,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             if rec.staging is None or rec.staging.path != staging_path:
                 self._volume(volume_id)  # NOT_FOUND first, for a volume that does not exist
                 raise FailedPrecondition(f"volume {volume_id} is not staged at {staging_path}")
+            # Staged, but perhaps by a newer csi-local before a downgrade: its
+            # tags, from the committed metadata (no process), say which format.
+            vols.check_format(vols.get_volume(self.pools, volume_id, committed=True)[1])
             dev = self._staged_device(volume_id)
             if rec.staging.access_type != cap.access_type:
                 raise InvalidArgument(
@@ -433,6 +437,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         key = validation.encryption_key(request.secrets)
         with self._lock(volume_id):
             pool, lv = self._volume(volume_id)
+            vols.check_format(lv)
             rec = self.state.get(volume_id)
             self._volume_path(rec, raw_path)
             assert rec.staging is not None

@@ -78,6 +78,9 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.NameTaken: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.SourceMismatch: "INVALID_ARGUMENT",
+    # A newer csi-local's volume or snapshot: nothing is wrong with the
+    # request, and no retry of it succeeds until the plugin is upgraded.
+    errors.FormatTooNew: "FAILED_PRECONDITION",
     errors.PoolUnusable: "FAILED_PRECONDITION",
     errors.NoRoom: "RESOURCE_EXHAUSTED",
     # CreateVolume's and CreateSnapshot's "unable to provision": the node's

@@ -19,7 +19,7 @@ from csi_local._gen import csi_pb2_grpc
 from csi_local.config import Config
 from csi_local.csi.plugin import CsiPlugin
 from csi_local.csi.rpc import RpcError, status_of
-from csi_local.errors import LockDirError, StorageError
+from csi_local.errors import FormatTooNew, LockDirError, StorageError
 from csi_local.nodestate.state_file import StateLocked
 from csi_local.ops.demo_vg import ensure_backing
 
@@ -187,7 +187,7 @@ def serve(config: Config) -> None:
         ensure_backing(config)
     try:
         plugin = CsiPlugin(config)
-    except (StateLocked, LockDirError) as err:
+    except (StateLocked, LockDirError, FormatTooNew) as err:
         raise ServerError(str(err)) from None
     server = build_server(plugin, path)
     stop = threading.Event()

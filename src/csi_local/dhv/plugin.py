@@ -59,6 +59,7 @@ from csi_local.volumes.host_volume_names import (
     TAG_SNAPSHOT,
     TAG_SOURCE,
     TAG_SOURCE_NAME,
+    check_format,
     decode_hex_tag,
     snapshot_tags,
     volume_tags,
@@ -323,6 +324,7 @@ class HostVolumePlugin:
         if _namespace(lv) != namespace:
             raise DhvError(f"source {what} is in namespace {_namespace(lv)!r}, not "
                            f"{namespace!r}; a clone's source must be in its own namespace")
+        check_format(lv)  # a newer csi-local-dhv's: not copied
         return lv
 
     def _converge(self, pool: Pool, req: Request, lv: LogicalVolume, fs_type: str,
@@ -439,6 +441,7 @@ class HostVolumePlugin:
                         or volume.tag_value(TAG_ID) != volume_id \
                         or self.pools.of_lv(volume) is not pool:
                     raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
+                check_format(volume)
                 if TAG_FRESH in volume.tags:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
@@ -517,12 +520,14 @@ def _check_ours(lv: LogicalVolume, req: Request) -> None:
             f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
             "made by this plugin; leaving it alone"
         )
+    check_format(lv)  # ours, but a newer csi-local-dhv's: left alone too
 
 
 def _check_snapshot(lv: LogicalVolume, name: str) -> None:
     if lv.tag_value(TAG_KIND) != KIND_SNAPSHOT or lv.tag_value(TAG_SNAPSHOT) != name:
         raise DhvError(f"LV {lv.vg}/{lv.name} exists but is not snapshot {name!r} made by "
                        "this plugin; leaving it alone")
+    check_format(lv)
 
 
 def _namespace(lv: LogicalVolume) -> str:

@@ -21,10 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from csi_local.errors import FormatTooNew
 from csi_local.host.atomic_files import sync_directory, write_atomic
+from csi_local.version import __version__
 
 log = logging.getLogger(__name__)
 
+# The file's format (its "version" field, in every file since the first;
+# docs/on-disk-format.md): raise it, and write down what changed, when a
+# field changes in a way an older version would misread. A file of a higher
+# one stops the plugin (parse) rather than being set aside and rebuilt.
 VERSION = 1
 STATE_FILE = "state.json"
 LOCK_FILE = "state.lock"
@@ -155,13 +161,22 @@ def _from_json(volume_id: str, data: object) -> VolumeRecord:
     return VolumeRecord(volume_id, staging, pubs)
 
 
-def parse(text: str) -> dict[str, VolumeRecord]:
+def parse(text: str, path: str = STATE_FILE) -> dict[str, VolumeRecord]:
     """Records from the file's text; ValueError for anything not of our shape
-    (valid JSON of another shape included), so that it is set aside and rebuilt."""
+    (valid JSON of another shape included), so that it is set aside and rebuilt.
+    FormatTooNew for a file of a newer format (a newer csi-local's records,
+    which this version may misread, and must not replace): never set aside."""
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"state is a JSON {type(data).__name__}, not an object")
-    if data.get("version") != VERSION:
+    found = data.get("version")
+    if type(found) is int and found > VERSION:
+        raise FormatTooNew(
+            f"state file {path} is of format {found}, newer than format {VERSION}, the "
+            f"newest this csi-local ({__version__}) reads: a newer csi-local wrote it. "
+            "Not starting, and the file is left as it is: run that newer version, or "
+            "see docs/on-disk-format.md for the way back")
+    if type(found) is not int or found != VERSION:  # true and 1.0 are not 1 here
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     vols = data.get("volumes", {})
     if not isinstance(vols, dict):
@@ -216,7 +231,11 @@ class StateStore:
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
         self._mutex = threading.RLock()
-        self._records = self._load(rebuild, reconcile)
+        try:
+            self._records = self._load(rebuild, reconcile)
+        except BaseException:  # FormatTooNew: the process ends; the directory is free
+            self.close()
+            raise
         self._lines: dict[str, str] = {}  # rendered lines, filled as records change
         self._remove_stale_temps()
 
@@ -227,7 +246,7 @@ class StateStore:
     ) -> dict[str, VolumeRecord]:
         try:
             with open(self.path, encoding="utf-8") as f:
-                records = parse(f.read())
+                records = parse(f.read(), self.path)
         except FileNotFoundError:
             reason = "missing"
         except (ValueError, KeyError, TypeError, AttributeError) as err:

@@ -55,7 +55,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from csi_local.errors import CannotQuiesce, FreezeTimeout, OriginFrozen, StorageError
+from csi_local.errors import (
+    CannotQuiesce,
+    FormatTooNew,
+    FreezeTimeout,
+    OriginFrozen,
+    StorageError,
+)
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
@@ -219,7 +225,10 @@ class GroupSnapshots:
         """Snapshot every source volume at one instant (see the module's text).
         The caller holds the sources' volume locks, so none is staged or
         unstaged meanwhile. CannotQuiesce when they cannot be held still
-        together; NoRoom when a pool cannot take the snapshots."""
+        together; NoRoom when a pool cannot take the snapshots; FormatTooNew,
+        before anything is frozen or made, for a newer csi-local's source."""
+        for _, lv in sources:
+            vols.check_format(lv)
         plan = self._plan(sources)
         if len(plan) <= 1:
             # One member with writers is an instant by itself: LVM's own suspend.
@@ -230,7 +239,7 @@ class GroupSnapshots:
             plan = []
         frozen_paths = [path for path, _ in plan]
         tags_for = {lv.name: [
-            f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
+            *vols.new_lv_tags(vols.KIND_SNAPSHOT),
             vols.Source(vols.SourceKind.VOLUME, lv.name).tag(),
             f"{vols.TAG_GROUP}={group_id}",
             f"{vols.TAG_GROUP_SIZE}={len(sources)}",
@@ -355,7 +364,10 @@ class GroupSnapshots:
 
     def delete(self, group: Group) -> None:
         """Remove every member. Each removal is idempotent, so a delete cut
-        short is finished by the next."""
+        short is finished by the next. A member of a newer csi-local's format:
+        FormatTooNew, and none removed."""
+        for lv in group.members:
+            vols.check_format(lv)
         for lv in group.members:
             pool = self.pools.of_lv(lv)
             if pool is not None:
@@ -406,7 +418,11 @@ class GroupSnapshots:
         if group is not None and not group.complete:
             log.warning("deleting %d member(s) of group snapshot %s, whose take did "
                         "not finish", len(group.members), group_id)
-            self.delete(group)
+            try:
+                self.delete(group)
+            except FormatTooNew as err:  # a newer csi-local's take: the plugin still starts
+                log.error("group snapshot %s did not finish, and is left as it is: %s",
+                          group_id, err.message)
         if not stuck:  # else kept: the next take or start tries the thaw again
             os.unlink(path)
         return stuck

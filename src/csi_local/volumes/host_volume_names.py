@@ -9,7 +9,8 @@ names.
 
 from __future__ import annotations
 
-from csi_local.storage.lvm import decode_hex_tag, hex_tag
+from csi_local.storage.lvm import LogicalVolume, decode_hex_tag, hex_tag
+from csi_local.volumes.format_version import format_tags, require_known
 
 __all__ = ["decode_hex_tag", "volume_tags"]
 
@@ -32,6 +33,17 @@ TAG_SNAPSHOT = "csi-local-dhv.snapshot"  # a snapshot's name, verbatim (validate
 # A clone's source_volume as the request gave it, when that was a name (hex):
 # the request Nomad repeats at every client start must still match it.
 TAG_SOURCE_NAME = "csi-local-dhv.source-name"
+# The format of this version's tags (volumes/format_version.py;
+# docs/on-disk-format.md); no tag while it is 1.
+TAG_FORMAT = "csi-local-dhv.format"
+FORMAT = 1
+
+
+def check_format(lv: LogicalVolume) -> None:
+    """FormatTooNew for a host volume or snapshot of a newer csi-local-dhv's
+    format: create (a repeat, a grow), delete, a snapshot of it and a clone
+    from it ask first."""
+    require_known(lv, TAG_FORMAT, FORMAT, f"host {lv.tag_value(TAG_KIND) or 'LV'}")
 
 
 def volume_tags(volume_id: str, volume_name: str, namespace: str, fs_type: str,
@@ -42,6 +54,7 @@ def volume_tags(volume_id: str, volume_name: str, namespace: str, fs_type: str,
     volumes/lifecycle)."""
     tags = [
         f"{TAG_KIND}={KIND_VOLUME}",
+        *format_tags(TAG_FORMAT, FORMAT),
         f"{TAG_ID}={volume_id}",
         f"{TAG_FS}={fs_type}",
         *hex_tag(TAG_NAME, volume_name),
@@ -57,6 +70,7 @@ def volume_tags(volume_id: str, volume_name: str, namespace: str, fs_type: str,
 def snapshot_tags(name: str, volume_id: str, fs_type: str, namespace: str) -> list[str]:
     return [
         f"{TAG_KIND}={KIND_SNAPSHOT}",
+        *format_tags(TAG_FORMAT, FORMAT),
         f"{TAG_SNAPSHOT}={name}",
         f"{TAG_SOURCE}=volume:{volume_id}",
         f"{TAG_FS}={fs_type}",

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from csi_local.errors import LvNotFound
 from csi_local.storage.lvm import LogicalVolume, decode_hex_tag, hex_tag
+from csi_local.volumes.format_version import format_tags, require_known
 from csi_local.volumes.pool import Pool, Pools
 
 VOLUME_PREFIX = "csi-v-"
@@ -32,6 +33,11 @@ DEVICE_CLASS_PARAMETER = "deviceClass"
 TAG_KIND = "csi-local.kind"
 KIND_VOLUME = "volume"
 KIND_SNAPSHOT = "snapshot"
+# The format of this version's tags (volumes/format_version.py;
+# docs/on-disk-format.md): raise it, and write down what changed, when a tag
+# changes in a way an older version would misread. No tag while it is 1.
+TAG_FORMAT = "csi-local.format"
+FORMAT = 1
 TAG_SOURCE = "csi-local.source"  # "<SourceKind>:<id>"
 TAG_SIZE = "csi-local.size"  # the size CreateVolume settled on, for convergent retries
 # Made by versions before 0.x: never staged. CreateVolume no longer adds it
@@ -57,6 +63,19 @@ TAG_PVC_NAME = "csi-local.pvc-name"
 TAG_PVC_NAMESPACE = "csi-local.pvc-namespace"
 _CO_PARAMETERS = {"csi.storage.k8s.io/pvc/name": TAG_PVC_NAME,
                   "csi.storage.k8s.io/pvc/namespace": TAG_PVC_NAMESPACE}
+
+
+def new_lv_tags(kind: str) -> list[str]:
+    """The tags every new LV of the CSI plugin starts with: its kind (a volume
+    or a snapshot) and this version's format."""
+    return [f"{TAG_KIND}={kind}", *format_tags(TAG_FORMAT, FORMAT)]
+
+
+def check_format(lv: LogicalVolume) -> None:
+    """FormatTooNew for a volume or snapshot of a newer csi-local's format: what
+    every RPC that changes it, or copies it, or answers a retry with it asks
+    first (the listings and conditions only read it, and do not)."""
+    require_known(lv, TAG_FORMAT, FORMAT, kind(lv) or "LV")
 
 
 def _digest(name: str) -> str:

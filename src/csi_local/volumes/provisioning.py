@@ -124,6 +124,7 @@ class Provisioner:
                              or elsewhere.get(source.id, (pool, None))[1])
                 if source_lv is None or not naming.is_source(source_lv, source):
                     raise LvNotFound(f"{source.kind} {source.id!r} not found")
+                naming.check_format(source_lv)  # a newer csi-local's: not copied
                 # With no class asked, `pool` is the source's (located above).
                 self.pools.pool_of_copy(source_lv, asked or pool.class_name,
                                         f"{source.kind} {source.id}",
@@ -138,6 +139,8 @@ class Provisioner:
         if not naming.is_csi_volume(lv) or self.pools.of_lv(lv) is None:
             raise NameTaken(f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not "
                             "a volume")
+        # A newer csi-local's volume: its tags may not say what this check reads.
+        naming.check_format(lv)
         other = self.pools.of_lv(lv)
         if other is not pool:
             assert other is not None
@@ -183,7 +186,7 @@ class Provisioner:
             minimum = max(minimum, source_lv.size)
         size = sizes.size_for(req.required, req.limit, report.extent_size,
                               default=DEFAULT_SIZE, minimum=minimum)
-        tags = [f"{naming.TAG_KIND}={naming.KIND_VOLUME}", f"{naming.TAG_SIZE}={size}",
+        tags = [*naming.new_lv_tags(naming.KIND_VOLUME), f"{naming.TAG_SIZE}={size}",
                 *naming.co_name_tags(dict(req.parameters)), *encrypted]
         if req.source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
@@ -208,6 +211,7 @@ class Provisioner:
             # one that is not there (a retry, most likely) costs an `lvs`.
             found = self.pools.find_committed(volume_id) or self.pools.find(volume_id)
             if found is not None and naming.is_csi_volume(found[1]):
+                naming.check_format(found[1])  # a newer csi-local's: never removed here
                 found[0].lvm.remove(volume_id)  # VolumeInUse when it is open
                 if found[1].uuid:  # a mark left by a stage killed in its mkfs
                     self.records.clear_formatting(found[1].uuid)
@@ -248,6 +252,7 @@ class Provisioner:
                 if (not naming.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
                         or src != Source(SourceKind.VOLUME, source_id)):
                     raise NameTaken(f"snapshot {name!r} exists for another source volume")
+                naming.check_format(existing)
                 self.pools.pool_of_copy(existing, asked, f"snapshot {snapshot_id}",
                                         naming.DEVICE_CLASS_PARAMETER)
                 return existing
@@ -255,8 +260,9 @@ class Provisioner:
             if (source_lv is None or not naming.is_csi_volume(source_lv)
                     or self.pools.of_lv(source_lv) is not pool):
                 raise LvNotFound(f"volume {source_id!r} not found")
+            naming.check_format(source_lv)
             self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
                                     naming.DEVICE_CLASS_PARAMETER)
-            tags = [f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}",
+            tags = [*naming.new_lv_tags(naming.KIND_SNAPSHOT),
                     Source(SourceKind.VOLUME, source_id).tag()]
             return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)

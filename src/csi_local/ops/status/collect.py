@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from csi_local.errors import LockDirError, StorageError
+from csi_local.errors import FormatTooNew, LockDirError, StorageError
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.host.runner import Runner
@@ -249,9 +249,11 @@ def read_state(state_dir: str) -> tuple[dict[str, VolumeRecord] | None, StateInf
     path = os.path.join(state_dir, STATE_FILE)
     try:
         with open(path, encoding="utf-8") as f:
-            records = parse(f.read())
+            records = parse(f.read(), path)
     except FileNotFoundError:
         return {}, StateInfo(path, None, 0)
+    except FormatTooNew as err:  # a newer csi-local's: the plugin does not start on it
+        return None, StateInfo(path, err.message, 0)
     except OSError as err:
         return None, StateInfo(path, f"cannot read it: {err.strerror or err}", 0)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
