@@ -58,6 +58,7 @@ from csi_local.host.runner import ProcessRunner, resolve
 log = logging.getLogger(__name__)
 
 PROFILE_NAME = "csi-local-shell"
+PROFILE_FILE = f"{PROFILE_NAME}.profile"  # in LVM's profile directory
 # LVM's words when it could not read a VG at all (lvm2's toollib.c).
 STALE_VG = "Cannot process volume group"
 # ... and, before them, when the VG is simply not there: a new process says
@@ -145,7 +146,7 @@ def outcome(argv: Sequence[str], document: Mapping[str, Any]) -> tuple[int, str,
 def ensure_profile(directory: str) -> None:
     """PROFILE as `directory`/csi-local-shell.profile, written (atomically) only
     when missing or different. OSError when it cannot be."""
-    path = os.path.join(directory, f"{PROFILE_NAME}.profile")
+    path = os.path.join(directory, PROFILE_FILE)
     with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
         if f.read() == PROFILE:
             return

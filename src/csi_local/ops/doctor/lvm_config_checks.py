@@ -25,7 +25,7 @@ from csi_local.storage.lvm_config import (
     release,
     release_text,
 )
-from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
+from csi_local.storage.lvm_shell import PROFILE, PROFILE_FILE
 
 LVM_SETTINGS = ("activation/udev_sync", "activation/udev_rules", "activation/monitoring")
 
@@ -89,7 +89,7 @@ def check_lvm_shell(system: System) -> Check:
         directory = profile_dir(system.runner)
     except StorageError:
         directory = "/etc/lvm/profile"
-    path = os.path.join(directory, f"{PROFILE_NAME}.profile")
+    path = os.path.join(directory, PROFILE_FILE)
     text = system.read(path)
     if text == PROFILE:
         return Check(label, OK, f"{path} present: the plugin runs lvcreate, lvremove, "
