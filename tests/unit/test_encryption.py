@@ -402,8 +402,7 @@ def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
     the group."""
     from csi_local.csi.group_controller_servicer import GroupControllerServicer
     from csi_local.volumes.group_snapshots import GroupSnapshots
-    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
-                            n.backend.config.state_dir)
+    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host, n.backend.freezes)
     gc = GroupControllerServicer(n.backend, groups)
     n.host.nested_freeze = False
     _, a = create(n, "pvc-a")

@@ -45,6 +45,7 @@ from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.volumes import encryption, sizes
+from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT, Freezes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
     KIND_VOLUME,
@@ -82,8 +83,22 @@ class HostVolumePlugin:
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
-        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS)
+        # The one freeze rule (volumes/freezes.py), with the CSI plugin's default
+        # limit; its journals in the lock directory both plugins share.
+        self.freezes = Freezes(self.host, self.locks, DEFAULT_FREEZE_LIMIT,
+                               limit_name="the host volume plugin's freeze limit")
+        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS, freezes=self.freezes)
         self.removal = VolumeRemoval(self.fs, self.host, self.steps.close_device)
+
+    def thaw_leftovers(self) -> None:
+        """Thaw what a snapshot or clone killed mid-way (this plugin's, or the
+        CSI plugin's) left frozen: every run of create, delete and snapshot
+        starts with it, as the CSI plugin's start does. A failure is logged,
+        never the run's end: the next run, or the CSI plugin, tries again."""
+        try:
+            self.freezes.recover()
+        except Exception as err:
+            log.error("thawing file systems left frozen by an unfinished snapshot: %s", err)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * RESERVE)
@@ -109,6 +124,7 @@ class HostVolumePlugin:
 
     def create(self, req: Request) -> tuple[str, int]:
         """Make (or converge) the volume; returns (path, bytes)."""
+        self.thaw_leftovers()
         params = req.parameters
         if params is None:
             raise DhvError("create needs the volume's parameters")
@@ -415,6 +431,7 @@ class HostVolumePlugin:
         """A snapshot `name` of host volume `volume_id` (the same one again if it
         exists already), in the volume's device class: `device_class`, if
         given, must be that class."""
+        self.thaw_leftovers()
         lv_name = lv_name_for(volume_id)
         snap_lv = snapshot_lv_name(name)
         if device_class is not None:
@@ -474,6 +491,7 @@ class HostVolumePlugin:
         """Remove snapshot `name`; False when it was gone already. Its clones
         are thin LVs of their own and keep working. A volume group that is
         missing may hold it: VolumeGroupMissing then, never "gone"."""
+        self.thaw_leftovers()
         snap_lv = snapshot_lv_name(name)
         with self._hold(snap_lv):
             found = self.pools.find(snap_lv)
@@ -505,6 +523,7 @@ class HostVolumePlugin:
         is looked for in every class (one `lvs`); a class whose volume group is
         missing may hold it, so delete then fails (VolumeGroupMissing) rather
         than call the volume gone."""
+        self.thaw_leftovers()
         with self._hold(req.lv_name):
             found = self.pools.find(req.lv_name)
             if found is not None:

@@ -44,7 +44,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from csi_local.errors import CommandError, EncryptionMismatch, KeyMissing, KeyRefused
+from csi_local.errors import (
+    CommandError,
+    EncryptionMismatch,
+    FreezeTimeout,
+    KeyMissing,
+    KeyRefused,
+)
 from csi_local.host.crypt import Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
@@ -52,9 +58,14 @@ from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
 from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as hvn
+from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
+
+# A single snapshot's or clone's freeze window, by the LV it makes (both
+# plugins' LV names are disjoint, and a group's windows are "group-take.").
+FREEZE_PREFIX = "copy."
 
 # Why an encrypted volume's device did not open, as the metrics name it; any
 # other failure (cryptsetup's, the kernel's) is "error".
@@ -108,7 +119,8 @@ class VolumeSteps:
 
     def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
                  marks: FormatMarks | None = None, crypt: Crypt | None = None, *,
-                 on_open_failure: Callable[[str], None] | None = None) -> None:
+                 on_open_failure: Callable[[str], None] | None = None,
+                 freezes: Freezes | None = None) -> None:
         self.fs = fs
         self.host = host
         self.tags = tags
@@ -116,6 +128,9 @@ class VolumeSteps:
         self.crypt = crypt if crypt is not None else Crypt(fs.runner)
         # Told why an encrypted volume's device did not open (OPEN_FAILURES).
         self.on_open_failure = on_open_failure
+        # The one freeze rule (volumes/freezes.py), for a snapshot or clone of a
+        # mounted encrypted volume; a plugin that makes none may leave it out.
+        self.freezes = freezes
 
     # snapshots and clones ------------------------------------------------------
 
@@ -155,12 +170,18 @@ class VolumeSteps:
             self.fs.sync(mount.mount_point)
 
     @contextlib.contextmanager
-    def _still(self, source: LogicalVolume) -> Iterator[None]:
+    def _still(self, pool: Pool, source: LogicalVolume, name: str,
+               what: str) -> Iterator[None]:
         """Flush a mounted source, and hold an encrypted one's file system
-        frozen for the snapshot. LVM's lockfs suspend freezes a file system
-        on the thin LV itself; an encrypted volume's is one device higher, on
-        dm-crypt, where that suspend does not reach it, so it is frozen here
-        (FIFREEZE, as fsfreeze does) and thawed whatever happens."""
+        frozen while the snapshot `name` is cut. LVM's lockfs suspend freezes
+        a file system on the thin LV itself; an encrypted volume's is one
+        device higher, on dm-crypt, where that suspend does not reach it, so
+        it is frozen here (FIFREEZE, as fsfreeze does) under the one freeze
+        rule (volumes/freezes.py): journaled first, thawed whatever happens,
+        and for at most the freeze limit. Past the limit it is thawed while
+        lvcreate still runs, and once lvcreate returns the snapshot is
+        removed and FreezeTimeout raised: a snapshot cut after the thaw is
+        no instant."""
         mount = self.mounted_filesystem(source)
         if mount is None:
             yield
@@ -169,11 +190,24 @@ class VolumeSteps:
         if not self.is_encrypted(source):
             yield
             return
-        self.host.freeze(mount.mount_point)
-        try:
-            yield
-        finally:
-            self.host.thaw(mount.mount_point)
+        if self.freezes is None:
+            raise RuntimeError("a snapshot of a mounted encrypted volume needs the freeze rule")
+        top = encryption.top_device(self.host, source)
+        with self.freezes.window(f"{FREEZE_PREFIX}{name}",
+                                 [(mount.mount_point, (top.major, top.minor))],
+                                 f"{what} {name} of {source.vg}/{source.name}") as window:
+            window.freeze_all()
+            made = False
+            try:
+                yield
+                made = True
+                window.check()
+            except FreezeTimeout:
+                if made:
+                    pool.lvm.remove(name)
+                raise
+            finally:
+                window.close()
 
     def _carried(self, source: LogicalVolume) -> list[str]:
         return carried_tags(self.tags, source)
@@ -185,9 +219,10 @@ class VolumeSteps:
         may own every block once the source is rewritten), the source flushed
         first."""
         pool.admit(report, source.size)
-        with self._still(source):
-            return pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
+        with self._still(pool, source, name, "snapshot"):
+            made = pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
                                      writable_volume=False)
+        return made
 
     def clone(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
               tags: Sequence[str], size: int) -> LogicalVolume:
@@ -204,7 +239,7 @@ class VolumeSteps:
             tags.append(self.tags.grow_fs)
         # Described from what lvcreate was told (a thin snapshot has its origin's
         # size) and grown with one lvextend: no report after either.
-        with self._still(source):
+        with self._still(pool, source, name, "clone"):
             lv = pool.lvm.snapshot(source.name, name, tags, writable_volume=True,
                                    read_back=False, size=source.size)
         try:
