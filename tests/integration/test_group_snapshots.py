@@ -301,7 +301,7 @@ def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
     assert limit - 1 < resumed - frozen_at < limit + 3
     left = run("lvs", "--noheadings", "-o", "lv_name,lv_tags", plugin.vg.name).stdout
     assert "csi-local.group=" not in left, f"members left after the failed take:\n{left}"
-    assert not list(plugin.state_dir.glob("group-take.*")), "journal left"
+    assert not list((plugin.workdir / "locks" / "freezes").glob("*")), "journal left"
     assert "writes held for the limit" in plugin.log()
     for _, _, target in (a, b):  # thawed: a write completes at once
         with open(os.path.join(target, "after"), "wb") as f:

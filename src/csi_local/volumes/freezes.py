@@ -95,6 +95,9 @@ class FreezeWindow:
 
     def freeze_all(self) -> None:
         """Freeze every target, in order (the journal names them all)."""
+        if self.targets:
+            log.debug("%s: freezing %s for at most %g s", self.what,
+                      ", ".join(p for p, _ in self.targets), self.limit)
         for path, _ in self.targets:
             self.freeze(path)
 

@@ -145,7 +145,6 @@ class GroupSnapshots:
             for path, _ in plan:
                 self.fs.sync(path)
             plan = []
-        frozen_paths = [path for path, _ in plan]
         tags_for = {lv.name: [
             f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}",
             vols.Source(vols.SourceKind.VOLUME, lv.name).tag(),
@@ -165,9 +164,6 @@ class GroupSnapshots:
                             mine = [lv for p, lv in sources if p is pool]
                             pool.admit(reports[id(pool)], sum(lv.size for lv in mine),
                                        len(mine))
-                        if frozen_paths:
-                            log.debug("group snapshot %s: freezing %s for at most %g s",
-                                      group_id, ", ".join(frozen_paths), self.freezes.limit)
                         try:
                             window.freeze_all()
                             for pool, lv in sources:
