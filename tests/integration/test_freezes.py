@@ -34,7 +34,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.volumes import naming as vols
 from tests.integration.conftest import PluginProcess, run
 from tests.integration.test_encryption import create, kill_tree, stage, unstage
-from tests.integration.test_group_snapshots import Probe
+from tests.integration.test_group_snapshots import Probe, past_the_limit
 
 pytestmark = pytest.mark.integration
 Code = grpc.StatusCode
@@ -190,29 +190,9 @@ def test_a_freeze_past_the_limit_thaws_at_the_limit_and_fails_unavailable(
     plugin: PluginProcess = plugin_factory("--group-freeze-timeout", f"{limit:g}")
     vid, staging, probe = staged(plugin, "frz-limit")
     snap = vols.snapshot_id_for("frz-limit-snap")
-    lock = vg_lock(plugin)
-    locked_at = time.monotonic()
-    try:
-        taker, outcome = snapshot_later(plugin, "frz-limit-snap", vid)
-        wait_for("the freeze", lambda: "freezing" in plugin.log() and probe.stalled(0.3))
-        frozen_at = probe.done[-1]
-        time.sleep(limit + 8)
-        assert taker.is_alive(), "the snapshot did not wait for LVM's VG lock"
-        released_at = time.monotonic()
-    finally:
-        os.close(lock)
-    taker.join(timeout=300)
-    probe.stop.set()
-    probe.join(timeout=60)
-    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), outcome
-    err = outcome[0]
-    assert err.code() == Code.UNAVAILABLE, err.details()
-    assert f"frozen for its limit of {limit:g} s (--group-freeze-timeout)" in (err.details() or "")
-    resumed = next(t for t in probe.done if t > frozen_at)
-    print(f"\n[freeze limit {limit:g} s] writes held {resumed - frozen_at:.2f} s; the VG lock "
-          f"held {released_at - locked_at:.1f} s")
-    assert resumed < released_at - 3, "writes waited for the lock: not thawed at the limit"
-    assert limit - 1 < resumed - frozen_at < limit + 3
+    past_the_limit("snapshot", plugin, limit, probe,
+                   f"snapshot {snap} of {plugin.vg.name}/{vid}: freezing",
+                   lambda: snapshot_later(plugin, "frz-limit-snap", vid))
     assert snap not in lv_names(plugin), "a snapshot cut after the thaw is left"
     assert journals(plugin) == []
     reply = plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(

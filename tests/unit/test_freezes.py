@@ -78,6 +78,20 @@ def journals(directory: str) -> dict[str, Any]:
             for name in sorted(os.listdir(directory))}
 
 
+def journals_at_freeze(host: FakeHost, directory: str,
+                       monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The journals in `directory` at each FIFREEZE from now on."""
+    seen: list[dict[str, Any]] = []
+    real = host.freeze
+
+    def freeze(p: str) -> None:
+        seen.append(journals(directory))
+        real(p)
+
+    monkeypatch.setattr(host, "freeze", freeze)
+    return seen
+
+
 def snapshot(n: Node, vid: str) -> tuple[str, Any]:
     return call(n.controller.CreateSnapshot, pb.CreateSnapshotRequest(
         name="snap-1", source_volume_id=vid))
@@ -108,14 +122,7 @@ def test_the_journal_names_the_file_system_before_its_freeze_and_goes_after(
         n: Node, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     vid, mount = encrypted_staged(n)
     directory = n.backend.freezes.directory
-    seen: list[dict[str, Any]] = []
-    real = n.host.freeze
-
-    def freeze(p: str) -> None:
-        seen.append(journals(directory))
-        real(p)
-
-    monkeypatch.setattr(n.host, "freeze", freeze)
+    seen = journals_at_freeze(n.host, directory, monkeypatch)
     code, reply = take(n, path, vid)
     assert code == "OK", reply
     (before,) = seen
@@ -154,14 +161,7 @@ def test_the_host_volume_plugin_journals_its_freeze_too(
     d = dhv(tmp_path, monkeypatch)
     d.create("src", params={"encryption": "luks2"})
     directory = os.path.join(d.config.lock_dir, "freezes")
-    seen: list[dict[str, Any]] = []
-    real = d.host.freeze
-
-    def freeze(p: str) -> None:
-        seen.append(journals(directory))
-        real(p)
-
-    monkeypatch.setattr(d.host, "freeze", freeze)
+    seen = journals_at_freeze(d.host, directory, monkeypatch)
     made = dhv_take(d, path)
     assert made in d.host.lvs
     (before,) = seen
