@@ -179,8 +179,9 @@ class CannotQuiesce(StorageError):
 
 
 class FreezeTimeout(StorageError):
-    """A group snapshot's members stayed frozen for the limit before every
-    member's snapshot was cut: thawed, nothing kept; a retry can succeed."""
+    """File systems frozen for a snapshot (a group's members, an encrypted
+    source) stayed frozen for the freeze limit before every snapshot was cut:
+    thawed, nothing kept; a retry can succeed."""
 
 
 class OriginFrozen(StorageError):

@@ -50,6 +50,7 @@ from csi_local.errors import (
     FreezeTimeout,
     KeyMissing,
     KeyRefused,
+    StorageError,
 )
 from csi_local.host.crypt import Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
@@ -204,10 +205,20 @@ class VolumeSteps:
                 window.check()
             except FreezeTimeout:
                 if made:
-                    pool.lvm.remove(name)
+                    self._remove_late(pool, name)
                 raise
             finally:
                 window.close()
+
+    @staticmethod
+    def _remove_late(pool: Pool, name: str) -> None:
+        """Remove a snapshot cut after its window's thaw; a failure is logged,
+        never put in place of the FreezeTimeout the caller must see."""
+        try:
+            pool.lvm.remove(name)
+        except StorageError as err:
+            log.error("could not remove %s/%s, cut after its freeze was thawed: %s",
+                      pool.lvm.vg, name, err.message)
 
     def _carried(self, source: LogicalVolume) -> list[str]:
         return carried_tags(self.tags, source)
