@@ -41,8 +41,10 @@ Code = grpc.StatusCode
 
 
 def journals(p: PluginProcess) -> list[str]:
+    """The journals in the plugin's freezes/ (not one being written)."""
     directory = p.workdir / "locks" / "freezes"
-    return sorted(os.listdir(directory)) if directory.is_dir() else []
+    names = os.listdir(directory) if directory.is_dir() else []
+    return sorted(n for n in names if ".tmp." not in n)
 
 
 def lv_names(p: PluginProcess) -> list[str]:
