@@ -241,7 +241,12 @@ def kill_tree(plugin: PluginProcess) -> None:
     """SIGKILL the plugin and every process it started (cryptsetup, mkfs), as
     the end of its container does."""
     assert plugin.proc is not None
-    parent = plugin.proc.pid
+    kill_commands(plugin.proc.pid)
+    plugin.kill()
+
+
+def kill_commands(parent: int) -> None:
+    """SIGKILL every process `parent` started, each in its process group."""
     children = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -256,7 +261,6 @@ def kill_tree(plugin: PluginProcess) -> None:
             os.killpg(pid, signal.SIGKILL)  # each command runs in a group of its own
         except ProcessLookupError:
             pass
-    plugin.kill()
 
 
 # The step a kill lands in: after the command the log names has run, the

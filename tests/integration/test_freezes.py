@@ -20,7 +20,10 @@ pass and makes lvcreate, which needs it exclusive, wait.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +36,13 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.volumes import naming as vols
 from tests.integration.conftest import PluginProcess, run
-from tests.integration.test_encryption import create, kill_tree, stage, unstage
+from tests.integration.dhvkit import (
+    Dhv,
+    dhv_fixture,  # noqa: F401 - the `dhv` fixture
+    new_id,
+    ok,
+)
+from tests.integration.test_encryption import create, kill_commands, kill_tree, stage, unstage
 from tests.integration.test_group_snapshots import Probe, past_the_limit
 
 pytestmark = pytest.mark.integration
@@ -215,3 +224,53 @@ def test_a_freeze_past_the_limit_thaws_at_the_limit_and_fails_unavailable(
     plugin.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap))
     unstage(plugin, vid, staging)
 
+
+
+def test_a_host_volume_snapshot_killed_while_frozen_is_thawed_by_the_next_run(
+        dhv: Dhv) -> None:
+    """`csi-local-dhv snapshot create` of a mounted encrypted host volume,
+    killed with SIGKILL (and its lvcreate) while lvcreate waits for LVM's VG
+    lock: the plugin's next run, whatever its operation, thaws it."""
+    key = dhv.workdir / "class.key"
+    key.write_text("a host volume's passphrase")
+    key.chmod(0o600)
+    config = dhv.plugin_dir / "csi-local-dhv.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "encryption_key_files": {"class:default": str(key)}}))
+    vid = new_id()
+    path = ok(dhv.call("create", vid, cap_min=64 << 20, params={"encryption": "luks2"}))["path"]
+    probe = Probe(os.path.join(str(path), "probe"))
+    probe.start()
+    directory = dhv.lock_dir / "freezes"
+    try:
+        wait_for("the probe", lambda: len(probe.done) >= 5, 60)
+        lock = os.open(f"/run/lock/lvm/V_{dhv.vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            proc = subprocess.Popen([dhv.exe, "snapshot", "create", vid, "frz-dhv"], env={},
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_for("the freeze", lambda: directory.is_dir() and bool(os.listdir(directory))
+                     and probe.stalled(0.5) and proc.poll() is None)
+            time.sleep(1)
+            kill_commands(proc.pid)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed_at = time.monotonic()
+        finally:
+            os.close(lock)
+        time.sleep(3)
+        assert probe.done[-1] < killed_at, "writes completed: not left frozen"
+        assert os.listdir(directory), "the kill left no journal"
+        ran = time.monotonic()
+        ok(dhv.call("delete", new_id()))  # any run: a delete of nothing
+        done = time.monotonic()
+        wait_for("a write after the run", lambda: probe.done[-1] > killed_at, 30)
+        resumed = next(t for t in probe.done if t > killed_at)
+        print(f"\n[dhv freeze kill] the next run took {done - ran:.1f} s; the first write "
+              f"{resumed - ran:.1f} s after it began")
+        assert resumed < done + 5 and os.listdir(directory) == []
+    finally:
+        probe.stop.set()
+        run("fsfreeze", "--unfreeze", str(path), check=False)
+    probe.join(timeout=60)
+    ok(dhv.call("delete", vid))
