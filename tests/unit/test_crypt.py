@@ -16,11 +16,12 @@ from csi_local.errors import CommandError, KeyMissing, KeyRefused
 from csi_local.host import crypt
 from csi_local.host.crypt import Crypt, Key, LuksSettings, forbid_core_dumps, read_key_file
 from csi_local.host.runner import Result
+from tests.unit.fakes.common import WholeOutputStreams
 
 SECRET = "correct horse\nbattery staple"
 
 
-class Recorder:
+class Recorder(WholeOutputStreams):
     """A Runner that records argv and standard input, and answers with exit
     codes a test sets per subcommand (cryptsetup's second argument)."""
 
