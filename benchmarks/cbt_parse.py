@@ -260,26 +260,27 @@ def format_report(res: dict[str, Any]) -> str:
         f"({res['document_bytes'] / MiB:.0f} MiB of XML), {best['new']['extents']:,} extents, "
         f"best of {res['rounds']} (time) / worst (memory)",
         f"{'':24}{'old':>12}{'new':>12}{'new/old':>10}{'raw read':>12}",
-        f"{'peak RSS over idle':24}{peak['old'] / MiB:>9.1f} MB{peak['new'] / MiB:>9.1f} MB"
-        f"{peak['new'] / max(peak['old'], 1):>9.2f}x{peak['raw'] / MiB:>9.1f} MB",
+        f"{'peak RSS over idle':24}{peak['old'] / MiB:>8.1f} MiB{peak['new'] / MiB:>8.1f} MiB"
+        f"{peak['new'] / max(peak['old'], 1):>9.2f}x{peak['raw'] / MiB:>8.1f} MiB",
         f"{'time per mapping':24}{per('old'):>9.0f} ns{per('new'):>9.0f} ns"
         f"{per('new') / per('old'):>9.2f}x{per('raw'):>9.0f} ns",
         f"{'whole read':24}{best['old']['seconds']:>10.2f} s{best['new']['seconds']:>10.2f} s"
         f"{'':>10}{best['raw']['seconds']:>10.2f} s",
         f"same extents: {'yes' if res['same_extents'] else 'NO'}; goal: new peak over idle "
-        f"<= {GOAL_BYTES / MiB:.0f} MB at 1,000,000 mappings "
+        f"<= {GOAL_BYTES / MiB:.0f} MiB at 1,000,000 mappings "
         f"({'met' if peak['new'] <= GOAL_BYTES else 'not met'}), "
         f"time per mapping <= old ({'met' if per('new') <= per('old') else 'not met'})",
     ]
     return "\n".join(lines)
 
 
+ABOUT = ("Changed-block tracking's read of thin_dump / thin_delta XML: the whole-document "
+         "parse it replaced against the streamed one, on a synthetic document served by a "
+         "fake tool. Host only: no root, no LVM. Asserts nothing.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.cbt_parse",
-        description="Changed-block tracking's read of thin_dump / thin_delta XML: the "
-        "whole-document parse it replaced against the streamed one, on a synthetic "
-        "document served by a fake tool. Host only: no root, no LVM. Asserts nothing.")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cbt_parse", description=ABOUT)
     parser.add_argument("--mappings", type=int, default=1_000_000,
                         help="fragmented mappings in the document (default 1,000,000)")
     parser.add_argument("--tool", choices=("thin_dump", "thin_delta"), default="thin_dump",

@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import json
 import os
+import shutil
 import signal
 import struct
 import sys
@@ -297,6 +298,38 @@ def test_a_reservation_of_a_killed_reader_is_released_at_start_up(
     assert not held(vg)
     assert "released the metadata snapshot of thin pool" in plugin.log()
     assert not list(plugin.state_dir.glob(f"{MARK_PREFIX}*"))
+    assert extents(allocated(plugin, s1)) == [(0, chunk_size(vg))]
+    unpublish(plugin, vid, dev)
+    unstage(plugin, vid, staging)
+
+
+def test_a_tool_that_fails_halfway_is_an_error_with_its_stderr(
+        sparse_plugin: PluginProcess, own_vg: LoopVG,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real thin_dump's output cut off, then an exit 1 with a message: the
+    RPC fails with that message (not the truncated XML's), the metadata
+    snapshot is released, no tool is left running, and the next read with
+    the real tool gives the ranges."""
+    plugin, vg = sparse_plugin, own_vg
+    vid, staging, dev = block_volume(plugin, "h")
+    write(dev, 0, 1, 1)
+    s1 = snapshot(plugin, "h1", vid)
+    real = shutil.which("thin_dump")
+    assert real is not None
+    tools = Path("/run/csi-local-broken-tools")
+    tools.mkdir(exist_ok=True)
+    wrapper = tools / "thin_dump"
+    wrapper.write_text(f"#!/bin/sh\n{real} \"$@\" | head -c 150\n"
+                       "echo 'thin_dump: metadata broke off' >&2\nexit 1\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ.get('PATH', '')}")
+    plugin.restart()
+    err = expect_code(Code.INTERNAL, allocated, plugin, s1)
+    assert "metadata broke off" in (err.details() or ""), err.details()
+    assert not held(vg)
+    assert run("pgrep", "-f", str(wrapper), check=False).returncode == 1  # none left
+    monkeypatch.undo()
+    plugin.restart()
     assert extents(allocated(plugin, s1)) == [(0, chunk_size(vg))]
     unpublish(plugin, vid, dev)
     unstage(plugin, vid, staging)
