@@ -151,13 +151,14 @@ def merged(runs: Iterable[tuple[int, int]]) -> Runs:
     as they come and only the joined ones are kept; a run out of order (never
     seen from the tools) has the whole list sorted and joined at the end."""
     flat: array[int] = array("q")
-    begin = end = -1  # the run being joined; begin -1: none yet
+    begin = end = 0  # the run being joined, once `joining`
+    joining = False
     ordered = True
     for b, n in runs:
         if n <= 0:
             continue
-        if begin < 0:
-            begin, end = b, b + n
+        if not joining:
+            begin, end, joining = b, b + n, True
         elif b < begin:
             ordered = False
             flat.extend((b, n))
@@ -166,7 +167,7 @@ def merged(runs: Iterable[tuple[int, int]]) -> Runs:
         else:
             flat.extend((begin, end - begin))
             begin, end = b, b + n
-    if begin >= 0:
+    if joining:
         flat.extend((begin, end - begin))
     if ordered:
         return Runs(flat)
