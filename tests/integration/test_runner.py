@@ -139,11 +139,16 @@ def test_stream_reads_output_as_it_is_written() -> None:
 
 
 def test_stream_failure_carries_code_and_stderr() -> None:
-    with pytest.raises(CommandError) as info, ProcessRunner().stream(
+    heard: list[tuple[str, bool]] = []
+    runner = ProcessRunner(observe=lambda tool, _seconds, ok: heard.append((tool, ok)))
+    with pytest.raises(CommandError) as info, runner.stream(
             ["sh", "-c", "echo partial; echo 'it broke' >&2; exit 5"]) as out:
         assert out.read(100) == b"partial\n"
     err = info.value
     assert (err.returncode, err.stderr) == (5, "it broke\n") and not err.timed_out
+    with runner.stream(["true"]):
+        pass
+    assert heard == [("sh", False), ("true", True)]  # the metrics hear of both
     with pytest.raises(CommandError) as info, ProcessRunner().stream(
             [f"no-such-tool-{os.getpid()}"]):
         pass

@@ -296,9 +296,7 @@ class ProcessRunner:
                     full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err_fd,
                     env=self.env, close_fds=True, process_group=0, bufsize=0)
             except OSError as err:
-                forget(exe)
-                code = 127 if isinstance(err, FileNotFoundError) else 126
-                raise CommandError(full, code, "", f"{exe}: {err.strerror or err}") from None
+                raise _not_started(exe, full, err) from None
             assert proc.stdout is not None
             out = _Output(proc.stdout)
             deadline = _WATCHDOG.watch(proc, limit)
@@ -306,18 +304,17 @@ class ProcessRunner:
                 try:
                     yield out
                 except Exception as err:
-                    if not out.ended:
-                        _kill(proc)
-                    proc.wait()
-                    failure = _stream_failure(full, proc, deadline, err_fd, limit)
-                    if failure is not None and out.ended:
-                        raise failure from err
+                    if out.ended:  # the command is done writing: its verdict first
+                        proc.wait()
+                        failure = _stream_failure(full, proc, deadline, err_fd, limit)
+                        if failure is not None:
+                            raise failure from err
                     raise
                 out.drain()
                 proc.wait()
             finally:
-                # Whatever left the block (an error above, an interrupt, a
-                # generator closed): the child does not outlive it.
+                # Whatever left the block (the reader gave up on the output, an
+                # interrupt, a generator closed): the child does not outlive it.
                 _kill(proc)
                 proc.wait()
                 _WATCHDOG.release(deadline)
@@ -356,10 +353,7 @@ class ProcessRunner:
                 close_fds=True, process_group=0,  # its own group, killed whole at the timeout
                 **text)  # type: ignore[call-overload]
         except OSError as err:
-            # Removed since it was found, or not executable: as a shell says it.
-            forget(exe)
-            code = 127 if isinstance(err, FileNotFoundError) else 126
-            raise CommandError(full, code, "", f"{exe}: {err.strerror or err}") from None
+            raise _not_started(exe, full, err) from None
         deadline = _WATCHDOG.watch(proc, limit)
         try:
             stdout, stderr = proc.communicate(input)
@@ -373,10 +367,7 @@ class ProcessRunner:
         if binary:
             stdout, stderr = _decoded(stdout), _decoded(stderr)
         if deadline.fired:
-            note = f"timed out after {limit:.0f}s"
-            raise CommandError(full, -9, stdout, f"{stderr}{note}" if not stderr or
-                               stderr.endswith("\n") else f"{stderr}\n{note}",
-                               timed_out=True)
+            raise _timed_out(full, stdout, stderr, limit)
         code = proc.returncode
         log.debug("ran %s -> %d in %.2fs", " ".join(full), code, time.monotonic() - started)
         if code not in ok_codes:
@@ -416,7 +407,18 @@ def _stream_failure(full: tuple[str, ...], proc: subprocess.Popen[Any], deadline
     start = max(0, size - STDERR_KEPT)
     stderr = _decoded(os.pread(err_fd, STDERR_KEPT, start))
     if deadline.fired:
-        note = f"timed out after {limit:.0f}s"
-        return CommandError(full, -9, "", f"{stderr}{note}" if not stderr or
-                            stderr.endswith("\n") else f"{stderr}\n{note}", timed_out=True)
+        return _timed_out(full, "", stderr, limit)
     return CommandError(full, proc.returncode, "", stderr)
+
+
+def _not_started(exe: str, full: tuple[str, ...], err: OSError) -> CommandError:
+    """Removed since it was found, or not executable: as a shell says it."""
+    forget(exe)
+    code = 127 if isinstance(err, FileNotFoundError) else 126
+    return CommandError(full, code, "", f"{exe}: {err.strerror or err}")
+
+
+def _timed_out(full: tuple[str, ...], stdout: str, stderr: str, limit: float) -> CommandError:
+    note = f"timed out after {limit:.0f}s"
+    return CommandError(full, -9, stdout, f"{stderr}{note}" if not stderr or
+                        stderr.endswith("\n") else f"{stderr}\n{note}", timed_out=True)
