@@ -263,14 +263,10 @@ def kill_commands(parent: int) -> None:
             pass
 
 
-# The step a kill lands in: after the command the log names has run, the
-# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
-@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
-                                   "cryptsetup open"])
-def test_kill_during_an_encrypted_stage_then_retry_converges(
-        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
-    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
-    staging = plugin.path("stage-kill")
+def kill_a_stage_after(plugin: PluginProcess, vid: str, staging: str,
+                       after: str) -> pb.NodeStageVolumeRequest:
+    """Stage `vid` and kill the plugin (and what it started) once the command
+    `after` names has run; start it again. Returns the stage's request."""
     req = pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=staging,
                                     volume_capability=mount_cap(), secrets=SECRETS)
     mark = len(plugin.log())
@@ -285,6 +281,18 @@ def test_kill_during_an_encrypted_stage_then_retry_converges(
     except grpc.RpcError:
         pass
     plugin.start()
+    return req
+
+
+# The step a kill lands in: after the command the log names has run, the
+# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
+@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
+                                   "cryptsetup open"])
+def test_kill_during_an_encrypted_stage_then_retry_converges(
+        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
+    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
+    staging = plugin.path("stage-kill")
+    req = kill_a_stage_after(plugin, vid, staging, after)
     plugin.node.NodeStageVolume(req, timeout=300)
     top = mounts.top_mount(staging)
     assert top is not None and top.source == mapper(vid) and top.fs_type == "ext4"
@@ -299,6 +307,38 @@ def test_kill_during_an_encrypted_stage_then_retry_converges(
     plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
     assert vid not in vg.lv_names()
     assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
+
+
+def test_a_wrong_key_is_refused_while_the_device_is_open(plugin: PluginProcess) -> None:
+    """An open dm-crypt device says nothing of the key a stage brings: a stage
+    killed right after `cryptsetup open`, then retried with a wrong key,
+    mounted the volume (no cryptsetup ran), and a repeated stage of a staged
+    volume with a wrong key answered OK. Both are refused now, as a first
+    open is, and the right key still stages it."""
+    wrong = {encryption.SECRET_KEY: "not the passphrase"}
+    vid = create(plugin, "enc-open-key")
+    staging = plugin.path("stage-open-key")
+    kill_a_stage_after(plugin, vid, staging, "cryptsetup open")
+    assert os.path.exists(mapper(vid)), "the killed stage's dm-crypt device is gone"
+    mark = len(plugin.log())
+    expect_code(Code.UNAUTHENTICATED, stage, plugin, vid, staging, secrets=wrong)
+    assert mounts.top_mount(staging) is None
+    assert "--test-passphrase" in plugin.log()[mark:]
+    stage(plugin, vid, staging)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid)
+    with open(f"{staging}/data", "wb") as f:
+        f.write(PATTERN)
+    # Staged: the same stage again with a wrong key is refused, and changes nothing.
+    expect_code(Code.UNAUTHENTICATED, stage, plugin, vid, staging, secrets=wrong)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid)
+    stage(plugin, vid, staging)
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+    assert "not the passphrase" not in plugin.log()
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
 
 
 def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:

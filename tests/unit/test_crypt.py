@@ -96,6 +96,19 @@ def test_open_and_a_wrong_key() -> None:
     assert cerr.value.returncode == 5 and not isinstance(cerr.value, KeyRefused)
 
 
+def test_verify_asks_the_header_only() -> None:
+    runner = Recorder()
+    Crypt(runner).verify("/dev/vg0/lv", Key(SECRET))
+    assert runner.calls == [(("cryptsetup", "open", "--test-passphrase", "--type", "luks2",
+                              "--key-file", "-", "/dev/vg0/lv"), SECRET.encode())]
+    with pytest.raises(KeyRefused) as err:
+        Crypt(Recorder({"open": 2})).verify("/dev/vg0/lv", Key(SECRET))
+    assert SECRET not in err.value.message and "no keyslot" in err.value.message
+    with pytest.raises(CommandError) as cerr:
+        Crypt(Recorder({"open": 4})).verify("/dev/vg0/lv", Key(SECRET))
+    assert not isinstance(cerr.value, KeyRefused)
+
+
 def test_is_luks_answers_only_yes_or_no() -> None:
     assert Crypt(Recorder()).is_luks("/dev/a")
     assert not Crypt(Recorder({"isLuks": 1})).is_luks("/dev/a")

@@ -110,10 +110,14 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     # The key went to cryptsetup's standard input, and never into an argv.
     assert KEY.encode() in n.host.crypt_inputs
     assert not any("s3cret" in a for c in n.host.calls for a in c)
-    # Staged again (a retry): nothing is opened or formatted again, no key needed.
+    # Staged again (a retry): nothing is opened or formatted again; the key
+    # is still needed, and only its header is asked (--test-passphrase).
     before = len(n.host.commands("cryptsetup"))
-    assert stage(n, vid, secrets={})[0] == "OK"
-    assert len(n.host.commands("cryptsetup")) == before
+    assert stage(n, vid, secrets={})[0] == "INVALID_ARGUMENT"
+    assert stage(n, vid)[0] == "OK"
+    assert n.host.commands("cryptsetup")[before:] == [
+        ("cryptsetup", "open", "--test-passphrase", "--type", "luks2", "--key-file", "-",
+         f"/dev/vg0/{vid}")]
     # Unstage closes the dm-crypt device; the LV is free again.
     assert unstage(n, vid)[0] == "OK"
     assert not n.host.mappers and not n.host.is_mount_point(n.path("stage"))
@@ -133,6 +137,45 @@ def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
     assert stage(n, vid)[0] == "OK"
     assert n.host.lv(vid).content.luks.data.uuid == uuid  # type: ignore[union-attr]
     assert len(n.host.commands("mkfs.ext4")) == 1
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_a_repeated_stage_with_a_wrong_key_is_refused(n: Node, block: bool) -> None:
+    """The volume is staged (its dm-crypt device open and mounted): a stage
+    with a wrong key answered OK, since nothing was opened and nothing asked
+    the header. It is refused as at a first open, and counted."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    assert stage(n, vid, block=block)[0] == "OK"
+    code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"}, block=block)
+    assert code == "UNAUTHENTICATED" and "no keyslot" in str(msg)
+    assert "wrong" not in str(msg) and told == ["key_refused"]
+    assert n.host.mappers  # still staged, as it was: the refusal closes nothing
+    assert stage(n, vid, block=block)[0] == "OK" and told == ["key_refused"]
+
+
+def test_an_open_device_left_by_a_killed_stage_needs_the_key(n: Node) -> None:
+    """A stage killed right after `cryptsetup open`: its dm-crypt device is
+    open, nothing mounted. The retry reused the open device whatever key it
+    brought (no cryptsetup ran) and mounted the volume for a wrong key."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    stage(n, vid)
+    unstage(n, vid)
+    n.host.open_luks(n.host.lv(vid), encryption.mapper_name(vid))  # the killed stage's
+    code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"})
+    assert code == "UNAUTHENTICATED" and "no keyslot" in str(msg)
+    assert not n.host.is_mount_point(n.path("stage")) and told == ["key_refused"]
+    assert stage(n, vid, {})[0] == "INVALID_ARGUMENT"
+    assert told == ["key_refused", "key_missing"]
+    assert stage(n, vid)[0] == "OK"
+    assert top_source(n, n.path("stage")) == f"/dev/mapper/{encryption.mapper_name(vid)}"
+    # Opened once (the first stage); the open device reused after two tests of the key.
+    assert [c[2] for c in crypt_calls(n, "open")] == ["--type", "--test-passphrase",
+                                                      "--test-passphrase"]
+    assert len(crypt_calls(n, "luksFormat")) == 1
 
 
 def test_failed_opens_are_told_why(n: Node) -> None:

@@ -153,7 +153,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                      cap: validation.Capability, key: Key | None) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
-        if not self._device_mounted_at(Device.top(self.host, lv), target):
+        if self._device_mounted_at(Device.top(self.host, lv), target):
+            self.steps.verify_key(lv, key)  # a wrong key is refused here too
+        else:
             device, opened = self.steps.open_device(lv, key)
             try:
                 self.steps.mark_used(pool.lvm, lv)  # handed out raw: never formatted after
@@ -173,6 +175,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
         if self._device_mounted_at(Device.top(self.host, lv), staging_path):
+            self.steps.verify_key(lv, key)  # a wrong key is refused here too
             top = self.host.top_mount(staging_path)
             assert top is not None
             fs_type = top.fs_type

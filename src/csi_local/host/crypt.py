@@ -1,4 +1,4 @@
-"""LUKS2 encryption with cryptsetup: format, open, close, resize, through the Runner.
+"""LUKS2 encryption with cryptsetup: format, open, verify, close, resize, through the Runner.
 
 Knows nothing of volumes: a device path, a device-mapper name and a key.
 
@@ -183,6 +183,22 @@ class Crypt:
                                  "no keyslot takes it (the data is left untouched)") from None
             raise
         return mapper_path(name)
+
+    def verify(self, device: str, key: Key) -> None:
+        """Whether a keyslot of `device`'s LUKS2 header takes `key`, without
+        opening anything (`open --test-passphrase`: the same key derivation
+        as an open, and it works while the device is open). KeyRefused when
+        none does. An open dm-crypt device says nothing of a key: a stage
+        that reuses one asks the header first."""
+        try:
+            self.runner.run(["cryptsetup", "open", "--test-passphrase", "--type", "luks2",
+                             "--key-file", "-", device], input=key.reveal())
+        except CommandError as err:
+            if err.returncode == 2:
+                raise KeyRefused(f"the key given does not open the LUKS2 header of {device}: "
+                                 "no keyslot takes it (its open dm-crypt device is left as "
+                                 "it was)") from None
+            raise
 
     def close(self, name: str) -> None:
         """Close /dev/mapper/`name`. Busy (a file system still mounted on it):

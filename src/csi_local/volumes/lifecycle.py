@@ -370,6 +370,27 @@ class VolumeSteps:
             except Exception:
                 log.exception("counting a failed open")
 
+    @staticmethod
+    def _need_key(lv: LogicalVolume, key: Key | None) -> Key:
+        if key is None:
+            raise KeyMissing(
+                f"volume {lv.vg}/{lv.name} is encrypted: its key is needed, in the secret "
+                f"{encryption.SECRET_KEY!r} (docs/encryption.md)")
+        return key
+
+    def verify_key(self, lv: LogicalVolume, key: Key | None) -> None:
+        """For a volume already in use through its open dm-crypt device (a
+        repeated stage): `key` must open its LUKS2 header, as at its first
+        open (KeyMissing, KeyRefused; told to on_open_failure). Nothing for a
+        volume that is not encrypted."""
+        if not self.is_encrypted(lv):
+            return
+        try:
+            self.crypt.verify(lv.path, self._need_key(lv, key))
+        except (KeyRefused, KeyMissing, CommandError) as err:
+            self._tell_open_failure(err)
+            raise
+
     def open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
         """_open_device, telling on_open_failure why it failed."""
         try:
@@ -382,7 +403,9 @@ class VolumeSteps:
         """The device to use the active volume through: the LV itself, or for
         an encrypted volume its dm-crypt device, opened with `key` (and its
         LUKS2 header made first, only on a volume with the proof freshness()
-        gives). Returns (path, whether this call opened it).
+        gives). Returns (path, whether this call opened it). A device open
+        already (an earlier call's) is reused only once its header takes
+        `key` (Crypt.verify): the open device itself proves nothing of it.
 
         A header whose keyslots refuse the key: KeyRefused, nothing written;
         unless the plugin's own luksFormat of this never handed out volume
@@ -393,11 +416,11 @@ class VolumeSteps:
             return lv.path, False
         path = self._open_over(lv)
         if path is not None:
+            # Opened by an earlier call (one killed before its mount, say):
+            # reused only for the key that opens its header, as a first open.
+            self.crypt.verify(lv.path, self._need_key(lv, key))
             return path, False
-        if key is None:
-            raise KeyMissing(
-                f"volume {lv.vg}/{lv.name} is encrypted: its key is needed, in the secret "
-                f"{encryption.SECRET_KEY!r} (docs/encryption.md)")
+        key = self._need_key(lv, key)
         name = encryption.mapper_name(lv.name)
         if self.crypt.is_luks(lv.path):
             try:

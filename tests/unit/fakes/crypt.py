@@ -1,5 +1,5 @@
 """The fake dm-crypt: cryptsetup's LUKS2 commands as the plugin runs them
-(isLuks, luksFormat, open, close, resize), with cryptsetup's exit codes, and
+(isLuks, luksFormat, open, open --test-passphrase, close, resize), with cryptsetup's exit codes, and
 the dm-crypt devices they make, /dev/mapper/NAME over an LV.
 
 A LUKS2-formatted LV's content is a header (blkid: crypto_LUKS) holding the
@@ -94,7 +94,7 @@ class FakeCrypt:
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
-                                        "--key-file"}, {"--batch-mode"})
+                                        "--key-file"}, {"--batch-mode", "--test-passphrase"})
         if "--key-file" in opts:
             assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
             assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
@@ -116,6 +116,16 @@ class FakeCrypt:
                 raise _Fail(5, f"Cannot format device {path} in use.\n")
             lv.content = Content("crypto_LUKS", f"luks-{lv.name}", 0, written=True,
                                  luks=Luks(stdin))
+            return ""
+        if sub == "open" and "--test-passphrase" in opts:
+            # Only the keyslots are asked: nothing is opened, and an open
+            # dm-crypt device over the LV does not stand in the way.
+            path = _one(pos, argv)[0]
+            dev = self._need_device(path, 4, "Device {d} does not exist or access denied.")
+            if dev.content.luks is None:
+                raise _Fail(1, f"Device {path} is not a valid LUKS device.\n")
+            if dev.content.luks.key != stdin:
+                raise _Fail(2, "No key available with this passphrase.\n")
             return ""
         if sub == "open":
             path, name = _one(pos, argv, 2)
