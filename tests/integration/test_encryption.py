@@ -22,7 +22,7 @@ from benchmarks.lab import copy_ranges
 from benchmarks.measure import rss_bytes
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.host import mounts
+from csi_local.host import device_mapper, mounts
 from csi_local.volumes import encryption
 from tests.deploy._deploy import plugin_memory_limits
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
@@ -339,6 +339,55 @@ def test_a_wrong_key_is_refused_while_the_device_is_open(plugin: PluginProcess) 
     assert "not the passphrase" not in plugin.log()
     unstage(plugin, vid, staging)
     assert not os.path.exists(mapper(vid))
+
+
+@pytest.mark.report
+def test_fstrim_gives_an_encrypted_volume_s_freed_blocks_back_to_the_pool(
+        plugin: PluginProcess, vg: LoopVG) -> None:
+    """dm-crypt drops discards unless opened with --allow-discards: fstrim on
+    an encrypted volume said "the discard operation is not supported" and
+    the thin LV kept every block it ever mapped. The plugin's open allows
+    them and stores the flag in the LUKS2 header; a file written, deleted
+    and trimmed gives its blocks back (the thin device's own mapped count)."""
+    vid = create(plugin, "enc-trim", 96 * MiB)
+    staging = plugin.path("stage-trim")
+    stage(plugin, vid, staging)
+    table = run("dmsetup", "table", encryption.mapper_name(vid)).stdout
+    assert "allow_discards" in table, table
+    dump = run("cryptsetup", "luksDump", f"/dev/{vg.name}/{vid}").stdout
+    flags = next(line for line in dump.splitlines() if line.startswith("Flags:"))
+    assert "allow-discards" in flags, dump
+
+    def mapped() -> int:
+        run("sync")
+        sectors = device_mapper.thin_mapped_sectors(device_mapper.dm_name(vg.name, vid))
+        assert sectors is not None
+        return sectors * 512
+
+    with open(f"{staging}/filler", "wb") as f:
+        for _ in range(48):
+            f.write(PATTERN)
+        os.fsync(f.fileno())
+    full = mapped()
+    os.unlink(f"{staging}/filler")
+    run("sync")  # ext4 hands freed blocks to fstrim once the deletion is committed
+    trim = run("fstrim", "-v", staging, check=False)
+    assert trim.returncode == 0, trim.stderr
+    after = mapped()
+    print(f"thin LV mapped: {full / MiB:.1f} MiB with the file, {after / MiB:.1f} MiB after "
+          f"rm and fstrim ({trim.stdout.strip()})")
+    assert after < full - 40 * MiB
+    # The header keeps the flag: the next open allows discards without
+    # rewriting it (cryptsetup rewrites the header at every --persistent open).
+    unstage(plugin, vid, staging)
+    mark = len(plugin.log())
+    stage(plugin, vid, staging)
+    opens = [line for line in plugin.log()[mark:].splitlines()
+             if "cryptsetup open --type" in line]
+    assert opens and all("--allow-discards" in line and "--persistent" not in line
+                         for line in opens), opens
+    assert "allow_discards" in run("dmsetup", "table", encryption.mapper_name(vid)).stdout
+    unstage(plugin, vid, staging)
 
 
 def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:

@@ -3,6 +3,7 @@ standard input only, and cryptsetup's exit codes as errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import resource
@@ -82,8 +83,8 @@ def test_open_and_a_wrong_key() -> None:
     assert Crypt(runner).open("/dev/vg0/lv", "csi-local-luks-lv", Key(SECRET)) == \
         "/dev/mapper/csi-local-luks-lv"
     argv, stdin = runner.calls[0]
-    assert argv == ("cryptsetup", "open", "--type", "luks2", "--key-file", "-",
-                    "/dev/vg0/lv", "csi-local-luks-lv")
+    assert argv == ("cryptsetup", "open", "--type", "luks2", "--allow-discards",
+                    "--persistent", "--key-file", "-", "/dev/vg0/lv", "csi-local-luks-lv")
     assert stdin == SECRET.encode()
     refused = Recorder({"open": 2})
     with pytest.raises(KeyRefused) as err:
@@ -94,6 +95,49 @@ def test_open_and_a_wrong_key() -> None:
     with pytest.raises(CommandError) as cerr:
         Crypt(other).open("/dev/vg0/lv", "m", Key(SECRET))
     assert cerr.value.returncode == 5 and not isinstance(cerr.value, KeyRefused)
+
+
+def luks2_header(flags: list[str] | None, seqid: int = 1, magic: bytes = b"LUKS\xba\xbe",
+                 size: int = 16384) -> bytes:
+    """One LUKS2 header copy as cryptsetup writes it: the binary part, then
+    the JSON area (config.flags when given), NUL-padded to `size`."""
+    binary = (magic + (2).to_bytes(2, "big") + size.to_bytes(8, "big")
+              + seqid.to_bytes(8, "big")).ljust(4096, b"\0")
+    config: dict[str, object] = {"json_size": "12288", "keyslots_size": "16744448"}
+    if flags is not None:
+        config["flags"] = flags
+    text = json.dumps({"keyslots": {}, "segments": {}, "config": config}).encode()
+    return binary + text.ljust(size - 4096, b"\0")
+
+
+def test_persistent_flags_come_from_the_current_header_copy(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_bytes(luks2_header(["allow-discards"]) + luks2_header(None, 0, b"SKUL\xba\xbe"))
+    assert crypt.persistent_flags(str(dev)) == frozenset({"allow-discards"})
+    # The secondary copy is newer (a write cut short after it): it counts.
+    dev.write_bytes(luks2_header(["allow-discards"], 4)
+                    + luks2_header([], 5, b"SKUL\xba\xbe"))
+    assert crypt.persistent_flags(str(dev)) == frozenset()
+    dev.write_bytes(luks2_header(None) + b"\0" * 16384)
+    assert crypt.persistent_flags(str(dev)) == frozenset()
+    dev.write_bytes(b"\0" * 32768)  # no header
+    assert crypt.persistent_flags(str(dev)) is None
+    assert crypt.persistent_flags(str(tmp_path / "missing")) is None
+
+
+def test_open_stores_the_discard_flag_only_where_the_header_lacks_it() -> None:
+    """cryptsetup rewrites the header at every --persistent open: only a
+    header without the flag is given it."""
+    cases: list[tuple[frozenset[str] | None, bool]] = [
+        (frozenset({"allow-discards"}), False), (frozenset(), True), (None, True)]
+    for kept, persist in cases:
+        runner = Recorder()
+
+        def read(device: str, kept: frozenset[str] | None = kept) -> frozenset[str] | None:
+            return kept
+        Crypt(runner, header_flags=read).open("/dev/x", "m", Key(SECRET))
+        argv = runner.calls[0][0]
+        assert "--allow-discards" in argv and ("--persistent" in argv) == persist
 
 
 def test_verify_asks_the_header_only() -> None:

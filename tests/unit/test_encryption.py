@@ -124,6 +124,34 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     assert crypt_calls(n, "close") == [("cryptsetup", "close", encryption.mapper_name(vid))]
 
 
+def test_the_dm_crypt_device_passes_discards_and_the_header_keeps_the_flag(n: Node) -> None:
+    """Without --allow-discards dm-crypt drops discards: fstrim on an
+    encrypted volume said "the discard operation is not supported" and the
+    thin pool never got freed space back. Every open allows them, and
+    stores the flag in the header (--persistent): a volume made before gets
+    it at its next open, and so does an open by hand."""
+    _, vid = create(n)
+    assert stage(n, vid)[0] == "OK"
+    name = encryption.mapper_name(vid)
+    assert n.host.mappers[name].discards
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.flags == {"allow-discards"}
+    (argv,) = crypt_calls(n, "open")
+    assert {"--allow-discards", "--persistent"} <= set(argv)
+    # Kept: the next open allows discards without rewriting the header.
+    unstage(n, vid)
+    assert stage(n, vid)[0] == "OK"
+    argv = crypt_calls(n, "open")[-1]
+    assert "--allow-discards" in argv and "--persistent" not in argv
+    assert n.host.mappers[name].discards
+    # A header made before, without the flag: its next open stores it.
+    unstage(n, vid)
+    luks.flags = set()
+    assert stage(n, vid)[0] == "OK"
+    assert "--persistent" in crypt_calls(n, "open")[-1]
+    assert n.host.mappers[name].discards and luks.flags == {"allow-discards"}
+
+
 def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
     _, vid = create(n)
     stage(n, vid)

@@ -21,10 +21,12 @@ exists or is busy.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -145,16 +147,74 @@ class LuksSettings:
                 "--iter-time", str(self.iter_time_ms)]
 
 
+# How every device is opened (Crypt.open says why), and the flag of these
+# its LUKS2 header keeps (--persistent, when it lacks it).
+OPEN_FLAGS = ("--allow-discards",)
+PERSISTENT_FLAG = "allow-discards"
+# A LUKS2 header on disk (cryptsetup's docs/on-disk-format-luks2.pdf): a
+# 4 KiB binary part (magic, version, the header's size and its sequence
+# number, big-endian), then its JSON up to that size; a second copy follows
+# the first, and the one with the higher sequence number is current.
+_LUKS2_MAGICS = (b"LUKS\xba\xbe", b"SKUL\xba\xbe")
+_LUKS2_BINARY = 4096
+_LUKS2_MAX_HEADER = 4 << 20
+
+
 def mapper_path(name: str) -> str:
     return f"{MAPPER_DIR}/{name}"
 
 
-class Crypt:
-    """cryptsetup's LUKS2 commands, each one process through the Runner."""
+def _header_copy(f: int, offset: int) -> tuple[int, int, dict[str, object]] | None:
+    """(sequence number, size, JSON) of the LUKS2 header copy at `offset`."""
+    binary = os.pread(f, _LUKS2_BINARY, offset)
+    if len(binary) < 24 or binary[:6] not in _LUKS2_MAGICS or binary[6:8] != b"\0\2":
+        return None
+    size = int.from_bytes(binary[8:16], "big")
+    if not _LUKS2_BINARY < size <= _LUKS2_MAX_HEADER:
+        return None
+    text = os.pread(f, size - _LUKS2_BINARY, offset + _LUKS2_BINARY).split(b"\0", 1)[0]
+    try:
+        meta = json.loads(text)
+    except ValueError:
+        return None
+    return (int.from_bytes(binary[16:24], "big"), size, meta) if isinstance(meta, dict) else None
 
-    def __init__(self, runner: Runner, settings: LuksSettings | None = None) -> None:
+
+def persistent_flags(device: str) -> frozenset[str] | None:
+    """The activation flags `device`'s LUKS2 header keeps (`config.flags`),
+    read from its current header copy without a process; None when that
+    cannot be read (callers then assume none are kept)."""
+    try:
+        f = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        primary = _header_copy(f, 0)
+        if primary is None:
+            return None
+        secondary = _header_copy(f, primary[1])
+    except OSError:
+        return None
+    finally:
+        os.close(f)
+    meta = max((c for c in (primary, secondary) if c is not None), key=lambda c: c[0])[2]
+    config = meta.get("config")
+    flags = config.get("flags", []) if isinstance(config, dict) else []
+    return frozenset(x for x in flags if isinstance(x, str)) if isinstance(flags, list) \
+        else frozenset()
+
+
+class Crypt:
+    """cryptsetup's LUKS2 commands, each one process through the Runner.
+    `header_flags` reads the flags a header keeps (persistent_flags unless a
+    test gives another)."""
+
+    def __init__(self, runner: Runner, settings: LuksSettings | None = None,
+                 header_flags: Callable[[str], frozenset[str] | None] | None = None,
+                 ) -> None:
         self.runner = runner
         self.settings = settings or LuksSettings()
+        self._header_flags = header_flags
 
     def is_luks(self, device: str) -> bool:
         """Whether `device` starts with a LUKS2 header. A device cryptsetup
@@ -173,10 +233,20 @@ class Crypt:
 
     def open(self, device: str, name: str, key: Key) -> str:
         """Open `device` as /dev/mapper/`name`; returns that path. KeyRefused
-        when no keyslot takes `key` (nothing is changed on the device)."""
+        when no keyslot takes `key` (nothing is changed on the device).
+
+        Discards pass through (--allow-discards), so that what a file system
+        frees goes back to the thin pool (fstrim); --persistent stores the
+        flag in the LUKS2 header, so that an open by hand (cryptsetup open,
+        systemd-cryptsetup) has it too: only at an open of a header that
+        lacks it (one made before), since cryptsetup rewrites the header at
+        every --persistent open. It shows which blocks hold data, which thin
+        provisioning shows anyway (docs/encryption.md, the threat model)."""
+        kept = (self._header_flags or persistent_flags)(device) or frozenset()
+        persist = [] if PERSISTENT_FLAG in kept else ["--persistent"]
         try:
-            self.runner.run(["cryptsetup", "open", "--type", "luks2", "--key-file", "-",
-                             device, name], input=key.reveal())
+            self.runner.run(["cryptsetup", "open", "--type", "luks2", *OPEN_FLAGS, *persist,
+                             "--key-file", "-", device, name], input=key.reveal())
         except CommandError as err:
             if err.returncode == 2:
                 raise KeyRefused(f"the key given does not open the LUKS2 header of {device}: "

@@ -30,6 +30,7 @@ class Luks:
 
     key: bytes  # as cryptsetup read it
     data: Content = field(default_factory=Content)
+    flags: set[str] = field(default_factory=set)  # persistent activation flags (--persistent)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class FakeMapper:
     lv: FakeLv
     minor: int
     size: int  # the data area's size when opened or last resized: a grown LV does not grow it
+    discards: bool = False  # opened with --allow-discards (or the header's persistent flag)
 
     @property
     def node(self) -> str:
@@ -78,6 +80,14 @@ class FakeCrypt:
                 return [(DM_MAJOR, m.lv.minor)]
         return []
 
+    def luks_flags(self, path: str) -> frozenset[str] | None:
+        """The activation flags the LUKS2 header on `path` keeps, as
+        host/crypt.py's persistent_flags reads them off a real device."""
+        dev = self._device(self._follow(path))
+        if dev is None or dev.content.luks is None:
+            return None
+        return frozenset(dev.content.luks.flags)
+
     def _crypt_holds(self, lv: FakeLv) -> bool:
         return any(m.lv is lv for m in self.mappers.values())
 
@@ -94,7 +104,8 @@ class FakeCrypt:
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
-                                        "--key-file"}, {"--batch-mode", "--test-passphrase"})
+                                        "--key-file"}, {"--batch-mode", "--test-passphrase",
+                                                        "--allow-discards", "--persistent"})
         if "--key-file" in opts:
             assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
             assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
@@ -140,6 +151,10 @@ class FakeCrypt:
             if luks.key != stdin:
                 raise _Fail(2, "No key available with this passphrase.\n")
             self.open_luks(lv, name)
+            asked = {"allow-discards"} if "--allow-discards" in opts else set()
+            self.mappers[name].discards = bool((asked | luks.flags) & {"allow-discards"})
+            if "--persistent" in opts:  # the header keeps exactly what this open asked
+                luks.flags = asked
             return ""
         if sub == "close":
             (name,) = _one(pos, argv)
