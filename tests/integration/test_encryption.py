@@ -390,6 +390,54 @@ def test_fstrim_gives_an_encrypted_volume_s_freed_blocks_back_to_the_pool(
     unstage(plugin, vid, staging)
 
 
+def node_expand(p: PluginProcess, vid: str, path: str, size: int,
+                secrets: dict[str, str] | None = None) -> None:
+    p.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=size)))
+    p.node.NodeExpandVolume(pb.NodeExpandVolumeRequest(
+        volume_id=vid, volume_path=path, capacity_range=pb.CapacityRange(required_bytes=size),
+        secrets=secrets or {}), timeout=300)
+
+
+def key_location(vid: str) -> str:
+    """Where the open dm-crypt device's volume key is: "keyring" or "dm-crypt"."""
+    out = run("cryptsetup", "status", encryption.mapper_name(vid)).stdout
+    return next(line.split(":", 1)[1].strip() for line in out.splitlines()
+                if line.strip().startswith("key location:"))
+
+
+def test_node_expand_without_secrets_grows_an_open_encrypted_volume(
+        plugin: PluginProcess, vg: LoopVG) -> None:
+    """Nomad's NodeExpandVolume carries no secrets: it was refused with
+    INVALID_ARGUMENT, so an encrypted volume never grew online under Nomad.
+    The plugin opens the device with its volume key in the dm-crypt table,
+    where `cryptsetup resize` finds it without a passphrase. A device opened
+    with its key in the kernel's keyring (by hand, or an older version)
+    still needs the key: refused without it, grown with it."""
+    vid = create(plugin, "enc-grow-nokey")
+    staging = plugin.path("stage-grow-nokey")
+    stage(plugin, vid, staging)
+    assert key_location(vid) == "dm-crypt"
+    before = os.statvfs(staging)
+    node_expand(plugin, vid, staging, 128 * MiB)
+    assert size_of(mapper(vid)) == 128 * MiB - HEADER
+    after = os.statvfs(staging)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    unstage(plugin, vid, staging)
+    # Opened by hand, LUKS2's default: the volume key in the kernel's keyring.
+    run("cryptsetup", "open", "--type", "luks2", "--key-file", "-", f"/dev/{vg.name}/{vid}",
+        encryption.mapper_name(vid), input=KEY)
+    assert key_location(vid) == "keyring"
+    stage(plugin, vid, staging)  # the open device, reused with its key
+    err = expect_code(Code.INVALID_ARGUMENT, node_expand, plugin, vid, staging, 160 * MiB)
+    assert "keyring" in (err.details() or "")
+    assert size_of(mapper(vid)) == 128 * MiB - HEADER
+    node_expand(plugin, vid, staging, 160 * MiB, SECRETS)
+    assert size_of(mapper(vid)) == 160 * MiB - HEADER
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+
+
 def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     key = dhv.workdir / "class.key"
     key.write_text("a host volume's passphrase")

@@ -26,16 +26,19 @@ class Recorder(WholeOutputStreams):
     """A Runner that records argv and standard input, and answers with exit
     codes a test sets per subcommand (cryptsetup's second argument)."""
 
-    def __init__(self, codes: dict[str, int] | None = None) -> None:
+    def __init__(self, codes: dict[str, int] | None = None,
+                 stderrs: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[tuple[str, ...], str | bytes | None]] = []
         self.codes = codes or {}
+        self.stderrs = stderrs or {}
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
             input: str | bytes | None = None, timeout: float | None = None) -> Result:
         argv = tuple(argv)
         self.calls.append((argv, input))
         code = self.codes.get(argv[1], 0)
-        stderr = "No key available with this passphrase.\n" if code == 2 else ""
+        stderr = self.stderrs.get(
+            argv[1], "No key available with this passphrase.\n" if code == 2 else "")
         if code not in ok_codes:
             raise CommandError(argv, code, "", stderr)
         return Result(argv, code, "", stderr)
@@ -84,7 +87,8 @@ def test_open_and_a_wrong_key() -> None:
         "/dev/mapper/csi-local-luks-lv"
     argv, stdin = runner.calls[0]
     assert argv == ("cryptsetup", "open", "--type", "luks2", "--allow-discards",
-                    "--persistent", "--key-file", "-", "/dev/vg0/lv", "csi-local-luks-lv")
+                    "--disable-keyring", "--persistent", "--key-file", "-", "/dev/vg0/lv",
+                    "csi-local-luks-lv")
     assert stdin == SECRET.encode()
     refused = Recorder({"open": 2})
     with pytest.raises(KeyRefused) as err:
@@ -165,13 +169,30 @@ def test_resize_and_close() -> None:
     runner = Recorder()
     crypt = Crypt(runner)
     crypt.resize("m", Key(SECRET))
+    crypt.resize("m", None)
     crypt.close("m")
     assert runner.calls == [
-        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET.encode()),
+        (("cryptsetup", "resize", "--batch-mode", "--key-file", "-", "m"), SECRET.encode()),
+        # No key: nothing on standard input (the Runner's /dev/null), no prompt.
+        (("cryptsetup", "resize", "--batch-mode", "m"), None),
         (("cryptsetup", "close", "m"), None),
     ]
     with pytest.raises(KeyRefused):
         Crypt(Recorder({"resize": 2})).resize("m", Key(SECRET))
+
+
+def test_a_resize_that_asks_for_a_passphrase_wants_the_key() -> None:
+    """A device whose volume key is in the kernel's keyring: cryptsetup asks
+    for the passphrase and reads none from /dev/null. That is KeyMissing (the
+    request's INVALID_ARGUMENT), any other failure stays a CommandError."""
+    asks = Recorder({"resize": 1}, {"resize": "Nothing to read on input.\n"})
+    with pytest.raises(KeyMissing) as err:
+        Crypt(asks).resize("m", None)
+    assert "keyring" in err.value.message and "stage" in err.value.message
+    with pytest.raises(CommandError) as other:
+        Crypt(Recorder({"resize": 1}, {"resize": "Device m is not active.\n"})).resize(
+            "m", None)
+    assert not isinstance(other.value, KeyMissing)
 
 
 # Key files: only a regular file, opened without blocking or following a link --------------

@@ -58,7 +58,7 @@ def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # Grown: the LV, then the dm-crypt device, then the file system on it.
     d.create("vol-1", params=ENC, cap_min=512 * MiB)
     grew = d.host.calls[calls:]
-    resize = grew.index(("cryptsetup", "resize", "--key-file", "-",
+    resize = grew.index(("cryptsetup", "resize", "--batch-mode", "--key-file", "-",
                          encryption.mapper_name(lv.name)))
     assert grew.index(("resize2fs", mapper)) > resize
     assert d.host.lvs[lv.name].size == 512 * MiB

@@ -219,13 +219,15 @@ def test_failed_opens_are_told_why(n: Node) -> None:
 
 
 def test_failed_expands_are_told_why(n: Node) -> None:
-    """NodeExpandVolume asks for the key as a stage does (cryptsetup resize),
-    and its key failures count the same (docs: "at stage or expand"); they
-    went uncounted."""
+    """NodeExpandVolume of a device whose volume key is in the kernel's
+    keyring asks for the key as a stage does (cryptsetup resize), and a
+    key given is checked wherever; their failures count the same (docs: "at
+    stage or expand"); they went uncounted."""
     told: list[str] = []
     n.node.steps.on_open_failure = told.append
     _, vid = create(n)
     assert stage(n, vid)[0] == "OK"
+    n.host.mappers[encryption.mapper_name(vid)].keyring = True  # an older version's open
     req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
                                      capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
     assert call(n.node.NodeExpandVolume, req)[0] == "INVALID_ARGUMENT"  # no secret
@@ -307,19 +309,52 @@ def test_block_mode_hands_out_the_dm_crypt_device(n: Node) -> None:
 
 
 def test_node_expand_resizes_the_dm_crypt_device_then_the_file_system(n: Node) -> None:
+    """Nomad's NodeExpandVolume carries no secrets: it was refused with
+    INVALID_ARGUMENT ("growing its open dm-crypt device needs its key"), so
+    an encrypted volume could not grow online under Nomad. The plugin opens
+    with the volume key in the dm-crypt table (--disable-keyring), where
+    cryptsetup resize finds it without the passphrase."""
     _, vid = create(n)
     stage(n, vid)
+    name = encryption.mapper_name(vid)
+    assert "--disable-keyring" in crypt_calls(n, "open")[0]
     req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
                                      capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
     code, msg = call(n.node.NodeExpandVolume, req)
-    assert code == "INVALID_ARGUMENT" and "node-expand secret" in str(msg)
-    req.secrets[encryption.SECRET_KEY] = KEY
-    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
-    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
-    assert crypt_calls(n, "resize") == [("cryptsetup", "resize", "--key-file", "-",
-                                         encryption.mapper_name(vid))]
+    assert code == "OK", msg
+    mapper = f"/dev/mapper/{name}"
+    assert crypt_calls(n, "resize") == [("cryptsetup", "resize", "--batch-mode", name)]
+    assert n.host.crypt_inputs[-1] is None  # no key, nothing on its standard input
     assert n.host.commands("resize2fs") == [("resize2fs", mapper)]
     assert n.host.lv(vid).size == 2 * GiB
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES
+
+
+def test_a_device_with_its_key_in_the_keyring_needs_the_key_to_grow(n: Node) -> None:
+    """A device opened with its volume key in the kernel's keyring (an older
+    version of the plugin, or by hand): cryptsetup resize asks for the
+    passphrase, finds none on /dev/null, and the expand is refused as
+    documented (INVALID_ARGUMENT); with the key it grows; after an unstage
+    and a stage it grows without one."""
+    _, vid = create(n)
+    stage(n, vid)
+    name = encryption.mapper_name(vid)
+    n.host.mappers[name].keyring = True
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
+    code, msg = call(n.node.NodeExpandVolume, req)
+    assert code == "INVALID_ARGUMENT" and "keyring" in str(msg)
+    mapper = f"/dev/mapper/{name}"
+    assert n.host.device_size(mapper) == GiB - crypt.HEADER_BYTES
+    req.secrets[encryption.SECRET_KEY] = KEY
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES
+    unstage(n, vid)
+    stage(n, vid)
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=3 * GiB))
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert n.host.device_size(mapper) == 3 * GiB - crypt.HEADER_BYTES
 
 
 def test_an_encrypted_block_volume_grows_online_as_kubelet_expands_it(n: Node) -> None:

@@ -149,7 +149,7 @@ class LuksSettings:
 
 # How every device is opened (Crypt.open says why), and the flag of these
 # its LUKS2 header keeps (--persistent, when it lacks it).
-OPEN_FLAGS = ("--allow-discards",)
+OPEN_FLAGS = ("--allow-discards", "--disable-keyring")
 PERSISTENT_FLAG = "allow-discards"
 # A LUKS2 header on disk (cryptsetup's docs/on-disk-format-luks2.pdf): a
 # 4 KiB binary part (magic, version, the header's size and its sequence
@@ -158,6 +158,9 @@ PERSISTENT_FLAG = "allow-discards"
 _LUKS2_MAGICS = (b"LUKS\xba\xbe", b"SKUL\xba\xbe")
 _LUKS2_BINARY = 4096
 _LUKS2_MAX_HEADER = 4 << 20
+# What cryptsetup says when it has to ask for a passphrase and its standard
+# input (/dev/null) gives none.
+_NOTHING_ON_STDIN = "Nothing to read on input"
 
 
 def mapper_path(name: str) -> str:
@@ -241,7 +244,15 @@ class Crypt:
         systemd-cryptsetup) has it too: only at an open of a header that
         lacks it (one made before), since cryptsetup rewrites the header at
         every --persistent open. It shows which blocks hold data, which thin
-        provisioning shows anyway (docs/encryption.md, the threat model)."""
+        provisioning shows anyway (docs/encryption.md, the threat model).
+
+        --disable-keyring keeps the volume key in the dm-crypt table, where
+        a later `resize` finds it without the passphrase; in the kernel's
+        keyring (LUKS2's default) it is dropped once the table holds a
+        reference to it, and every resize must derive it again from the
+        passphrase, which Nomad's NodeExpandVolume does not carry. Root on
+        the node reads it there (`dmsetup table --showkeys`), as root reads
+        the plaintext anyway (the threat model)."""
         kept = (self._header_flags or persistent_flags)(device) or frozenset()
         persist = [] if PERSISTENT_FLAG in kept else ["--persistent"]
         try:
@@ -275,12 +286,31 @@ class Crypt:
         CommandError, exit 5."""
         self.runner.run(["cryptsetup", "close", name])
 
-    def resize(self, name: str, key: Key) -> None:
+    def resize(self, name: str, key: Key | None) -> None:
         """Grow the open device to the whole of its (grown) backing device.
-        LUKS2 keeps the volume key in the kernel's keyring, out of reach of
-        user space, so the resize asks for the passphrase again."""
+
+        A device this plugin opened holds its volume key in its dm-crypt
+        table (`open`): cryptsetup reloads the table with it, no passphrase
+        needed, and reads no `key`. A device whose volume key is in the
+        kernel's keyring (opened by an older version of the plugin, or by
+        hand) needs the passphrase again: `key`, or KeyMissing without one.
+        cryptsetup runs without a terminal and with /dev/null as standard
+        input (--batch-mode), so it cannot wait at a prompt."""
+        if key is None:
+            try:
+                self.runner.run(["cryptsetup", "resize", "--batch-mode", name])
+            except CommandError as err:
+                if _NOTHING_ON_STDIN in err.stderr or err.returncode == 2:
+                    raise KeyMissing(
+                        f"{mapper_path(name)} keeps its volume key in the kernel's keyring "
+                        "(it was opened by an older version of the plugin, or by hand): "
+                        "growing it needs the passphrase, which this request does not "
+                        "carry; unstage and stage the volume (its next open keeps the key "
+                        "in its dm-crypt table), or pass the key") from None
+                raise
+            return
         try:
-            self.runner.run(["cryptsetup", "resize", "--key-file", "-", name],
+            self.runner.run(["cryptsetup", "resize", "--batch-mode", "--key-file", "-", name],
                             input=key.reveal())
         except CommandError as err:
             if err.returncode == 2:

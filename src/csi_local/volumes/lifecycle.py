@@ -472,19 +472,23 @@ class VolumeSteps:
 
     def _grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
         """After the LV grew: grow an encrypted volume's open dm-crypt device
-        to it (cryptsetup resize, online, `key`: LUKS2 keeps its volume key
-        in the kernel); returns the path of the device to grow a file system
-        on (the LV itself for a volume that is not encrypted, or whose
-        dm-crypt device is not open: it takes the LV's size when opened)."""
+        to it (cryptsetup resize, online); returns the path of the device to
+        grow a file system on (the LV itself for a volume that is not
+        encrypted, or whose dm-crypt device is not open: it takes the LV's
+        size when opened).
+
+        No key is needed for a device this plugin opened (its volume key is
+        in its dm-crypt table: Crypt.open), which is how Nomad's
+        NodeExpandVolume, without secrets, grows it. A key given must open
+        the header (KeyRefused otherwise), as everywhere a key is given; a
+        device whose volume key is in the kernel's keyring needs one
+        (KeyMissing, Crypt.resize)."""
         if not self.is_encrypted(lv):
             return lv.path
         path = self._open_over(lv)
         if path is None:
             return lv.path
-        if key is None:
-            raise KeyMissing(
-                f"volume {lv.vg}/{lv.name} is encrypted: growing its open dm-crypt device "
-                f"needs its key, in the secret {encryption.SECRET_KEY!r} (on Kubernetes, the "
-                "node-expand secret; docs/encryption.md)")
+        if key is not None:
+            self.crypt.verify(lv.path, key)
         self.crypt.resize(encryption.mapper_name(lv.name), key)
         return path

@@ -39,6 +39,9 @@ class FakeMapper:
     minor: int
     size: int  # the data area's size when opened or last resized: a grown LV does not grow it
     discards: bool = False  # opened with --allow-discards (or the header's persistent flag)
+    # Its volume key is in the kernel's keyring (LUKS2's default open), not in
+    # its table (--disable-keyring): a resize then needs the passphrase.
+    keyring: bool = False
 
     @property
     def node(self) -> str:
@@ -91,10 +94,11 @@ class FakeCrypt:
     def _crypt_holds(self, lv: FakeLv) -> bool:
         return any(m.lv is lv for m in self.mappers.values())
 
-    def open_luks(self, lv: FakeLv, name: str) -> str:
-        """A dm-crypt device over `lv`, as if opened before (a test's setup)."""
+    def open_luks(self, lv: FakeLv, name: str, keyring: bool = False) -> str:
+        """A dm-crypt device over `lv`, as if opened before (a test's setup);
+        `keyring`: opened with its volume key in the kernel's keyring."""
         minor = max((m.minor for m in self.mappers.values()), default=FIRST_MINOR - 1) + 1
-        self.mappers[name] = FakeMapper(lv, minor, lv.size - HEADER)
+        self.mappers[name] = FakeMapper(lv, minor, lv.size - HEADER, keyring=keyring)
         return f"/dev/mapper/{name}"
 
     def _cryptsetup(self, argv: Sequence[str], given: str | bytes | None) -> str:
@@ -105,7 +109,8 @@ class FakeCrypt:
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
                                         "--key-file"}, {"--batch-mode", "--test-passphrase",
-                                                        "--allow-discards", "--persistent"})
+                                                        "--allow-discards", "--persistent",
+                                                        "--disable-keyring"})
         if "--key-file" in opts:
             assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
             assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
@@ -150,7 +155,7 @@ class FakeCrypt:
                 raise _Fail(1, f"Device {path} is not a valid LUKS device.\n")
             if luks.key != stdin:
                 raise _Fail(2, "No key available with this passphrase.\n")
-            self.open_luks(lv, name)
+            self.open_luks(lv, name, keyring="--disable-keyring" not in opts)
             asked = {"allow-discards"} if "--allow-discards" in opts else set()
             self.mappers[name].discards = bool((asked | luks.flags) & {"allow-discards"})
             if "--persistent" in opts:  # the header keeps exactly what this open asked
@@ -167,9 +172,13 @@ class FakeCrypt:
             (name,) = _one(pos, argv)
             m = self._active(name)
             luks = m.lv.content.luks
-            assert luks is not None
-            if luks.key != stdin:
-                raise _Fail(2, "No key available with this passphrase.\n")
+            assert luks is not None and "--batch-mode" in opts, f"FakeHost: {argv!r}"
+            if m.keyring:  # the volume key must be derived again: the passphrase
+                if stdin is None:  # /dev/null, no terminal
+                    raise _Fail(1, "Nothing to read on input.\n")
+                if luks.key != stdin:
+                    raise _Fail(2, "No key available with this passphrase.\n")
+            # Else the key is in the table: cryptsetup reads no passphrase at all.
             m.size = m.lv.size - HEADER  # grows to its (grown) LV, as dm-crypt does
             return ""
         raise AssertionError(f"FakeHost does not simulate {argv!r}")
