@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from csi_local.errors import CommandError, KeyMissing, KeyRefused
+from csi_local.host import derivations
+from csi_local.host.derivations import DerivationSlots
 from csi_local.host.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -209,15 +211,28 @@ def persistent_flags(device: str) -> frozenset[str] | None:
 
 class Crypt:
     """cryptsetup's LUKS2 commands, each one process through the Runner.
-    `header_flags` reads the flags a header keeps (persistent_flags unless a
-    test gives another)."""
+
+    A command that derives a key from the passphrase (format, open, verify,
+    a resize given the key) holds one of `slots` while it runs: the
+    process's own (host/derivations.py) unless a test gives others, so that
+    concurrent stages never hold more argon2id memory than the process may
+    use. `header_flags` reads the flags a header keeps (persistent_flags
+    unless a test gives another)."""
 
     def __init__(self, runner: Runner, settings: LuksSettings | None = None,
+                 slots: DerivationSlots | None = None,
                  header_flags: Callable[[str], frozenset[str] | None] | None = None,
                  ) -> None:
         self.runner = runner
         self.settings = settings or LuksSettings()
+        self._slots = slots
         self._header_flags = header_flags
+
+    def _derive(self, argv: list[str], key: Key) -> None:
+        """Run a cryptsetup command that derives a key from `key`, in a slot."""
+        slots = self._slots if self._slots is not None else derivations.shared()
+        with slots.hold():
+            self.runner.run(argv, input=key.reveal())
 
     def is_luks(self, device: str) -> bool:
         """Whether `device` starts with a LUKS2 header. A device cryptsetup
@@ -231,8 +246,8 @@ class Crypt:
         """luksFormat: a new LUKS2 header and volume key on `device`, its one
         keyslot opened by `key`. Destroys what the device held: callers
         prove first that it held nothing (volumes/lifecycle.py)."""
-        self.runner.run(["cryptsetup", "luksFormat", "--batch-mode", *self.settings.argv(),
-                         "--key-file", "-", device], input=key.reveal())
+        self._derive(["cryptsetup", "luksFormat", "--batch-mode", *self.settings.argv(),
+                      "--key-file", "-", device], key)
 
     def open(self, device: str, name: str, key: Key) -> str:
         """Open `device` as /dev/mapper/`name`; returns that path. KeyRefused
@@ -256,8 +271,8 @@ class Crypt:
         kept = (self._header_flags or persistent_flags)(device) or frozenset()
         persist = [] if PERSISTENT_FLAG in kept else ["--persistent"]
         try:
-            self.runner.run(["cryptsetup", "open", "--type", "luks2", *OPEN_FLAGS, *persist,
-                             "--key-file", "-", device, name], input=key.reveal())
+            self._derive(["cryptsetup", "open", "--type", "luks2", *OPEN_FLAGS, *persist,
+                          "--key-file", "-", device, name], key)
         except CommandError as err:
             if err.returncode == 2:
                 raise KeyRefused(f"the key given does not open the LUKS2 header of {device}: "
@@ -272,8 +287,8 @@ class Crypt:
         none does. An open dm-crypt device says nothing of a key: a stage
         that reuses one asks the header first."""
         try:
-            self.runner.run(["cryptsetup", "open", "--test-passphrase", "--type", "luks2",
-                             "--key-file", "-", device], input=key.reveal())
+            self._derive(["cryptsetup", "open", "--test-passphrase", "--type", "luks2",
+                          "--key-file", "-", device], key)
         except CommandError as err:
             if err.returncode == 2:
                 raise KeyRefused(f"the key given does not open the LUKS2 header of {device}: "
@@ -310,8 +325,8 @@ class Crypt:
                 raise
             return
         try:
-            self.runner.run(["cryptsetup", "resize", "--batch-mode", "--key-file", "-", name],
-                            input=key.reveal())
+            self._derive(["cryptsetup", "resize", "--batch-mode", "--key-file", "-", name],
+                         key)
         except CommandError as err:
             if err.returncode == 2:
                 raise KeyRefused(f"the key given does not open the LUKS2 header under "
