@@ -332,3 +332,16 @@ class Crypt:
                 raise KeyRefused(f"the key given does not open the LUKS2 header under "
                                  f"{mapper_path(name)}: not resized") from None
             raise
+
+    def data_offset(self, device: str) -> int:
+        """Where the data of `device`'s LUKS2 header starts, in bytes: the
+        offset of its data segment, as the header records it (cryptsetup
+        chose it at luksFormat: the header aligned to the device's I/O
+        size). CommandError when cryptsetup cannot read the header."""
+        out = self.runner.run(["cryptsetup", "luksDump", "--dump-json-metadata", device]).stdout
+        try:
+            segments = json.loads(out)["segments"]
+            return min(int(seg["offset"]) for seg in segments.values())
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CommandError(("cryptsetup", "luksDump", device), 0, out,
+                               f"no data segment in the LUKS2 metadata ({err})") from None

@@ -52,7 +52,7 @@ from csi_local.errors import (
     KeyRefused,
     StorageError,
 )
-from csi_local.host.crypt import Crypt, Key, mapper_path
+from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
@@ -72,6 +72,10 @@ FREEZE_PREFIX = "copy."
 # other failure (cryptsetup's, the kernel's) is "error".
 OPEN_FAILURES: dict[type[Exception], str] = {
     KeyRefused: "key_refused", KeyMissing: "key_missing", EncryptionMismatch: "mismatch"}
+# A file system is grown at a stage when its device is at least this much
+# larger: a tool's own rounding (whole blocks, xfs's smallest allocation
+# group) leaves less behind, which no stage should try again and again.
+GROW_SLACK = 1 << 20
 # Every reason there is: the metrics export each from the start.
 OPEN_FAILURE_REASONS = (*OPEN_FAILURES.values(), "error")
 
@@ -344,6 +348,58 @@ class VolumeSteps:
         self.fs.grow(encryption.top_device(self.host, lv).path, mount_point, fs_type)
         lvm.delete_tags(lv.name, [self.tags.grow_fs])
         return True
+
+    def grow_to_device(self, lvm: Lvm, lv: LogicalVolume, mount_point: str, fs_type: str,
+                       key: Key | None, *, was_open: bool) -> bool:
+        """Offline growth, at a stage: the file system mounted at `mount_point`
+        grows to its device when the device is larger (the LV was extended
+        while nothing used it: a CO that expands an unused volume calls no
+        node at all), as kubelet's resizefs does at mount. An encrypted
+        volume's dm-crypt device grows to its LV first, when it was open
+        before this stage (a device opened now spans the LV already).
+
+        Measured, never assumed: the device's size against the file system's
+        own count (Host.filesystem_size), and a tool runs only when the device
+        is at least GROW_SLACK larger; only a device that is what is mounted
+        there, read-write, is grown, and only ever grown. The grow-fs tag (a
+        clone larger than its source) goes once its volume has grown. True
+        when it grew."""
+        top = encryption.top_device(self.host, lv)
+        if top.encrypted and was_open:
+            self._resize_open_device(lv, top.path, key)
+        grew = False
+        mount = self.host.top_mount(mount_point)
+        if (mount is not None and not mount.read_only and not mount.fs_read_only
+                and top.major >= 0 and self.host.shows_device(mount, top.major, top.minor)):
+            size = self.host.filesystem_size(top.path, mount_point, fs_type)
+            device = self.host.device_size(top.path)
+            if size is not None and device - size >= GROW_SLACK:
+                log.info("volume %s/%s: its %s file system spans %d of the %d bytes of %s; "
+                         "growing it", lv.vg, lv.name, fs_type, size, device, top.path)
+                self.fs.grow(top.path, mount_point, fs_type)
+                grew = True
+        if self.tags.grow_fs in lv.tags:
+            lvm.delete_tags(lv.name, [self.tags.grow_fs])
+        return grew
+
+    def _resize_open_device(self, lv: LogicalVolume, path: str, key: Key | None) -> None:
+        """Grow a dm-crypt device, open before this stage, to its grown LV:
+        its size and its header's data offset against the LV's size. The
+        header is read only when the LV is more than a default header larger
+        than the device (no data offset is smaller): a stage's retry runs no
+        cryptsetup."""
+        lv_size, size = self.host.device_size(lv.path), self.host.device_size(path)
+        if lv_size - size <= HEADER_BYTES or size >= lv_size - self.crypt.data_offset(lv.path):
+            return
+        if key is None:
+            log.warning("volume %s/%s: its dm-crypt device %s is smaller than its LV, and "
+                        "no key was given to grow it", lv.vg, lv.name, path)
+            return
+        try:
+            self.crypt.resize(encryption.mapper_name(lv.name), key)
+        except (KeyRefused, CommandError) as err:
+            self._tell_open_failure(err)
+            raise
 
     # encryption ------------------------------------------------------------------
 

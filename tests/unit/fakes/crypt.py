@@ -9,6 +9,7 @@ on standard input (`--key-file -`); one in argv is an AssertionError."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class Luks:
     key: bytes  # as cryptsetup read it
     data: Content = field(default_factory=Content)
     flags: set[str] = field(default_factory=set)  # persistent activation flags (--persistent)
+    offset: int = HEADER  # where the data area starts
 
 
 @dataclass
@@ -98,7 +100,9 @@ class FakeCrypt:
         """A dm-crypt device over `lv`, as if opened before (a test's setup);
         `keyring`: opened with its volume key in the kernel's keyring."""
         minor = max((m.minor for m in self.mappers.values()), default=FIRST_MINOR - 1) + 1
-        self.mappers[name] = FakeMapper(lv, minor, lv.size - HEADER, keyring=keyring)
+        luks = lv.content.luks
+        self.mappers[name] = FakeMapper(lv, minor, lv.size - (luks.offset if luks else HEADER),
+                                        keyring=keyring)
         return f"/dev/mapper/{name}"
 
     def _cryptsetup(self, argv: Sequence[str], given: str | bytes | None) -> str:
@@ -110,7 +114,8 @@ class FakeCrypt:
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
                                         "--key-file"}, {"--batch-mode", "--test-passphrase",
                                                         "--allow-discards", "--persistent",
-                                                        "--disable-keyring"})
+                                                        "--disable-keyring",
+                                                        "--dump-json-metadata"})
         if "--key-file" in opts:
             assert opts["--key-file"] == ["-"], f"FakeHost: a key file other than stdin {argv}"
             assert stdin is not None, f"FakeHost: --key-file - without input {argv}"
@@ -161,6 +166,15 @@ class FakeCrypt:
             if "--persistent" in opts:  # the header keeps exactly what this open asked
                 luks.flags = asked
             return ""
+        if sub == "luksDump":
+            assert "--dump-json-metadata" in opts, f"FakeHost: {argv!r}"
+            dev = self._need_device(_one(pos, argv)[0], 4, "Device {d} does not exist or "
+                                                           "access denied.")
+            if dev.content.luks is None:
+                raise _Fail(1, f"Device {pos[0]} is not a valid LUKS device.\n")
+            return json.dumps({"segments": {"0": {
+                "type": "crypt", "offset": str(dev.content.luks.offset), "size": "dynamic",
+                "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}}}) + "\n"
         if sub == "close":
             (name,) = _one(pos, argv)
             m = self._active(name)
@@ -179,7 +193,7 @@ class FakeCrypt:
                 if luks.key != stdin:
                     raise _Fail(2, "No key available with this passphrase.\n")
             # Else the key is in the table: cryptsetup reads no passphrase at all.
-            m.size = m.lv.size - HEADER  # grows to its (grown) LV, as dm-crypt does
+            m.size = m.lv.size - luks.offset  # grows to its (grown) LV, as dm-crypt does
             return ""
         raise AssertionError(f"FakeHost does not simulate {argv!r}")
 
