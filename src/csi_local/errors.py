@@ -136,6 +136,12 @@ class EncryptionMismatch(StorageError):
     holds no LUKS2 header but was used before."""
 
 
+class VolumeTooSmall(StorageError):
+    """An encrypted volume's LV ends where its LUKS2 header says its data
+    starts, or before: nothing fits behind the header (made too small by an
+    older version; growing the volume makes room)."""
+
+
 class StillMounted(StorageError):
     """Something stays mounted where it was to be unmounted."""
 

@@ -654,3 +654,55 @@ def test_an_encrypted_stage_fits_the_shipped_memory_limits(plugin_factory: Any) 
     assert crypt[1] > 64 * mib
     for where, limit in limits.items():
         assert max(cgroup_peak, rss_peak) < limit, where
+
+
+@pytest.mark.parametrize("chunk", ["64k", "192k", "1m", "32m"])
+def test_the_smallest_encrypted_volumes_stage_on_pools_of_any_chunk_size(
+        plugin_factory: Any, chunk: str) -> None:
+    """An encrypted ext4 volume asked for 1 MiB got 16 MiB, exactly its LUKS2
+    header, and its first stage failed ("Requested offset is beyond real
+    size of device"). The smallest encrypted ext4 and xfs volumes stage and
+    mount on pools of 64 KiB, 192 KiB, 1 MiB and 32 MiB chunks, and are the
+    size the plugin computed: the file system's minimum plus the data offset
+    cryptsetup chose, the 16 MiB header aligned to the pool's chunk size
+    (the thin volume's optimal I/O size)."""
+    from csi_local.host import filesystem_rules as fsrules
+    from csi_local.host.crypt import data_offset_for
+    from tests.integration.conftest import make_vg
+    chunk_bytes = int(chunk[:-1]) << {"k": 10, "m": 20}[chunk[-1]]
+    small = make_vg(size=1 << 30, chunk_size=chunk)
+    try:
+        p = plugin_factory(target_vg=small)
+        for fs_type in ("ext4", "xfs"):
+            cap = mount_cap(fs_type)
+            vid = p.controller.CreateVolume(pb.CreateVolumeRequest(
+                name=f"tiny-{fs_type}", capacity_range=pb.CapacityRange(required_bytes=MiB),
+                volume_capabilities=[cap],
+                parameters={encryption.PARAMETER: encryption.LUKS2})).volume.volume_id
+            lv = f"/dev/{small.name}/{vid}"
+            size = size_of(lv)
+            offset = data_offset_for(chunk_bytes)
+            extent = 4 * MiB
+            assert size == -(-(fsrules.min_size(fs_type) + offset) // extent) * extent
+            staging = p.path(f"stage-tiny-{fs_type}")
+            stage(p, vid, staging, cap)
+            top = mounts.top_mount(staging)
+            assert top is not None and top.fs_type == fs_type
+            dump = json.loads(run("cryptsetup", "luksDump", "--dump-json-metadata",
+                                  lv).stdout)
+            real = int(dump["segments"]["0"]["offset"])
+            numbers = os.stat(lv).st_rdev
+            queue = f"/sys/dev/block/{os.major(numbers)}:{os.minor(numbers)}/queue"
+            io = {name: Path(f"{queue}/{name}").read_text().strip()
+                  for name in ("minimum_io_size", "optimal_io_size")}
+            print(f"chunk {chunk} {fs_type}: LV {size} bytes, data offset {real} "
+                  f"(computed {offset}), dm-crypt {size_of(mapper(vid))} bytes, queue {io}")
+            assert real == offset
+            assert size_of(mapper(vid)) == size - offset
+            with open(f"{staging}/data", "wb") as f:
+                f.write(PATTERN[:64 << 10])
+                os.fsync(f.fileno())
+            unstage(p, vid, staging)
+            p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    finally:
+        small.destroy()

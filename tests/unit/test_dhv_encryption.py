@@ -129,3 +129,20 @@ def test_clones_carry_the_header_and_a_wrong_key_is_refused(
     with pytest.raises(KeyRefused):
         d.create("src", params=ENC)
     assert len([c for c in d.host.commands("cryptsetup") if c[1] == "luksFormat"]) == 1
+
+
+def test_the_smallest_encrypted_host_volume_holds_its_header_and_file_system(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """capacity_min 1 MiB on a pool of 192 KiB chunks: the header's data starts
+    at 16.125 MiB (aligned to the chunk), and the file system's 2 MiB follow."""
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.host.lv(POOL).chunk_size = 192 << 10
+    path, size = d.create("tiny", params=ENC, cap_min=MiB)
+    offset = 16 * MiB + (128 << 10)
+    assert size == 20 * MiB  # 2 MiB + 16.125 MiB, in whole 4 MiB extents
+    lv = d.host.lvs[lv_name_for("tiny")]
+    assert lv.content.luks is not None and lv.content.luks.offset == offset
+    mapper = f"/dev/mapper/{encryption.mapper_name(lv.name)}"
+    assert d.host.device_size(mapper) == size - offset
+    top = d.host.top_mount(path)
+    assert top is not None and top.source == mapper

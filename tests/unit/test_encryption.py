@@ -529,3 +529,41 @@ def test_the_same_name_with_another_encryption_already_exists(n: Node) -> None:
     assert create(n)[0] == "OK"  # a retry
     code, msg = create(n, params={})
     assert code == "ALREADY_EXISTS" and "encryption" in msg
+
+
+@pytest.mark.parametrize("chunk", [64 << 10, 192 << 10, 1 << 20, 32 << 20])
+@pytest.mark.parametrize(("fs", "fs_min"), [("ext4", 2 << 20), ("xfs", 300 << 20)])
+def test_the_smallest_encrypted_volume_holds_its_header_and_file_system(
+        n: Node, chunk: int, fs: str, fs_min: int) -> None:
+    """An encrypted ext4 volume asked for 1 MiB got 16 MiB, exactly its LUKS2
+    header, and its first stage failed INTERNAL ("Requested offset is beyond
+    real size of device"). Its minimum is the file system's plus the data
+    offset cryptsetup chooses: the header aligned to the pool's chunk size."""
+    n.host.lv("pool0").chunk_size = chunk
+    code, reply = call(n.controller.CreateVolume, pb.CreateVolumeRequest(
+        name=f"tiny-{fs}", capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+        volume_capabilities=[mount_cap(fs)], parameters={encryption.PARAMETER: "luks2"}))
+    assert code == "OK", reply
+    vid = reply.volume.volume_id
+    offset = crypt.data_offset_for(chunk)
+    extent = 4 << 20
+    assert reply.volume.capacity_bytes == -(-(fs_min + offset) // extent) * extent
+    code, msg = call(n.node.NodeStageVolume, pb.NodeStageVolumeRequest(
+        volume_id=vid, staging_target_path=n.path("stage"), volume_capability=mount_cap(fs),
+        secrets=SECRETS))
+    assert code == "OK", msg
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.offset == offset and luks.data.fs == fs
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert n.host.device_size(mapper) == reply.volume.capacity_bytes - offset >= fs_min
+
+
+def test_a_volume_no_larger_than_its_header_is_refused_at_stage(n: Node) -> None:
+    """Made by an older version, 16 MiB: the stage says why and what to do
+    (FAILED_PRECONDITION), where cryptsetup's open failed INTERNAL."""
+    vid = vol_id("old-tiny")
+    n.host.add_lv(vid, 16 << 20, tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}",
+                                       f"{vols.TAG_SIZE}={16 << 20}", vols.TAG_ENCRYPTED])
+    code, msg = stage(n, vid)
+    assert code == "FAILED_PRECONDITION" and "expand the volume" in str(msg), msg
+    assert not n.host.mappers

@@ -101,6 +101,8 @@ CODES: dict[type[errors.StorageError], str] = {
     # secret's value is wrong).
     errors.KeyRefused: "UNAUTHENTICATED",
     errors.EncryptionMismatch: "FAILED_PRECONDITION",
+    # Nothing a retry changes: the volume must grow first.
+    errors.VolumeTooSmall: "FAILED_PRECONDITION",
     errors.MountOptionError: "INVALID_ARGUMENT",
     errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
     errors.SnapshotsNotComparable: "INVALID_ARGUMENT",

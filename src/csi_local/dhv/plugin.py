@@ -234,7 +234,8 @@ class HostVolumePlugin:
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size,
-            minimum=fsrules.min_size(fs_type) + (encryption.OVERHEAD_BYTES if encrypted else 0),
+            minimum=fsrules.min_size(fs_type)
+            + (encryption.overhead(pool.chunk_size(report)) if encrypted else 0),
         )
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
         if encrypted:

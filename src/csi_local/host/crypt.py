@@ -38,9 +38,12 @@ from csi_local.host.runner import Runner
 log = logging.getLogger(__name__)
 
 MAPPER_DIR = "/dev/mapper"
-# LUKS2's default header, keyslots included: the data starts this far into the
-# device, so an encrypted device is this much smaller than its LV.
+# LUKS2's default header, keyslots included. The data starts at least this far
+# into the device, aligned to the device's I/O size (data_offset_for), so an
+# encrypted device is that much smaller than its LV.
 HEADER_BYTES = 16 << 20
+# cryptsetup's default alignment of the data (DEFAULT_DISK_ALIGNMENT).
+DEFAULT_ALIGNMENT = 1 << 20
 # A key longer than this is refused before cryptsetup sees it: cryptsetup's
 # own limit for a key file is 8 MiB, and a CO's secret is never that big.
 MAX_KEY_BYTES = 64 << 10
@@ -163,6 +166,20 @@ _LUKS2_MAX_HEADER = 4 << 20
 # What cryptsetup says when it has to ask for a passphrase and its standard
 # input (/dev/null) gives none.
 _NOTHING_ON_STDIN = "Nothing to read on input"
+
+
+def data_offset_for(io_size: int) -> int:
+    """The data offset luksFormat gives a LUKS2 header of the default size on
+    a device whose optimal I/O size is `io_size` (0: unknown), as cryptsetup
+    computes it (lib/utils_device.c, device_topology_alignment): the header
+    aligned to 1 MiB, or to the I/O size when that does not divide 1 MiB. A
+    thin volume's optimal I/O size is its pool's chunk size, so on a pool of
+    192 KiB chunks the data starts at 16.125 MiB, on one of 32 MiB chunks at
+    32 MiB. A header that exists says its own (Crypt.data_offset)."""
+    align = DEFAULT_ALIGNMENT
+    if io_size > 0 and DEFAULT_ALIGNMENT % io_size:
+        align = io_size
+    return -(-HEADER_BYTES // align) * align
 
 
 def mapper_path(name: str) -> str:

@@ -51,6 +51,7 @@ from csi_local.errors import (
     KeyMissing,
     KeyRefused,
     StorageError,
+    VolumeTooSmall,
 )
 from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
@@ -451,7 +452,8 @@ class VolumeSteps:
         """_open_device, telling on_open_failure why it failed."""
         try:
             return self._open_device(lv, key)
-        except (KeyRefused, KeyMissing, EncryptionMismatch, CommandError) as err:
+        except (KeyRefused, KeyMissing, EncryptionMismatch, VolumeTooSmall,
+                CommandError) as err:
             self._tell_open_failure(err)
             raise
 
@@ -480,7 +482,7 @@ class VolumeSteps:
         name = encryption.mapper_name(lv.name)
         if self.crypt.is_luks(lv.path):
             try:
-                path = self.crypt.open(lv.path, name, key)
+                path = self._open(lv, name, key)
             except (KeyRefused, CommandError):
                 # A luksFormat killed part-way may leave a header whose keyslot
                 # is missing or torn; only the plugin's own unfinished format
@@ -506,7 +508,26 @@ class VolumeSteps:
                          fresh: Freshness) -> str:
         self._mark(lv, fresh)
         self.crypt.format(lv.path, key)
-        return self.crypt.open(lv.path, name, key)
+        return self._open(lv, name, key)
+
+    def _open(self, lv: LogicalVolume, name: str, key: Key) -> str:
+        """crypt.open; when cryptsetup fails, VolumeTooSmall if the LV ends
+        where its header's data starts, or before (cryptsetup's "Requested
+        offset is beyond real size of device"): the header's own offset, read
+        only then, since it is aligned to the pool's chunk size."""
+        try:
+            return self.crypt.open(lv.path, name, key)
+        except CommandError:
+            try:
+                offset = self.crypt.data_offset(lv.path)
+                size = self.host.device_size(lv.path)
+            except (CommandError, OSError):
+                offset = size = 0
+            if offset and size <= offset:
+                raise VolumeTooSmall(
+                    f"volume {lv.vg}/{lv.name} is {size} bytes and the data behind its LUKS2 "
+                    f"header starts at {offset}: nothing fits; expand the volume") from None
+            raise
 
     def close_device(self, lv_name: str) -> bool:
         """Close the volume's dm-crypt device, if open; True when it was.

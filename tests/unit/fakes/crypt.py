@@ -62,6 +62,10 @@ class FakeCrypt:
         def _active_lv(self, path: str) -> FakeLv | None: ...
         def _is_open(self, dev_node: str) -> bool: ...
         def _follow(self, path: str) -> str: ...
+        def _pool_of(self, lv: FakeLv) -> FakeLv: ...
+
+    def _chunk_of(self, lv: FakeLv) -> int:
+        return self._pool_of(lv).chunk_size if lv.pool else 0
 
     def _active(self, name: str) -> FakeMapper:
         m = self.mappers.get(name)
@@ -136,7 +140,7 @@ class FakeCrypt:
             if self._is_open(f"/dev/dm-{lv.minor}") or self._crypt_holds(lv):
                 raise _Fail(5, f"Cannot format device {path} in use.\n")
             lv.content = Content("crypto_LUKS", f"luks-{lv.name}", 0, written=True,
-                                 luks=Luks(stdin))
+                                 luks=Luks(stdin, offset=luks_offset(self._chunk_of(lv))))
             return ""
         if sub == "open" and "--test-passphrase" in opts:
             # Only the keyslots are asked: nothing is opened, and an open
@@ -160,6 +164,8 @@ class FakeCrypt:
                 raise _Fail(1, f"Device {path} is not a valid LUKS device.\n")
             if luks.key != stdin:
                 raise _Fail(2, "No key available with this passphrase.\n")
+            if lv.size <= luks.offset:
+                raise _Fail(1, f"Requested offset is beyond real size of device {path}.\n")
             self.open_luks(lv, name, keyring="--disable-keyring" not in opts)
             asked = {"allow-discards"} if "--allow-discards" in opts else set()
             self.mappers[name].discards = bool((asked | luks.flags) & {"allow-discards"})
@@ -196,6 +202,15 @@ class FakeCrypt:
             m.size = m.lv.size - luks.offset  # grows to its (grown) LV, as dm-crypt does
             return ""
         raise AssertionError(f"FakeHost does not simulate {argv!r}")
+
+
+def luks_offset(chunk_size: int) -> int:
+    """Where cryptsetup's luksFormat starts the data on a thin volume of a
+    pool of `chunk_size`-byte chunks (its optimal I/O size): the 16 MiB
+    header aligned to 1 MiB, or to the chunk when that does not divide
+    1 MiB (cryptsetup's device_topology_alignment)."""
+    align = chunk_size if chunk_size and (MiB % chunk_size) else MiB
+    return -(-HEADER // align) * align
 
 
 def mapper_minor(node: str) -> int | None:
