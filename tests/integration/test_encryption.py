@@ -438,7 +438,9 @@ def test_node_expand_without_secrets_grows_an_open_encrypted_volume(
     assert not os.path.exists(mapper(vid))
 
 
-def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+def class_key(dhv: Dhv) -> None:
+    """The host volume plugin's configuration names a key file for the
+    default class."""
     key = dhv.workdir / "class.key"
     key.write_text("a host volume's passphrase")
     key.chmod(0o600)
@@ -446,6 +448,10 @@ def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     data = json.loads(config.read_text())
     data["encryption_key_files"] = {"class:default": str(key)}
     config.write_text(json.dumps(data))
+
+
+def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+    class_key(dhv)
     vid = new_id()
     params = {encryption.PARAMETER: encryption.LUKS2}
     made = ok(dhv.call("create", vid, cap_min=64 * MiB, params=params))
@@ -469,6 +475,39 @@ def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     ok(dhv.call("delete", vid))
     assert dhv.lv(vid) is None and not os.path.exists(crypt)
     assert not os.path.exists(path)
+
+
+def test_host_volume_clone_larger_than_its_encrypted_source(dhv: Dhv, vg: LoopVG) -> None:
+    """A clone of an encrypted host volume, larger than its source, through
+    the executable: the new clone's dm-crypt device grows to its LV and its
+    file system to the device. It failed ("... is open, but not over volume
+    ..."), and left its LV and open dm-crypt device behind."""
+    class_key(dhv)
+    src, clone = new_id(), new_id()
+    params = {encryption.PARAMETER: encryption.LUKS2}
+    made = ok(dhv.call("create", src, cap_min=64 * MiB, params=params))
+    with open(f"{made['path']}/data", "wb") as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    before = os.statvfs(made["path"])
+    result = dhv.call("create", clone, cap_min=160 * MiB, params={"source_volume": src})
+    big = ok(result)
+    lv = dhv.lv(clone)
+    assert lv is not None and big["bytes"] == lv.size == 160 * MiB
+    crypt = mapper(lv.name)
+    assert size_of(crypt) == 160 * MiB - HEADER
+    top = mounts.top_mount(big["path"])
+    assert top is not None and top.source == crypt
+    after = os.statvfs(big["path"])
+    print(f"clone: LV {lv.size}, dm-crypt {size_of(crypt)}, df total "
+          f"{before.f_blocks * before.f_frsize} -> {after.f_blocks * after.f_frsize}")
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 64 * MiB
+    with open(f"{big['path']}/data", "rb") as back:
+        assert back.read() == PATTERN
+    for vid in (clone, src):
+        ok(dhv.call("delete", vid))
+        assert dhv.lv(vid) is None and not os.path.exists(dhv.path(vid))
+    assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
 
 
 def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,

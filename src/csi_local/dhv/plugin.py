@@ -402,25 +402,30 @@ class HostVolumePlugin:
             )
 
     def _rollback(self, pool: Pool, req: Request, lv: LogicalVolume) -> None:
-        """Best effort: undo this run's new LV, its mount and its directory."""
+        """Best effort: undo what this run's failed first create made, in
+        reverse order: the mount at the volume's path, an encrypted volume's
+        dm-crypt device, the new LV, the directory. Each step is tried
+        whatever became of the one before (a step that cannot be done fails
+        and is logged: lvremove refuses a mounted or open LV); the original
+        error is the one reported."""
+        where = f"the failed create of {req.volume_id}"
         try:
-            try:
-                numbers: tuple[int, int] | None = device_numbers(self.host, lv)
-            except DhvError:  # no device node (it never appeared): nothing is mounted
-                numbers = None
-            if numbers is None:
+            numbers: tuple[int, int] | None = device_numbers(self.host, lv)
+        except Exception:  # no device node (it never appeared): nothing is mounted
+            numbers = None
+        with _undoing(where, "unmount"):
+            if numbers is not None and self.host.device_mounted_at(req.path, *numbers):
+                self.fs.umount(req.path, device=numbers)
+        if self.steps.is_encrypted(lv):
+            with _undoing(where, "close its dm-crypt device"):
+                self.steps.close_over(lv)
+        with _undoing(where, "lvremove"):
+            if numbers is None or not self.host.mounts_of(*numbers):  # never under a mount
                 pool.lvm.remove(lv.name)
-            else:
-                major, minor = numbers
-                if self.host.device_mounted_at(req.path, major, minor):
-                    self.fs.umount(req.path, device=(major, minor))
-                if not self.host.mounts_of(major, minor):
-                    pool.lvm.remove(lv.name)
+        with _undoing(where, "rmdir"):
             if not self.host.is_mount_point(req.path):
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(req.path)
-        except Exception as err:  # the original error is the one to report
-            log.warning("could not undo the failed create of %s: %s", req.volume_id, err)
 
     # snapshots ---------------------------------------------------------------
     # Nomad has no snapshot verb for host volumes: `csi-local-dhv snapshot`
@@ -530,6 +535,17 @@ class HostVolumePlugin:
             if found is not None:
                 _check_ours(found[1], req)
             self.removal.remove(req, found)
+
+
+@contextlib.contextmanager
+def _undoing(what: str, step: str) -> Iterator[None]:
+    """One step of a rollback: a failure is logged, never raised (the error
+    that made the rollback is the one to report)."""
+    try:
+        yield
+    except Exception as err:
+        log.warning("could not undo %s (%s): %s", what, step, err)
+
 
 def _check_ours(lv: LogicalVolume, req: Request) -> None:
     if lv.tag_value(TAG_KIND) != KIND_VOLUME or lv.tag_value(TAG_ID) != req.volume_id:

@@ -410,11 +410,16 @@ class VolumeSteps:
     def _open_over(self, lv: LogicalVolume) -> str | None:
         """The path of the volume's dm-crypt device when it is open over this
         LV; None when it is not open. EncryptionMismatch when a device of its
-        name is open over something else (never used, never closed here)."""
+        name is open over something else (never used, never closed here). An
+        LV described without its device numbers (as lvcreate was told, a new
+        clone's) is known by its node's."""
         top = encryption.top_device(self.host, lv)
         if not top.encrypted:
             return None
-        if (lv.kernel_major, lv.kernel_minor) in self.host.underlying(top.major, top.minor):
+        numbers: tuple[int, int] | None = (lv.kernel_major, lv.kernel_minor)
+        if lv.kernel_major < 0:
+            numbers = self.host.device_numbers(lv.path)
+        if numbers is not None and numbers in self.host.underlying(top.major, top.minor):
             return top.path
         raise EncryptionMismatch(
             f"{top.path} is open, but not over volume {lv.vg}/{lv.name}; it is left alone")
@@ -536,6 +541,15 @@ class VolumeSteps:
         if self.host.device_numbers(path) is None:
             return False
         self.crypt.close(encryption.mapper_name(lv_name))
+        return True
+
+    def close_over(self, lv: LogicalVolume) -> bool:
+        """Close the volume's dm-crypt device when it is open over this LV;
+        True when it was. One of its name over something else:
+        EncryptionMismatch, left alone."""
+        if self._open_over(lv) is None:
+            return False
+        self.crypt.close(encryption.mapper_name(lv.name))
         return True
 
     def grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
