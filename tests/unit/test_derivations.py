@@ -22,6 +22,7 @@ from csi_local.host.derivations import (
     slot_count,
 )
 from csi_local.host.runner import Result
+from tests.unit.fakes.common import WholeOutputStreams
 
 MiB = 1 << 20
 
@@ -98,7 +99,7 @@ def test_a_tiny_limit_still_lets_one_derivation_run() -> None:
     assert slot_count(64 * MiB, 4) == 1
 
 
-class Blocking:
+class Blocking(WholeOutputStreams):
     """A Runner whose cryptsetup calls wait until released, counting how many
     run at once."""
 

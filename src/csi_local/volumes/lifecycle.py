@@ -387,18 +387,16 @@ class VolumeSteps:
         """Grow a dm-crypt device, open before this stage, to its grown LV:
         its size and its header's data offset against the LV's size. The
         header is read only when the LV is more than a default header larger
-        than the device (no data offset is smaller): a stage's retry runs no
-        cryptsetup."""
+        than the device (no data offset is smaller): a stage's retry runs
+        neither luksDump nor resize. Crypt.resize needs no key for a device whose volume key is
+        in its dm-crypt table (one this plugin opened); a stage that reuses an
+        open device has checked its key already (verify_key)."""
         lv_size, size = self.host.device_size(lv.path), self.host.device_size(path)
         if lv_size - size <= HEADER_BYTES or size >= lv_size - self.crypt.data_offset(lv.path):
             return
-        if key is None:
-            log.warning("volume %s/%s: its dm-crypt device %s is smaller than its LV, and "
-                        "no key was given to grow it", lv.vg, lv.name, path)
-            return
         try:
             self.crypt.resize(encryption.mapper_name(lv.name), key)
-        except (KeyRefused, CommandError) as err:
+        except (KeyRefused, KeyMissing, CommandError) as err:
             self._tell_open_failure(err)
             raise
 
