@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write every figure and sample as JSON to FILE ('-': "
                         "stdout). In the VM the host's file systems are read-only: use "
                         "a path under /run or /tmp there, or '-'")
+    parser.add_argument("--cbt-parse", action="store_true",
+                        help="only changed-block tracking's read of 1,000,000 thin_dump "
+                        "mappings, the old whole-document parse against the stream, on the "
+                        "host: no root, no LVM (python -m benchmarks.cbt_parse --help for "
+                        "its options)")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("plugin_args", nargs="*", metavar="-- SERVE-FLAG",
@@ -89,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cbt_parse:
+        from benchmarks import cbt_parse
+
+        return cbt_parse.main((["--quiet"] if args.quiet else [])
+                              + (["--json", args.json] if args.json else []))
     if os.geteuid() != 0:
         print("benchmarks: needs root and device-mapper (run it in the VM: "
               "scripts/vm-run -- python -m benchmarks)", file=sys.stderr)

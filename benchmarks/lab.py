@@ -97,14 +97,16 @@ class LoopVG:
 
 def make_vg(size: int, *, scratch: Path, prefix: str, pool_percent: int = 80,
             errorwhenfull: bool = True, metadatasize: str | None = None,
-            dataalignment: str | None = None, pool_metadata: int | None = None) -> LoopVG:
+            dataalignment: str | None = None, pool_metadata: int | None = None,
+            chunk_size: str | None = None) -> LoopVG:
     """A VG named `prefix` and a random suffix, on a sparse file of `size`
     bytes in `scratch`, with a thin pool "pool" of `pool_percent` of it.
 
     `metadatasize`: the PV's metadata area (pvcreate --metadatasize; None:
     LVM's default). pvcreate grows the area up to where the data starts,
     aligned to `dataalignment` (LVM's default: 1 MiB). `pool_metadata`: the
-    thin pool's metadata LV in bytes (None: LVM's choice). A failure part-way
+    thin pool's metadata LV in bytes (None: LVM's choice). `chunk_size`: the
+    thin pool's (lvcreate --chunksize; None: LVM's choice). A failure part-way
     removes what was made."""
     scratch.mkdir(parents=True, exist_ok=True)
     name = f"{prefix}{uuid.uuid4().hex[:8]}"
@@ -119,6 +121,8 @@ def make_vg(size: int, *, scratch: Path, prefix: str, pool_percent: int = 80,
             run("pvcreate", "--yes", "--metadatasize", metadatasize, *align, loop)
         run("vgcreate", "--yes", name, loop)
         meta = ["--poolmetadatasize", f"{pool_metadata}b"] if pool_metadata else []
+        if chunk_size is not None:
+            meta += ["--chunksize", chunk_size]
         run("lvcreate", "--yes", "--type", "thin-pool", "--extents", f"{pool_percent}%VG",
             *meta, "--name", "pool", name)
         # A full pool fails writes at once instead of queueing them for a minute.

@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
       type=float, help="seconds before an external command is killed")
     e("--group-freeze-timeout", action=_EnvDefault, env="CSI_LOCAL_GROUP_FREEZE_TIMEOUT",
       default=f"{DEFAULT_FREEZE_LIMIT:g}", type=float,
-      help="seconds a group snapshot may keep its members' file systems frozen; past it they "
-      "are thawed and the group fails (UNAVAILABLE), leaving no member")
+      help="seconds a snapshot may keep file systems frozen (a group's members, an encrypted "
+      "source); past it they are thawed and the snapshot fails (UNAVAILABLE), leaving none")
     e("--lvm-shell", action=_EnvDefault, env="CSI_LOCAL_LVM_SHELL", nargs="?", const=True,
       default="true", type=_bool,
       help="run lvcreate, lvremove, lvextend and lvchange in one lvm shell kept running, "

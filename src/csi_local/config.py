@@ -11,7 +11,7 @@ from csi_local.host.filesystem_rules import SUPPORTED_FS
 from csi_local.host.locks import DEFAULT_LOCK_DIR
 from csi_local.storage.lvm import check_name
 from csi_local.volumes.device_classes import DeviceClasses, single_class
-from csi_local.volumes.group_snapshots import DEFAULT_FREEZE_LIMIT as DEFAULT_FREEZE_LIMIT
+from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT as DEFAULT_FREEZE_LIMIT
 from csi_local.volumes.pool import PoolPolicy
 from csi_local.volumes.sizes import parse_size as _parse_size
 
@@ -101,7 +101,8 @@ class Config:
     default_fs_type: str = "ext4"
     node_expansion_only: bool = False
     command_timeout: float = 120.0
-    # Seconds a group snapshot may keep its members' file systems frozen.
+    # Seconds any freeze window may keep file systems frozen (volumes/freezes.py):
+    # a group snapshot's members, a snapshot's or clone's encrypted source.
     group_freeze_timeout: float = DEFAULT_FREEZE_LIMIT
     # LVM's changing commands in one `lvm` shell kept running (storage/lvm_shell.py).
     lvm_shell: bool = True

@@ -143,6 +143,12 @@ class EncryptionMismatch(StorageError):
     holds no LUKS2 header but was used before."""
 
 
+class VolumeTooSmall(StorageError):
+    """An encrypted volume's LV ends where its LUKS2 header says its data
+    starts, or before: nothing fits behind the header (made too small by an
+    older version; growing the volume makes room)."""
+
+
 class StillMounted(StorageError):
     """Something stays mounted where it was to be unmounted."""
 
@@ -186,8 +192,9 @@ class CannotQuiesce(StorageError):
 
 
 class FreezeTimeout(StorageError):
-    """A group snapshot's members stayed frozen for the limit before every
-    member's snapshot was cut: thawed, nothing kept; a retry can succeed."""
+    """File systems frozen for a snapshot (a group's members, an encrypted
+    source) stayed frozen for the freeze limit before every snapshot was cut:
+    thawed, nothing kept; a retry can succeed."""
 
 
 class OriginFrozen(StorageError):

@@ -41,12 +41,13 @@ AccessModeValue: TypeAlias = pb.VolumeCapability.AccessMode.Mode.ValueType
 
 
 def make_vg(size: int = 4 << 30, pool_percent: int = 80, *, errorwhenfull: bool = True,
-            metadatasize: str | None = None, dataalignment: str | None = None) -> LoopVG:
+            metadatasize: str | None = None, dataalignment: str | None = None,
+            chunk_size: str | None = None) -> LoopVG:
     """A VG of the tests' own (csitest..., its image in SCRATCH) with a thin
     pool: `benchmarks.lab.make_vg`, whose doc says what the options do."""
     return lab.make_vg(size, scratch=SCRATCH, prefix="csitest", pool_percent=pool_percent,
                        errorwhenfull=errorwhenfull, metadatasize=metadatasize,
-                       dataalignment=dataalignment)
+                       dataalignment=dataalignment, chunk_size=chunk_size)
 
 
 # Where LVM archives each VG's metadata before a change (the host's lvm.conf:

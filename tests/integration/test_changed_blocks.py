@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import json
 import os
+import shutil
 import signal
 import struct
 import sys
@@ -267,14 +268,10 @@ def test_a_reservation_of_a_killed_reader_is_released_at_start_up(
     s1 = snapshot(plugin, "k1", vid)
     # A thin_dump that says it started, then hangs: the plugin is killed meanwhile.
     tools = Path("/run/csi-local-slow-tools")
-    tools.mkdir(exist_ok=True)
     started = tools / "started"
     started.unlink(missing_ok=True)
-    wrapper = tools / "thin_dump"
-    wrapper.write_text(f"#!/bin/sh\necho $$ > {started}.tmp\nmv {started}.tmp {started}\n"
-                       "exec sleep 120\n")
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ.get('PATH', '')}")
+    thin_dump_in(tools, f"echo $$ > {started}.tmp\nmv {started}.tmp {started}\n"
+                 "exec sleep 120\n", monkeypatch)
     plugin.restart()
     reply = sm(plugin).GetMetadataAllocated(
         pb.GetMetadataAllocatedRequest(snapshot_id=s1), timeout=300)
@@ -300,6 +297,44 @@ def test_a_reservation_of_a_killed_reader_is_released_at_start_up(
     assert extents(allocated(plugin, s1)) == [(0, chunk_size(vg))]
     unpublish(plugin, vid, dev)
     unstage(plugin, vid, staging)
+
+
+def test_a_tool_that_fails_halfway_is_an_error_with_its_stderr(
+        sparse_plugin: PluginProcess, own_vg: LoopVG,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real thin_dump's output cut off, then an exit 1 with a message: the
+    RPC fails with that message (not the truncated XML's), the metadata
+    snapshot is released, no tool is left running, and the next read with
+    the real tool gives the ranges."""
+    plugin, vg = sparse_plugin, own_vg
+    vid, staging, dev = block_volume(plugin, "h")
+    write(dev, 0, 1, 1)
+    s1 = snapshot(plugin, "h1", vid)
+    real = shutil.which("thin_dump")
+    assert real is not None
+    wrapper = thin_dump_in(Path("/run/csi-local-broken-tools"), f'{real} "$@" | head -c 150\n'
+                           "echo 'thin_dump: metadata broke off' >&2\nexit 1\n", monkeypatch)
+    plugin.restart()
+    err = expect_code(Code.INTERNAL, allocated, plugin, s1)
+    assert "metadata broke off" in (err.details() or ""), err.details()
+    assert not held(vg)
+    assert run("pgrep", "-f", str(wrapper), check=False).returncode == 1  # none left
+    monkeypatch.undo()
+    plugin.restart()
+    assert extents(allocated(plugin, s1)) == [(0, chunk_size(vg))]
+    unpublish(plugin, vid, dev)
+    unstage(plugin, vid, staging)
+
+
+def thin_dump_in(tools: Path, script: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `thin_dump` shell script in `tools`, first on the PATH a plugin
+    started from now on searches."""
+    tools.mkdir(exist_ok=True)
+    wrapper = tools / "thin_dump"
+    wrapper.write_text(f"#!/bin/sh\n{script}")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ.get('PATH', '')}")
+    return wrapper
 
 
 def _ignore_rpc_error(stream: Any) -> Iterator[Any]:

@@ -1,6 +1,6 @@
 """csi_local.host.crypt against real cryptsetup and dm-crypt on a thin LV:
-format, open, a wrong key, resize after lvextend, close; and the key in no
-error, log line or argv."""
+format, open, a wrong key, verify, resize after lvextend (with and without
+the key), close; and the key in no error, log line or argv."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from csi_local.errors import CommandError, KeyRefused
+from csi_local.errors import CommandError, KeyMissing, KeyRefused
 from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, LuksSettings
 from csi_local.host.runner import ProcessRunner
 from tests.integration.conftest import LoopVG, run
@@ -58,13 +58,28 @@ def test_format_open_resize_close_on_a_thin_lv(vg: LoopVG,
         with pytest.raises(CommandError) as twice:
             crypt.open(lv, name + "-2", Key(SECRET))
         assert twice.value.returncode == 5 and not isinstance(twice.value, KeyRefused)
-        run("lvextend", "--yes", "--size", "96M", f"{vg.name}/luks1")
+        # The header is asked while the device is open.
         with pytest.raises(KeyRefused):
-            crypt.resize(name, Key("not the key"))
-        crypt.resize(name, Key(SECRET))
+            crypt.verify(lv, Key("not the key"))
+        crypt.verify(lv, Key(SECRET))
+        # Its volume key is in its dm-crypt table: it grows without the passphrase.
+        run("lvextend", "--yes", "--size", "96M", f"{vg.name}/luks1")
+        crypt.resize(name, None)
         assert size_of(path) == 96 * MiB - HEADER_BYTES
         with open(path, "rb") as f:
             assert f.read(len(PATTERN)) == PATTERN
+        # Opened with the key in the kernel's keyring (LUKS2's default): a resize
+        # asks for the passphrase, and reads none from /dev/null.
+        crypt.close(name)
+        run("cryptsetup", "open", "--type", "luks2", "--key-file", "-", lv, name,
+            input=SECRET)
+        run("lvextend", "--yes", "--size", "128M", f"{vg.name}/luks1")
+        with pytest.raises(KeyMissing):
+            crypt.resize(name, None)
+        with pytest.raises(KeyRefused):
+            crypt.resize(name, Key("not the key"))
+        crypt.resize(name, Key(SECRET))
+        assert size_of(path) == 128 * MiB - HEADER_BYTES
     finally:
         crypt.close(name)
     assert not os.path.exists(path)

@@ -22,7 +22,7 @@ from benchmarks.lab import copy_ranges
 from benchmarks.measure import rss_bytes
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.host import mounts
+from csi_local.host import device_mapper, mounts
 from csi_local.volumes import encryption
 from tests.deploy._deploy import plugin_memory_limits
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
@@ -241,7 +241,12 @@ def kill_tree(plugin: PluginProcess) -> None:
     """SIGKILL the plugin and every process it started (cryptsetup, mkfs), as
     the end of its container does."""
     assert plugin.proc is not None
-    parent = plugin.proc.pid
+    kill_commands(plugin.proc.pid)
+    plugin.kill()
+
+
+def kill_commands(parent: int) -> None:
+    """SIGKILL every process `parent` started, each in its process group."""
     children = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -256,17 +261,12 @@ def kill_tree(plugin: PluginProcess) -> None:
             os.killpg(pid, signal.SIGKILL)  # each command runs in a group of its own
         except ProcessLookupError:
             pass
-    plugin.kill()
 
 
-# The step a kill lands in: after the command the log names has run, the
-# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
-@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
-                                   "cryptsetup open"])
-def test_kill_during_an_encrypted_stage_then_retry_converges(
-        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
-    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
-    staging = plugin.path("stage-kill")
+def kill_a_stage_after(plugin: PluginProcess, vid: str, staging: str,
+                       after: str) -> pb.NodeStageVolumeRequest:
+    """Stage `vid` and kill the plugin (and what it started) once the command
+    `after` names has run; start it again. Returns the stage's request."""
     req = pb.NodeStageVolumeRequest(volume_id=vid, staging_target_path=staging,
                                     volume_capability=mount_cap(), secrets=SECRETS)
     mark = len(plugin.log())
@@ -281,6 +281,18 @@ def test_kill_during_an_encrypted_stage_then_retry_converges(
     except grpc.RpcError:
         pass
     plugin.start()
+    return req
+
+
+# The step a kill lands in: after the command the log names has run, the
+# stage's next one is running (isLuks: luksFormat; luksFormat: open; open: mkfs).
+@pytest.mark.parametrize("after", ["cryptsetup isLuks", "cryptsetup luksFormat",
+                                   "cryptsetup open"])
+def test_kill_during_an_encrypted_stage_then_retry_converges(
+        plugin: PluginProcess, vg: LoopVG, after: str) -> None:
+    vid = create(plugin, f"enc-kill-{after.split()[1].lower()}")
+    staging = plugin.path("stage-kill")
+    req = kill_a_stage_after(plugin, vid, staging, after)
     plugin.node.NodeStageVolume(req, timeout=300)
     top = mounts.top_mount(staging)
     assert top is not None and top.source == mapper(vid) and top.fs_type == "ext4"
@@ -297,7 +309,138 @@ def test_kill_during_an_encrypted_stage_then_retry_converges(
     assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
 
 
-def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+def test_a_wrong_key_is_refused_while_the_device_is_open(plugin: PluginProcess) -> None:
+    """An open dm-crypt device says nothing of the key a stage brings: a stage
+    killed right after `cryptsetup open`, then retried with a wrong key,
+    mounted the volume (no cryptsetup ran), and a repeated stage of a staged
+    volume with a wrong key answered OK. Both are refused now, as a first
+    open is, and the right key still stages it."""
+    wrong = {encryption.SECRET_KEY: "not the passphrase"}
+    vid = create(plugin, "enc-open-key")
+    staging = plugin.path("stage-open-key")
+    kill_a_stage_after(plugin, vid, staging, "cryptsetup open")
+    assert os.path.exists(mapper(vid)), "the killed stage's dm-crypt device is gone"
+    mark = len(plugin.log())
+    expect_code(Code.UNAUTHENTICATED, stage, plugin, vid, staging, secrets=wrong)
+    assert mounts.top_mount(staging) is None
+    assert "--test-passphrase" in plugin.log()[mark:]
+    stage(plugin, vid, staging)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid)
+    with open(f"{staging}/data", "wb") as f:
+        f.write(PATTERN)
+    # Staged: the same stage again with a wrong key is refused, and changes nothing.
+    expect_code(Code.UNAUTHENTICATED, stage, plugin, vid, staging, secrets=wrong)
+    top = mounts.top_mount(staging)
+    assert top is not None and top.source == mapper(vid)
+    stage(plugin, vid, staging)
+    with open(f"{staging}/data", "rb") as f:
+        assert f.read() == PATTERN
+    assert "not the passphrase" not in plugin.log()
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+
+
+@pytest.mark.report
+def test_fstrim_gives_an_encrypted_volume_s_freed_blocks_back_to_the_pool(
+        plugin: PluginProcess, vg: LoopVG) -> None:
+    """dm-crypt drops discards unless opened with --allow-discards: fstrim on
+    an encrypted volume said "the discard operation is not supported" and
+    the thin LV kept every block it ever mapped. The plugin's open allows
+    them and stores the flag in the LUKS2 header; a file written, deleted
+    and trimmed gives its blocks back (the thin device's own mapped count)."""
+    vid = create(plugin, "enc-trim", 96 * MiB)
+    staging = plugin.path("stage-trim")
+    stage(plugin, vid, staging)
+    table = run("dmsetup", "table", encryption.mapper_name(vid)).stdout
+    assert "allow_discards" in table, table
+    dump = run("cryptsetup", "luksDump", f"/dev/{vg.name}/{vid}").stdout
+    flags = next(line for line in dump.splitlines() if line.startswith("Flags:"))
+    assert "allow-discards" in flags, dump
+
+    def mapped() -> int:
+        run("sync")
+        sectors = device_mapper.thin_mapped_sectors(device_mapper.dm_name(vg.name, vid))
+        assert sectors is not None
+        return sectors * 512
+
+    with open(f"{staging}/filler", "wb") as f:
+        for _ in range(48):
+            f.write(PATTERN)
+        os.fsync(f.fileno())
+    full = mapped()
+    os.unlink(f"{staging}/filler")
+    run("sync")  # ext4 hands freed blocks to fstrim once the deletion is committed
+    trim = run("fstrim", "-v", staging, check=False)
+    assert trim.returncode == 0, trim.stderr
+    after = mapped()
+    print(f"thin LV mapped: {full / MiB:.1f} MiB with the file, {after / MiB:.1f} MiB after "
+          f"rm and fstrim ({trim.stdout.strip()})")
+    assert after < full - 40 * MiB
+    # The header keeps the flag: the next open allows discards without
+    # rewriting it (cryptsetup rewrites the header at every --persistent open).
+    unstage(plugin, vid, staging)
+    mark = len(plugin.log())
+    stage(plugin, vid, staging)
+    opens = [line for line in plugin.log()[mark:].splitlines()
+             if "cryptsetup open --type" in line]
+    assert opens and all("--allow-discards" in line and "--persistent" not in line
+                         for line in opens), opens
+    assert "allow_discards" in run("dmsetup", "table", encryption.mapper_name(vid)).stdout
+    unstage(plugin, vid, staging)
+
+
+def node_expand(p: PluginProcess, vid: str, path: str, size: int,
+                secrets: dict[str, str] | None = None) -> None:
+    p.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=size)))
+    p.node.NodeExpandVolume(pb.NodeExpandVolumeRequest(
+        volume_id=vid, volume_path=path, capacity_range=pb.CapacityRange(required_bytes=size),
+        secrets=secrets or {}), timeout=300)
+
+
+def key_location(vid: str) -> str:
+    """Where the open dm-crypt device's volume key is: "keyring" or "dm-crypt"."""
+    out = run("cryptsetup", "status", encryption.mapper_name(vid)).stdout
+    return next(line.split(":", 1)[1].strip() for line in out.splitlines()
+                if line.strip().startswith("key location:"))
+
+
+def test_node_expand_without_secrets_grows_an_open_encrypted_volume(
+        plugin: PluginProcess, vg: LoopVG) -> None:
+    """Nomad's NodeExpandVolume carries no secrets: it was refused with
+    INVALID_ARGUMENT, so an encrypted volume never grew online under Nomad.
+    The plugin opens the device with its volume key in the dm-crypt table,
+    where `cryptsetup resize` finds it without a passphrase. A device opened
+    with its key in the kernel's keyring (by hand, or an older version)
+    still needs the key: refused without it, grown with it."""
+    vid = create(plugin, "enc-grow-nokey")
+    staging = plugin.path("stage-grow-nokey")
+    stage(plugin, vid, staging)
+    assert key_location(vid) == "dm-crypt"
+    before = os.statvfs(staging)
+    node_expand(plugin, vid, staging, 128 * MiB)
+    assert size_of(mapper(vid)) == 128 * MiB - HEADER
+    after = os.statvfs(staging)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 48 * MiB
+    unstage(plugin, vid, staging)
+    # Opened by hand, LUKS2's default: the volume key in the kernel's keyring.
+    run("cryptsetup", "open", "--type", "luks2", "--key-file", "-", f"/dev/{vg.name}/{vid}",
+        encryption.mapper_name(vid), input=KEY)
+    assert key_location(vid) == "keyring"
+    stage(plugin, vid, staging)  # the open device, reused with its key
+    err = expect_code(Code.INVALID_ARGUMENT, node_expand, plugin, vid, staging, 160 * MiB)
+    assert "keyring" in (err.details() or "")
+    assert size_of(mapper(vid)) == 128 * MiB - HEADER
+    node_expand(plugin, vid, staging, 160 * MiB, SECRETS)
+    assert size_of(mapper(vid)) == 160 * MiB - HEADER
+    unstage(plugin, vid, staging)
+    assert not os.path.exists(mapper(vid))
+
+
+def class_key(dhv: Dhv) -> None:
+    """The host volume plugin's configuration names a key file for the
+    default class."""
     key = dhv.workdir / "class.key"
     key.write_text("a host volume's passphrase")
     key.chmod(0o600)
@@ -305,6 +448,10 @@ def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     data = json.loads(config.read_text())
     data["encryption_key_files"] = {"class:default": str(key)}
     config.write_text(json.dumps(data))
+
+
+def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
+    class_key(dhv)
     vid = new_id()
     params = {encryption.PARAMETER: encryption.LUKS2}
     made = ok(dhv.call("create", vid, cap_min=64 * MiB, params=params))
@@ -328,6 +475,39 @@ def test_host_volume_create_grow_delete(dhv: Dhv, vg: LoopVG) -> None:
     ok(dhv.call("delete", vid))
     assert dhv.lv(vid) is None and not os.path.exists(crypt)
     assert not os.path.exists(path)
+
+
+def test_host_volume_clone_larger_than_its_encrypted_source(dhv: Dhv, vg: LoopVG) -> None:
+    """A clone of an encrypted host volume, larger than its source, through
+    the executable: the new clone's dm-crypt device grows to its LV and its
+    file system to the device. It failed ("... is open, but not over volume
+    ..."), and left its LV and open dm-crypt device behind."""
+    class_key(dhv)
+    src, clone = new_id(), new_id()
+    params = {encryption.PARAMETER: encryption.LUKS2}
+    made = ok(dhv.call("create", src, cap_min=64 * MiB, params=params))
+    with open(f"{made['path']}/data", "wb") as f:
+        f.write(PATTERN)
+        os.fsync(f.fileno())
+    before = os.statvfs(made["path"])
+    result = dhv.call("create", clone, cap_min=160 * MiB, params={"source_volume": src})
+    big = ok(result)
+    lv = dhv.lv(clone)
+    assert lv is not None and big["bytes"] == lv.size == 160 * MiB
+    crypt = mapper(lv.name)
+    assert size_of(crypt) == 160 * MiB - HEADER
+    top = mounts.top_mount(big["path"])
+    assert top is not None and top.source == crypt
+    after = os.statvfs(big["path"])
+    print(f"clone: LV {lv.size}, dm-crypt {size_of(crypt)}, df total "
+          f"{before.f_blocks * before.f_frsize} -> {after.f_blocks * after.f_frsize}")
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 64 * MiB
+    with open(f"{big['path']}/data", "rb") as back:
+        assert back.read() == PATTERN
+    for vid in (clone, src):
+        ok(dhv.call("delete", vid))
+        assert dhv.lv(vid) is None and not os.path.exists(dhv.path(vid))
+    assert not [d for d in os.listdir("/dev/mapper") if d.startswith(encryption.MAPPER_PREFIX)]
 
 
 def test_changed_block_ranges_restore_an_encrypted_volume(plugin: PluginProcess,
@@ -513,3 +693,55 @@ def test_an_encrypted_stage_fits_the_shipped_memory_limits(plugin_factory: Any) 
     assert crypt[1] > 64 * mib
     for where, limit in limits.items():
         assert max(cgroup_peak, rss_peak) < limit, where
+
+
+@pytest.mark.parametrize("chunk", ["64k", "192k", "1m", "32m"])
+def test_the_smallest_encrypted_volumes_stage_on_pools_of_any_chunk_size(
+        plugin_factory: Any, chunk: str) -> None:
+    """An encrypted ext4 volume asked for 1 MiB got 16 MiB, exactly its LUKS2
+    header, and its first stage failed ("Requested offset is beyond real
+    size of device"). The smallest encrypted ext4 and xfs volumes stage and
+    mount on pools of 64 KiB, 192 KiB, 1 MiB and 32 MiB chunks, and are the
+    size the plugin computed: the file system's minimum plus the data offset
+    cryptsetup chose, the 16 MiB header aligned to the pool's chunk size
+    (the thin volume's optimal I/O size)."""
+    from csi_local.host import filesystem_rules as fsrules
+    from csi_local.host.crypt import data_offset_for
+    from tests.integration.conftest import make_vg
+    chunk_bytes = int(chunk[:-1]) << {"k": 10, "m": 20}[chunk[-1]]
+    small = make_vg(size=1 << 30, chunk_size=chunk)
+    try:
+        p = plugin_factory(target_vg=small)
+        for fs_type in ("ext4", "xfs"):
+            cap = mount_cap(fs_type)
+            vid = p.controller.CreateVolume(pb.CreateVolumeRequest(
+                name=f"tiny-{fs_type}", capacity_range=pb.CapacityRange(required_bytes=MiB),
+                volume_capabilities=[cap],
+                parameters={encryption.PARAMETER: encryption.LUKS2})).volume.volume_id
+            lv = f"/dev/{small.name}/{vid}"
+            size = size_of(lv)
+            offset = data_offset_for(chunk_bytes)
+            extent = 4 * MiB
+            assert size == -(-(fsrules.min_size(fs_type) + offset) // extent) * extent
+            staging = p.path(f"stage-tiny-{fs_type}")
+            stage(p, vid, staging, cap)
+            top = mounts.top_mount(staging)
+            assert top is not None and top.fs_type == fs_type
+            dump = json.loads(run("cryptsetup", "luksDump", "--dump-json-metadata",
+                                  lv).stdout)
+            real = int(dump["segments"]["0"]["offset"])
+            numbers = os.stat(lv).st_rdev
+            queue = f"/sys/dev/block/{os.major(numbers)}:{os.minor(numbers)}/queue"
+            io = {name: Path(f"{queue}/{name}").read_text().strip()
+                  for name in ("minimum_io_size", "optimal_io_size")}
+            print(f"chunk {chunk} {fs_type}: LV {size} bytes, data offset {real} "
+                  f"(computed {offset}), dm-crypt {size_of(mapper(vid))} bytes, queue {io}")
+            assert real == offset
+            assert size_of(mapper(vid)) == size - offset
+            with open(f"{staging}/data", "wb") as f:
+                f.write(PATTERN[:64 << 10])
+                os.fsync(f.fileno())
+            unstage(p, vid, staging)
+            p.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    finally:
+        small.destroy()

@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -242,6 +243,44 @@ class Probe(threading.Thread):
         return bool(self.done) and time.monotonic() - self.done[-1] > seconds
 
 
+def past_the_limit(what: str, plugin: PluginProcess, limit: float, probe: Probe,
+                   marker: str, start: Callable[[], tuple[threading.Thread, list[Any]]]
+                   ) -> None:
+    """With LVM's VG lock held shared (reads pass, lvcreate waits), `start` a
+    snapshot in a thread; once the plugin logged `marker` and the probe's
+    writes stopped (frozen), hold the lock far past `limit`. The snapshot
+    fails UNAVAILABLE for the freeze limit, and the probe's file system took
+    writes again at the limit, long before the lock was released."""
+    lock = os.open(f"/run/lock/lvm/V_{plugin.vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        locked_at = time.monotonic()
+        taker, outcome = start()
+        deadline = time.monotonic() + 300
+        while marker not in plugin.log() or not probe.stalled(0.3):
+            assert time.monotonic() < deadline and taker.is_alive(), outcome
+            time.sleep(0.02)
+        frozen_at = probe.done[-1]
+        time.sleep(limit + 8)
+        assert taker.is_alive(), "the snapshot did not wait for LVM's VG lock"
+        released_at = time.monotonic()
+    finally:
+        os.close(lock)
+    taker.join(timeout=300)
+    probe.stop.set()
+    probe.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), outcome
+    err = outcome[0]
+    assert err.code() == Code.UNAVAILABLE, err.details()
+    assert f"frozen for its limit of {limit:g} s (--group-freeze-timeout)" in (err.details() or "")
+    # Thawed at the limit while lvcreate still waited for the lock.
+    resumed = next(t for t in probe.done if t > frozen_at)
+    print(f"\n[{what}] limit {limit:g} s: writes held {resumed - frozen_at:.2f} s; the VG "
+          f"lock held {released_at - locked_at:.1f} s")
+    assert resumed < released_at - 3, "writes waited for the lock: not thawed at the limit"
+    assert limit - 1 < resumed - frozen_at < limit + 3
+
+
 def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
         plugin_factory: Any) -> None:
     """LVM's VG lock, held by another process, makes the members' lvcreate wait
@@ -255,7 +294,7 @@ def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
     a, b = mounted(plugin, "lim-a"), mounted(plugin, "lim-b")
     probe = Probe(os.path.join(a[2], "probe"))
     probe.start()
-    outcome: list[BaseException | pb.VolumeGroupSnapshot] = []
+    outcome: list[Any] = []
 
     def attempt() -> None:
         try:
@@ -263,45 +302,18 @@ def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
         except grpc.RpcError as err:
             outcome.append(err)
 
-    lock = os.open(f"/run/lock/lvm/V_{plugin.vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
-    taker = threading.Thread(target=attempt, daemon=True)
-    try:
-        while len(probe.done) < 5:
-            time.sleep(0.05)
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        locked_at = time.monotonic()
+    def start() -> tuple[threading.Thread, list[Any]]:
+        taker = threading.Thread(target=attempt, daemon=True)
         taker.start()
-        deadline = time.monotonic() + 300
-        freezing = f"group snapshot {vols.group_id_for('lim')}: freezing"
-        while freezing not in plugin.log():
-            assert time.monotonic() < deadline and taker.is_alive(), outcome
-            time.sleep(0.05)
-        while not probe.stalled(0.3):  # A is frozen (its writes wait)
-            assert time.monotonic() < deadline and taker.is_alive(), outcome
-            time.sleep(0.02)
-        frozen_at = probe.done[-1]
-        time.sleep(limit + 8)
-        assert taker.is_alive(), "the take did not wait for LVM's VG lock"
-        released_at = time.monotonic()
-    finally:
-        os.close(lock)
-    taker.join(timeout=300)
-    probe.stop.set()
-    probe.join(timeout=60)
-    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), outcome
-    err = outcome[0]
-    assert err.code() == Code.UNAVAILABLE, err.details()
-    assert f"frozen for its limit of {limit:g} s (--group-freeze-timeout)" in (err.details() or "")
-    # Thawed at the limit while lvcreate still waited for the lock: A took
-    # writes again long before the lock was released.
-    resumed = next(t for t in probe.done if t > frozen_at)
-    print(f"\n[group] limit {limit:g} s: writes held {resumed - frozen_at:.2f} s; the VG lock "
-          f"held {released_at - locked_at:.1f} s")
-    assert resumed < released_at - 3, "writes waited for the lock: not thawed at the limit"
-    assert limit - 1 < resumed - frozen_at < limit + 3
+        return taker, outcome
+
+    while len(probe.done) < 5:
+        time.sleep(0.05)
+    past_the_limit("group", plugin, limit, probe,
+                   f"group snapshot {vols.group_id_for('lim')}: freezing", start)
     left = run("lvs", "--noheadings", "-o", "lv_name,lv_tags", plugin.vg.name).stdout
     assert "csi-local.group=" not in left, f"members left after the failed take:\n{left}"
-    assert not list(plugin.state_dir.glob("group-take.*")), "journal left"
+    assert not list((plugin.workdir / "locks" / "freezes").glob("*")), "journal left"
     assert "writes held for the limit" in plugin.log()
     for _, _, target in (a, b):  # thawed: a write completes at once
         with open(os.path.join(target, "after"), "wb") as f:

@@ -59,7 +59,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
 from csi_local.csi.plugin import CsiPlugin
 from csi_local.csi.rpc import status_of
-from csi_local.host.runner import ProcessRunner, Result
+from csi_local.host.runner import Output, ProcessRunner, Result
 from csi_local.ops import status as status_mod
 from csi_local.storage.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
 from csi_local.storage.lvm_shell import LvmShell
@@ -122,6 +122,10 @@ class Moment:
         if input is None and result.returncode == 0:
             self.answers[key] = result
         return result
+
+    def stream(self, argv: Sequence[str], *, timeout: float | None = None
+               ) -> contextlib.AbstractContextManager[Output]:
+        return self.runner.stream(argv, timeout=timeout)
 
 
 @dataclass

@@ -324,3 +324,58 @@ def test_second_process_cannot_take_the_state_dir(plugin: PluginProcess) -> None
     argv[argv.index("--endpoint") + 1] = f"unix://{plugin.workdir}/other.sock"
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "in use by another process" in proc.stderr
+
+
+@pytest.mark.parametrize(("fs_type", "encrypted"), [("ext4", False), ("xfs", False),
+                                                    ("ext4", True)])
+def test_a_volume_expanded_while_unused_grows_at_its_next_stage(
+        plugin: PluginProcess, fs_type: str, encrypted: bool) -> None:
+    """Nomad's `volume expand` of a volume no allocation uses calls
+    ControllerExpandVolume alone, never NodeExpandVolume: the next stage
+    grows the file system to its grown device (an encrypted volume's
+    dm-crypt device spans its LV once opened), the data intact. It mounted
+    the file system at its old size."""
+    from csi_local.volumes import encryption
+    params = {encryption.PARAMETER: encryption.LUKS2} if encrypted else {}
+    secrets = {encryption.SECRET_KEY: "offline growth key"} if encrypted else {}
+    cap = mount_cap(fs_type)
+    first, grown = (320 * MiB, 512 * MiB) if fs_type == "xfs" else (64 * MiB, 256 * MiB)
+    vid = plugin.controller.CreateVolume(pb.CreateVolumeRequest(
+        name=f"offline-{fs_type}-{encrypted}", parameters=params, volume_capabilities=[cap],
+        capacity_range=pb.CapacityRange(required_bytes=first))).volume.volume_id
+    staging = plugin.path(f"stage-offline-{fs_type}-{encrypted}")
+
+    def stage_it() -> None:
+        plugin.node.NodeStageVolume(pb.NodeStageVolumeRequest(
+            volume_id=vid, staging_target_path=staging, volume_capability=cap,
+            secrets=secrets), timeout=300)
+
+    def df() -> int:
+        st = os.statvfs(staging)
+        return st.f_blocks * st.f_frsize
+
+    grown_before = plugin.log().count("growing it")  # the plugin may be a shared one
+    stage_it()
+    before = df()
+    data = os.urandom(MiB)
+    with open(f"{staging}/data", "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    unstage(plugin, vid, staging)
+    reply = plugin.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=vid, capacity_range=pb.CapacityRange(required_bytes=grown),
+        volume_capability=cap))
+    assert reply.capacity_bytes == grown
+    stage_it()
+    after = df()
+    print(f"{fs_type} encrypted={encrypted}: df total {before} -> {after} bytes "
+          f"(LV {first} -> {grown})")
+    assert after >= before + (grown - first) - 16 * MiB, (before, after)
+    with open(f"{staging}/data", "rb") as back:
+        assert back.read() == data
+    assert plugin.log().count("growing it") == grown_before + 1, plugin.log()[-4000:]
+    # The sizes match now: another stage grows nothing.
+    unstage(plugin, vid, staging)
+    stage_it()
+    assert df() == after and plugin.log().count("growing it") == grown_before + 1
+    unstage(plugin, vid, staging)

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Generator
 
 import pytest
 
@@ -105,3 +106,112 @@ def test_each_command_has_its_own_timeout() -> None:
     for _ in range(5):
         runner.run(["true"])
     assert threading.active_count() == before
+
+
+# Runner.stream: output read as it is written (thin_dump, thin_delta) ---------
+
+def gone(group: int) -> bool:
+    """Nothing of process group `group` is left (given a moment to be reaped)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stream_reads_output_as_it_is_written() -> None:
+    # The child waits for a file that the reader makes only after it has the
+    # first line: output held until the end would never arrive.
+    flag = f"/run/csi-local-stream-{os.getpid()}"
+    with ProcessRunner().stream(
+            ["sh", "-c", f'echo "first $LC_ALL"; while [ ! -e {flag} ]; do sleep 0.05; done; '
+             "echo second"], timeout=30) as out:
+        first = out.read(100)
+        open(flag, "w").close()
+        rest = b""
+        while chunk := out.read(100):
+            rest += chunk
+    os.unlink(flag)
+    assert (first, rest) == (b"first C\n", b"second\n")
+
+
+def test_stream_failure_carries_code_and_stderr() -> None:
+    heard: list[tuple[str, bool]] = []
+    runner = ProcessRunner(observe=lambda tool, _seconds, ok: heard.append((tool, ok)))
+    with pytest.raises(CommandError) as info, runner.stream(
+            ["sh", "-c", "echo partial; echo 'it broke' >&2; exit 5"]) as out:
+        assert out.read(100) == b"partial\n"
+    err = info.value
+    assert (err.returncode, err.stderr) == (5, "it broke\n") and not err.timed_out
+    with runner.stream(["true"]):
+        pass
+    assert heard == [("sh", False), ("true", True)]  # the metrics hear of both
+    with pytest.raises(CommandError) as info, ProcessRunner().stream(
+            [f"no-such-tool-{os.getpid()}"]):
+        pass
+    assert info.value.returncode == 127
+
+
+def test_stream_a_failed_tool_outranks_the_readers_error_about_its_output() -> None:
+    """thin_dump failing halfway: the truncated XML is the symptom, the
+    tool's exit and standard error the cause."""
+    with pytest.raises(CommandError) as info, ProcessRunner().stream(
+            ["sh", "-c", "echo '<superblock'; echo 'bad metadata' >&2; exit 1"]) as out:
+        while out.read(100):
+            pass
+        raise ValueError("not XML")
+    assert (info.value.returncode, info.value.stderr) == (1, "bad metadata\n")
+    assert isinstance(info.value.__cause__, ValueError)
+    with pytest.raises(ValueError, match="not XML"), ProcessRunner().stream(
+            ["sh", "-c", "echo '<superblock'"]) as out:  # exit 0: the reader's error
+        while out.read(100):
+            pass
+        raise ValueError("not XML")
+
+
+def test_stream_a_reader_that_gives_up_leaves_no_child() -> None:
+    """A reader failing (or a caller going away) mid-output: the child, which
+    would block on the full pipe, and what it started are killed."""
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), ProcessRunner().stream(
+            ["sh", "-c", "echo $$; yes; sleep 30"], timeout=60) as out:
+        group = int(out.read(4096).split(b"\n")[0])
+        raise RuntimeError("reader failed")
+    assert gone(group) and time.monotonic() - started < 10
+
+    def reader() -> Generator[bytes, None, None]:
+        with ProcessRunner().stream(["sh", "-c", "echo $$; yes"], timeout=60) as out:
+            while True:
+                yield out.read(4096)
+
+    gen = reader()
+    group = int(next(gen).split(b"\n")[0])
+    gen.close()  # GeneratorExit at the yield: as a cancelled gRPC stream
+    assert gone(group)
+
+
+def test_stream_timeout_kills_the_group_and_says_so() -> None:
+    started = time.monotonic()
+    with pytest.raises(CommandError) as info, ProcessRunner().stream(
+            ["sh", "-c", "echo $$; echo err >&2; sleep 30"], timeout=1) as out:
+        group = int(out.read(100).split(b"\n")[0])
+        while out.read(100):
+            pass
+    err = info.value
+    assert err.timed_out and err.returncode == -9
+    assert err.stderr == "err\ntimed out after 1s"
+    assert gone(group) and time.monotonic() - started < 10
+
+
+def test_stream_a_chatty_stderr_cannot_block_the_child() -> None:
+    """Standard error is not a pipe: 1 MiB of it while the reader waits for
+    standard output does not stall the child; the failure keeps its tail."""
+    with pytest.raises(CommandError) as info, ProcessRunner().stream(
+            ["sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' x >&2; echo done; "
+             "echo last >&2; exit 2"], timeout=30) as out:
+        assert out.read(100) == b"done\n"
+    assert info.value.stderr.endswith("xxxlast\n")
+    assert len(info.value.stderr) <= 64 * 1024

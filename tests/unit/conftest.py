@@ -14,6 +14,7 @@ from csi_local.errors import CommandError
 from csi_local.host.runner import Result
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
+from tests.unit.fakes.common import WholeOutputStreams
 
 
 class RealProcessForbidden(AssertionError):
@@ -74,7 +75,7 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @dataclass
-class FakeRunner:
+class FakeRunner(WholeOutputStreams):
     """Records argv and replays canned results keyed by the argv's first words."""
 
     replies: dict[tuple[str, ...], list[Result | CommandError]] = field(default_factory=dict)

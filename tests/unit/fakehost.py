@@ -56,6 +56,7 @@ from tests.unit.fakes.common import (
     LOOP_MAJOR,
     GiB,
     MiB,
+    WholeOutputStreams,
     _Fail,
 )
 from tests.unit.fakes.crypt import FakeCrypt, FakeMapper
@@ -67,7 +68,7 @@ __all__ = ["DM_MAJOR", "LOOP_MAJOR", "Content", "FakeHost", "FakeLoop", "FakeLv"
            "GiB", "MiB", "lv_text"]
 
 
-class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts):
+class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, WholeOutputStreams):
     """The host's LVM, devices and mounts in memory; also the Runner."""
 
     def __init__(self, vg: str = "vg0", pool: str = "pool0", pool_size: int = 10 * GiB,

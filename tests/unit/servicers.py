@@ -21,6 +21,7 @@ from csi_local.csi.node_servicer import NodeServicer
 from csi_local.csi.pagination import Paginator
 from csi_local.csi.rpc import RpcError, status_of
 from csi_local.errors import StorageError
+from csi_local.host import crypt
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.locks import Locks
@@ -80,6 +81,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
     # mkfs.* presence is a property of the real machine; the fake has them all.
     monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
     host = FakeHost(vg=VG, pool=POOL, pool_size=pool_size, **host_args)
+    monkeypatch.setattr(crypt, "persistent_flags", host.luks_flags)  # the fake's headers
     config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
                     volume_group=VG, thin_pool=POOL, state_dir=str(tmp_path / "state"),
                     lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
@@ -115,6 +117,7 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
     host = FakeHost(vg=first.volume_group, pool=first.thin_pool,
                     pool_size=sizes.get(first.name, 10 * GiB),
                     extent=extent_of.get(first.volume_group, 4 * MiB))
+    monkeypatch.setattr(crypt, "persistent_flags", host.luks_flags)  # the fake's headers
     for c in classes.classes[1:]:
         size = sizes.get(c.name, 10 * GiB)
         if c.volume_group not in host.vgs:

@@ -3,6 +3,7 @@ standard input only, and cryptsetup's exit codes as errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import resource
@@ -16,24 +17,28 @@ from csi_local.errors import CommandError, KeyMissing, KeyRefused
 from csi_local.host import crypt
 from csi_local.host.crypt import Crypt, Key, LuksSettings, forbid_core_dumps, read_key_file
 from csi_local.host.runner import Result
+from tests.unit.fakes.common import WholeOutputStreams
 
 SECRET = "correct horse\nbattery staple"
 
 
-class Recorder:
+class Recorder(WholeOutputStreams):
     """A Runner that records argv and standard input, and answers with exit
     codes a test sets per subcommand (cryptsetup's second argument)."""
 
-    def __init__(self, codes: dict[str, int] | None = None) -> None:
+    def __init__(self, codes: dict[str, int] | None = None,
+                 stderrs: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[tuple[str, ...], str | bytes | None]] = []
         self.codes = codes or {}
+        self.stderrs = stderrs or {}
 
     def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
             input: str | bytes | None = None, timeout: float | None = None) -> Result:
         argv = tuple(argv)
         self.calls.append((argv, input))
         code = self.codes.get(argv[1], 0)
-        stderr = "No key available with this passphrase.\n" if code == 2 else ""
+        stderr = self.stderrs.get(
+            argv[1], "No key available with this passphrase.\n" if code == 2 else "")
         if code not in ok_codes:
             raise CommandError(argv, code, "", stderr)
         return Result(argv, code, "", stderr)
@@ -81,8 +86,9 @@ def test_open_and_a_wrong_key() -> None:
     assert Crypt(runner).open("/dev/vg0/lv", "csi-local-luks-lv", Key(SECRET)) == \
         "/dev/mapper/csi-local-luks-lv"
     argv, stdin = runner.calls[0]
-    assert argv == ("cryptsetup", "open", "--type", "luks2", "--key-file", "-",
-                    "/dev/vg0/lv", "csi-local-luks-lv")
+    assert argv == ("cryptsetup", "open", "--type", "luks2", "--allow-discards",
+                    "--disable-keyring", "--persistent", "--key-file", "-", "/dev/vg0/lv",
+                    "csi-local-luks-lv")
     assert stdin == SECRET.encode()
     refused = Recorder({"open": 2})
     with pytest.raises(KeyRefused) as err:
@@ -93,6 +99,62 @@ def test_open_and_a_wrong_key() -> None:
     with pytest.raises(CommandError) as cerr:
         Crypt(other).open("/dev/vg0/lv", "m", Key(SECRET))
     assert cerr.value.returncode == 5 and not isinstance(cerr.value, KeyRefused)
+
+
+def luks2_header(flags: list[str] | None, seqid: int = 1, magic: bytes = b"LUKS\xba\xbe",
+                 size: int = 16384) -> bytes:
+    """One LUKS2 header copy as cryptsetup writes it: the binary part, then
+    the JSON area (config.flags when given), NUL-padded to `size`."""
+    binary = (magic + (2).to_bytes(2, "big") + size.to_bytes(8, "big")
+              + seqid.to_bytes(8, "big")).ljust(4096, b"\0")
+    config: dict[str, object] = {"json_size": "12288", "keyslots_size": "16744448"}
+    if flags is not None:
+        config["flags"] = flags
+    text = json.dumps({"keyslots": {}, "segments": {}, "config": config}).encode()
+    return binary + text.ljust(size - 4096, b"\0")
+
+
+def test_persistent_flags_come_from_the_current_header_copy(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.write_bytes(luks2_header(["allow-discards"]) + luks2_header(None, 0, b"SKUL\xba\xbe"))
+    assert crypt.persistent_flags(str(dev)) == frozenset({"allow-discards"})
+    # The secondary copy is newer (a write cut short after it): it counts.
+    dev.write_bytes(luks2_header(["allow-discards"], 4)
+                    + luks2_header([], 5, b"SKUL\xba\xbe"))
+    assert crypt.persistent_flags(str(dev)) == frozenset()
+    dev.write_bytes(luks2_header(None) + b"\0" * 16384)
+    assert crypt.persistent_flags(str(dev)) == frozenset()
+    dev.write_bytes(b"\0" * 32768)  # no header
+    assert crypt.persistent_flags(str(dev)) is None
+    assert crypt.persistent_flags(str(tmp_path / "missing")) is None
+
+
+def test_open_stores_the_discard_flag_only_where_the_header_lacks_it() -> None:
+    """cryptsetup rewrites the header at every --persistent open: only a
+    header without the flag is given it."""
+    cases: list[tuple[frozenset[str] | None, bool]] = [
+        (frozenset({"allow-discards"}), False), (frozenset(), True), (None, True)]
+    for kept, persist in cases:
+        runner = Recorder()
+
+        def read(device: str, kept: frozenset[str] | None = kept) -> frozenset[str] | None:
+            return kept
+        Crypt(runner, header_flags=read).open("/dev/x", "m", Key(SECRET))
+        argv = runner.calls[0][0]
+        assert "--allow-discards" in argv and ("--persistent" in argv) == persist
+
+
+def test_verify_asks_the_header_only() -> None:
+    runner = Recorder()
+    Crypt(runner).verify("/dev/vg0/lv", Key(SECRET))
+    assert runner.calls == [(("cryptsetup", "open", "--test-passphrase", "--type", "luks2",
+                              "--key-file", "-", "/dev/vg0/lv"), SECRET.encode())]
+    with pytest.raises(KeyRefused) as err:
+        Crypt(Recorder({"open": 2})).verify("/dev/vg0/lv", Key(SECRET))
+    assert SECRET not in err.value.message and "no keyslot" in err.value.message
+    with pytest.raises(CommandError) as cerr:
+        Crypt(Recorder({"open": 4})).verify("/dev/vg0/lv", Key(SECRET))
+    assert not isinstance(cerr.value, KeyRefused)
 
 
 def test_is_luks_answers_only_yes_or_no() -> None:
@@ -107,13 +169,30 @@ def test_resize_and_close() -> None:
     runner = Recorder()
     crypt = Crypt(runner)
     crypt.resize("m", Key(SECRET))
+    crypt.resize("m", None)
     crypt.close("m")
     assert runner.calls == [
-        (("cryptsetup", "resize", "--key-file", "-", "m"), SECRET.encode()),
+        (("cryptsetup", "resize", "--batch-mode", "--key-file", "-", "m"), SECRET.encode()),
+        # No key: nothing on standard input (the Runner's /dev/null), no prompt.
+        (("cryptsetup", "resize", "--batch-mode", "m"), None),
         (("cryptsetup", "close", "m"), None),
     ]
     with pytest.raises(KeyRefused):
         Crypt(Recorder({"resize": 2})).resize("m", Key(SECRET))
+
+
+def test_a_resize_that_asks_for_a_passphrase_wants_the_key() -> None:
+    """A device whose volume key is in the kernel's keyring: cryptsetup asks
+    for the passphrase and reads none from /dev/null. That is KeyMissing (the
+    request's INVALID_ARGUMENT), any other failure stays a CommandError."""
+    asks = Recorder({"resize": 1}, {"resize": "Nothing to read on input.\n"})
+    with pytest.raises(KeyMissing) as err:
+        Crypt(asks).resize("m", None)
+    assert "keyring" in err.value.message and "stage" in err.value.message
+    with pytest.raises(CommandError) as other:
+        Crypt(Recorder({"resize": 1}, {"resize": "Device m is not active.\n"})).resize(
+            "m", None)
+    assert not isinstance(other.value, KeyMissing)
 
 
 # Key files: only a regular file, opened without blocking or following a link --------------

@@ -56,6 +56,7 @@ from csi_local.volumes.host_volume_names import (
 from tests.dhvharness import Nomad, failed, run, run_main
 from tests.unit.dhvnode import DhvNode
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB
+from tests.unit.fakes.common import WholeOutputStreams
 
 VG, POOL = "vg0", "pool0"
 SRC, SRC_NAME = "golden-1", "golden"  # the source volume: its Nomad ID and name
@@ -629,7 +630,7 @@ def test_failed_clone_is_rolled_back(tmp_path: Path, monkeypatch: pytest.MonkeyP
     d.mounted(NEW, fs)
 
 
-class FailAfterSnapshot:
+class FailAfterSnapshot(WholeOutputStreams):
     """The FakeHost as a Runner, whose next command after lvcreate --snapshot
     fails, whatever it is (a read-back, an activation, a probe, a mount)."""
 

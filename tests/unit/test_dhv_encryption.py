@@ -58,7 +58,7 @@ def test_create_grow_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     # Grown: the LV, then the dm-crypt device, then the file system on it.
     d.create("vol-1", params=ENC, cap_min=512 * MiB)
     grew = d.host.calls[calls:]
-    resize = grew.index(("cryptsetup", "resize", "--key-file", "-",
+    resize = grew.index(("cryptsetup", "resize", "--batch-mode", "--key-file", "-",
                          encryption.mapper_name(lv.name)))
     assert grew.index(("resize2fs", mapper)) > resize
     assert d.host.lvs[lv.name].size == 512 * MiB
@@ -129,3 +129,111 @@ def test_clones_carry_the_header_and_a_wrong_key_is_refused(
     with pytest.raises(KeyRefused):
         d.create("src", params=ENC)
     assert len([c for c in d.host.commands("cryptsetup") if c[1] == "luksFormat"]) == 1
+
+
+def test_the_smallest_encrypted_host_volume_holds_its_header_and_file_system(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """capacity_min 1 MiB on a pool of 192 KiB chunks: the header's data starts
+    at 16.125 MiB (aligned to the chunk), and the file system's 2 MiB follow."""
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.host.lv(POOL).chunk_size = 192 << 10
+    path, size = d.create("tiny", params=ENC, cap_min=MiB)
+    offset = 16 * MiB + (128 << 10)
+    assert size == 20 * MiB  # 2 MiB + 16.125 MiB, in whole 4 MiB extents
+    lv = d.host.lvs[lv_name_for("tiny")]
+    assert lv.content.luks is not None and lv.content.luks.offset == offset
+    mapper = f"/dev/mapper/{encryption.mapper_name(lv.name)}"
+    assert d.host.device_size(mapper) == size - offset
+    top = d.host.top_mount(path)
+    assert top is not None and top.source == mapper
+
+
+def test_a_clone_larger_than_its_encrypted_source(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new clone's LV is described as lvcreate was told, without its
+    device numbers: growing its dm-crypt device raised "... is open, but not
+    over volume ...", and the failed create left the LV and the open
+    dm-crypt device behind."""
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.create("src", params=ENC, cap_min=256 * MiB)
+    source = d.host.lvs[lv_name_for("src")].content.luks
+    assert source is not None
+    path, size = d.create("big", params={"source_volume": "src"}, cap_min=512 * MiB)
+    lv = d.host.lvs[lv_name_for("big")]
+    assert size == lv.size == 512 * MiB and lv.content.luks is not None
+    assert lv.content.luks.data.uuid == source.data.uuid  # the source's file system
+    mapper = f"/dev/mapper/{encryption.mapper_name(lv.name)}"
+    assert d.host.device_size(mapper) == 512 * MiB - HEADER_BYTES
+    assert d.host.filesystem_size(mapper, path, "ext4") == 512 * MiB - HEADER_BYTES
+    top = d.host.top_mount(path)
+    assert top is not None and top.source == mapper
+
+
+def _nothing_left(d: DhvNode, vid: str) -> None:
+    name = lv_name_for(vid)
+    assert name not in d.host.lvs
+    assert encryption.mapper_name(name) not in d.host.mappers
+    assert not d.host.is_mount_point(d.path(vid)) and not os.path.exists(d.path(vid))
+
+
+NEW_STEPS = [["cryptsetup", "isLuks"], ["cryptsetup", "luksFormat"], ["cryptsetup", "open"],
+             ["blkid"], ["mkfs.ext4"], ["lvchange", "--deltag"], ["mount"]]
+CLONE_STEPS = [["lvextend"], ["cryptsetup", "isLuks"], ["cryptsetup", "open"], ["blkid"],
+               ["lvchange", "--deltag", "csi-local-dhv.new-fsid"], ["mount"],
+               ["cryptsetup", "resize"], ["resize2fs"],
+               ["lvchange", "--deltag", "csi-local-dhv.grow-fs"]]
+
+
+@pytest.mark.parametrize("step", NEW_STEPS, ids=" ".join)
+def test_a_failed_encrypted_create_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: list[str]) -> None:
+    """A failure at any step after the LV exists: the rollback unmounts,
+    closes the dm-crypt device, removes the LV and the directory. It never
+    closed the device, so the lvremove failed and the LV stayed."""
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.host.fail_next(step, 4, f"{step[0]}: boom\n")  # 4: not an answer of isLuks
+    with pytest.raises(Exception, match="boom"):
+        d.create("vol", params=ENC, cap_min=256 * MiB)
+    _nothing_left(d, "vol")
+    d.create("vol", params=ENC, cap_min=256 * MiB)  # and the next try makes it
+    top = d.host.top_mount(d.path("vol"))
+    assert top is not None and top.fs_type == "ext4"
+
+
+@pytest.mark.parametrize("step", CLONE_STEPS, ids=" ".join)
+def test_a_failed_larger_encrypted_clone_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: list[str]) -> None:
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    d.create("src", params=ENC, cap_min=256 * MiB)
+    d.host.fail_next(step, 4, f"{step[0]}: boom\n")  # 4: not an answer of isLuks
+    with pytest.raises(Exception, match="boom"):
+        d.create("big", params={"source_volume": "src"}, cap_min=512 * MiB)
+    _nothing_left(d, "big")
+    top = d.host.top_mount(d.path("src"))  # the source is as it was
+    assert top is not None and top.source == \
+        f"/dev/mapper/{encryption.mapper_name(lv_name_for('src'))}"
+
+
+def test_a_create_without_its_key_file_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = make(tmp_path, monkeypatch, {})
+    with pytest.raises(DhvError, match="names no key file"):
+        d.create("vol", params=ENC)
+    _nothing_left(d, "vol")
+
+
+def test_a_failure_after_the_mount_of_a_new_encrypted_volume_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After first_mount (which closes what it opened when it fails itself),
+    the rollback unmounted but never closed the dm-crypt device: lvremove
+    failed on the open LV, and the LV and its mapping stayed."""
+    from csi_local.volumes.lifecycle import VolumeSteps
+
+    def boom(*args: object, **kwargs: object) -> bool:
+        raise RuntimeError("boom after the mount")
+
+    d = make(tmp_path, monkeypatch, {"class:default": key_file(tmp_path, "class.key")})
+    monkeypatch.setattr(VolumeSteps, "grow_pending", boom)
+    with pytest.raises(RuntimeError, match="boom after the mount"):
+        d.create("vol", params=ENC)
+    _nothing_left(d, "vol")

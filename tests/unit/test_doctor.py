@@ -26,6 +26,7 @@ from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
 from csi_local.storage.thin_mappings import MARK_PREFIX
 from tests.unit.conftest import FakeRunner
 from tests.unit.fakehost import FakeHost
+from tests.unit.fakes.common import WholeOutputStreams
 from tests.unit.test_x509 import cert as x509_cert
 from tests.unit.test_x509 import dns as x509_dns
 from tests.unit.test_x509 import extensions as x509_extensions
@@ -54,7 +55,7 @@ MOUNTINFO = """\
 """
 
 
-class Runner:
+class Runner(WholeOutputStreams):
     """LVM's reports and dmsetup from a FakeHost, everything else (lvmconfig) from a
     FakeRunner."""
 

@@ -110,14 +110,46 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     # The key went to cryptsetup's standard input, and never into an argv.
     assert KEY.encode() in n.host.crypt_inputs
     assert not any("s3cret" in a for c in n.host.calls for a in c)
-    # Staged again (a retry): nothing is opened or formatted again, no key needed.
+    # Staged again (a retry): nothing is opened or formatted again; the key
+    # is still needed, and only its header is asked (--test-passphrase).
     before = len(n.host.commands("cryptsetup"))
-    assert stage(n, vid, secrets={})[0] == "OK"
-    assert len(n.host.commands("cryptsetup")) == before
+    assert stage(n, vid, secrets={})[0] == "INVALID_ARGUMENT"
+    assert stage(n, vid)[0] == "OK"
+    assert n.host.commands("cryptsetup")[before:] == [
+        ("cryptsetup", "open", "--test-passphrase", "--type", "luks2", "--key-file", "-",
+         f"/dev/vg0/{vid}")]
     # Unstage closes the dm-crypt device; the LV is free again.
     assert unstage(n, vid)[0] == "OK"
     assert not n.host.mappers and not n.host.is_mount_point(n.path("stage"))
     assert crypt_calls(n, "close") == [("cryptsetup", "close", encryption.mapper_name(vid))]
+
+
+def test_the_dm_crypt_device_passes_discards_and_the_header_keeps_the_flag(n: Node) -> None:
+    """Without --allow-discards dm-crypt drops discards: fstrim on an
+    encrypted volume said "the discard operation is not supported" and the
+    thin pool never got freed space back. Every open allows them, and
+    stores the flag in the header (--persistent): a volume made before gets
+    it at its next open, and so does an open by hand."""
+    _, vid = create(n)
+    assert stage(n, vid)[0] == "OK"
+    name = encryption.mapper_name(vid)
+    assert n.host.mappers[name].discards
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.flags == {"allow-discards"}
+    (argv,) = crypt_calls(n, "open")
+    assert {"--allow-discards", "--persistent"} <= set(argv)
+    # Kept: the next open allows discards without rewriting the header.
+    unstage(n, vid)
+    assert stage(n, vid)[0] == "OK"
+    argv = crypt_calls(n, "open")[-1]
+    assert "--allow-discards" in argv and "--persistent" not in argv
+    assert n.host.mappers[name].discards
+    # A header made before, without the flag: its next open stores it.
+    unstage(n, vid)
+    luks.flags = set()
+    assert stage(n, vid)[0] == "OK"
+    assert "--persistent" in crypt_calls(n, "open")[-1]
+    assert n.host.mappers[name].discards and luks.flags == {"allow-discards"}
 
 
 def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
@@ -135,6 +167,45 @@ def test_a_wrong_key_is_refused_and_nothing_is_written(n: Node) -> None:
     assert len(n.host.commands("mkfs.ext4")) == 1
 
 
+@pytest.mark.parametrize("block", [False, True])
+def test_a_repeated_stage_with_a_wrong_key_is_refused(n: Node, block: bool) -> None:
+    """The volume is staged (its dm-crypt device open and mounted): a stage
+    with a wrong key answered OK, since nothing was opened and nothing asked
+    the header. It is refused as at a first open, and counted."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    assert stage(n, vid, block=block)[0] == "OK"
+    code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"}, block=block)
+    assert code == "UNAUTHENTICATED" and "no keyslot" in str(msg)
+    assert "wrong" not in str(msg) and told == ["key_refused"]
+    assert n.host.mappers  # still staged, as it was: the refusal closes nothing
+    assert stage(n, vid, block=block)[0] == "OK" and told == ["key_refused"]
+
+
+def test_an_open_device_left_by_a_killed_stage_needs_the_key(n: Node) -> None:
+    """A stage killed right after `cryptsetup open`: its dm-crypt device is
+    open, nothing mounted. The retry reused the open device whatever key it
+    brought (no cryptsetup ran) and mounted the volume for a wrong key."""
+    told: list[str] = []
+    n.node.steps.on_open_failure = told.append
+    _, vid = create(n)
+    stage(n, vid)
+    unstage(n, vid)
+    n.host.open_luks(n.host.lv(vid), encryption.mapper_name(vid))  # the killed stage's
+    code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"})
+    assert code == "UNAUTHENTICATED" and "no keyslot" in str(msg)
+    assert not n.host.is_mount_point(n.path("stage")) and told == ["key_refused"]
+    assert stage(n, vid, {})[0] == "INVALID_ARGUMENT"
+    assert told == ["key_refused", "key_missing"]
+    assert stage(n, vid)[0] == "OK"
+    assert top_source(n, n.path("stage")) == f"/dev/mapper/{encryption.mapper_name(vid)}"
+    # Opened once (the first stage); the open device reused after two tests of the key.
+    assert [c[2] for c in crypt_calls(n, "open")] == ["--type", "--test-passphrase",
+                                                      "--test-passphrase"]
+    assert len(crypt_calls(n, "luksFormat")) == 1
+
+
 def test_failed_opens_are_told_why(n: Node) -> None:
     told: list[str] = []
     n.node.steps.on_open_failure = told.append
@@ -148,13 +219,15 @@ def test_failed_opens_are_told_why(n: Node) -> None:
 
 
 def test_failed_expands_are_told_why(n: Node) -> None:
-    """NodeExpandVolume asks for the key as a stage does (cryptsetup resize),
-    and its key failures count the same (docs: "at stage or expand"); they
-    went uncounted."""
+    """NodeExpandVolume of a device whose volume key is in the kernel's
+    keyring asks for the key as a stage does (cryptsetup resize), and a
+    key given is checked wherever; their failures count the same (docs: "at
+    stage or expand"); they went uncounted."""
     told: list[str] = []
     n.node.steps.on_open_failure = told.append
     _, vid = create(n)
     assert stage(n, vid)[0] == "OK"
+    n.host.mappers[encryption.mapper_name(vid)].keyring = True  # an older version's open
     req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
                                      capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
     assert call(n.node.NodeExpandVolume, req)[0] == "INVALID_ARGUMENT"  # no secret
@@ -236,19 +309,52 @@ def test_block_mode_hands_out_the_dm_crypt_device(n: Node) -> None:
 
 
 def test_node_expand_resizes_the_dm_crypt_device_then_the_file_system(n: Node) -> None:
+    """Nomad's NodeExpandVolume carries no secrets: it was refused with
+    INVALID_ARGUMENT ("growing its open dm-crypt device needs its key"), so
+    an encrypted volume could not grow online under Nomad. The plugin opens
+    with the volume key in the dm-crypt table (--disable-keyring), where
+    cryptsetup resize finds it without the passphrase."""
     _, vid = create(n)
     stage(n, vid)
+    name = encryption.mapper_name(vid)
+    assert "--disable-keyring" in crypt_calls(n, "open")[0]
     req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
                                      capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
     code, msg = call(n.node.NodeExpandVolume, req)
-    assert code == "INVALID_ARGUMENT" and "node-expand secret" in str(msg)
-    req.secrets[encryption.SECRET_KEY] = KEY
-    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
-    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
-    assert crypt_calls(n, "resize") == [("cryptsetup", "resize", "--key-file", "-",
-                                         encryption.mapper_name(vid))]
+    assert code == "OK", msg
+    mapper = f"/dev/mapper/{name}"
+    assert crypt_calls(n, "resize") == [("cryptsetup", "resize", "--batch-mode", name)]
+    assert n.host.crypt_inputs[-1] is None  # no key, nothing on its standard input
     assert n.host.commands("resize2fs") == [("resize2fs", mapper)]
     assert n.host.lv(vid).size == 2 * GiB
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES
+
+
+def test_a_device_with_its_key_in_the_keyring_needs_the_key_to_grow(n: Node) -> None:
+    """A device opened with its volume key in the kernel's keyring (an older
+    version of the plugin, or by hand): cryptsetup resize asks for the
+    passphrase, finds none on /dev/null, and the expand is refused as
+    documented (INVALID_ARGUMENT); with the key it grows; after an unstage
+    and a stage it grows without one."""
+    _, vid = create(n)
+    stage(n, vid)
+    name = encryption.mapper_name(vid)
+    n.host.mappers[name].keyring = True
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=2 * GiB))
+    code, msg = call(n.node.NodeExpandVolume, req)
+    assert code == "INVALID_ARGUMENT" and "keyring" in str(msg)
+    mapper = f"/dev/mapper/{name}"
+    assert n.host.device_size(mapper) == GiB - crypt.HEADER_BYTES
+    req.secrets[encryption.SECRET_KEY] = KEY
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert n.host.device_size(mapper) == 2 * GiB - crypt.HEADER_BYTES
+    unstage(n, vid)
+    stage(n, vid)
+    req = pb.NodeExpandVolumeRequest(volume_id=vid, volume_path=n.path("stage"),
+                                     capacity_range=pb.CapacityRange(required_bytes=3 * GiB))
+    assert call(n.node.NodeExpandVolume, req)[0] == "OK"
+    assert n.host.device_size(mapper) == 3 * GiB - crypt.HEADER_BYTES
 
 
 def test_an_encrypted_block_volume_grows_online_as_kubelet_expands_it(n: Node) -> None:
@@ -402,8 +508,7 @@ def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
     the group."""
     from csi_local.csi.group_controller_servicer import GroupControllerServicer
     from csi_local.volumes.group_snapshots import GroupSnapshots
-    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
-                            n.backend.config.state_dir)
+    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host, n.backend.freezes)
     gc = GroupControllerServicer(n.backend, groups)
     n.host.nested_freeze = False
     _, a = create(n, "pvc-a")
@@ -424,3 +529,41 @@ def test_the_same_name_with_another_encryption_already_exists(n: Node) -> None:
     assert create(n)[0] == "OK"  # a retry
     code, msg = create(n, params={})
     assert code == "ALREADY_EXISTS" and "encryption" in msg
+
+
+@pytest.mark.parametrize("chunk", [64 << 10, 192 << 10, 1 << 20, 32 << 20])
+@pytest.mark.parametrize(("fs", "fs_min"), [("ext4", 2 << 20), ("xfs", 300 << 20)])
+def test_the_smallest_encrypted_volume_holds_its_header_and_file_system(
+        n: Node, chunk: int, fs: str, fs_min: int) -> None:
+    """An encrypted ext4 volume asked for 1 MiB got 16 MiB, exactly its LUKS2
+    header, and its first stage failed INTERNAL ("Requested offset is beyond
+    real size of device"). Its minimum is the file system's plus the data
+    offset cryptsetup chooses: the header aligned to the pool's chunk size."""
+    n.host.lv("pool0").chunk_size = chunk
+    code, reply = call(n.controller.CreateVolume, pb.CreateVolumeRequest(
+        name=f"tiny-{fs}", capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+        volume_capabilities=[mount_cap(fs)], parameters={encryption.PARAMETER: "luks2"}))
+    assert code == "OK", reply
+    vid = reply.volume.volume_id
+    offset = crypt.data_offset_for(chunk)
+    extent = 4 << 20
+    assert reply.volume.capacity_bytes == -(-(fs_min + offset) // extent) * extent
+    code, msg = call(n.node.NodeStageVolume, pb.NodeStageVolumeRequest(
+        volume_id=vid, staging_target_path=n.path("stage"), volume_capability=mount_cap(fs),
+        secrets=SECRETS))
+    assert code == "OK", msg
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.offset == offset and luks.data.fs == fs
+    mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
+    assert n.host.device_size(mapper) == reply.volume.capacity_bytes - offset >= fs_min
+
+
+def test_a_volume_no_larger_than_its_header_is_refused_at_stage(n: Node) -> None:
+    """Made by an older version, 16 MiB: the stage says why and what to do
+    (FAILED_PRECONDITION), where cryptsetup's open failed INTERNAL."""
+    vid = vol_id("old-tiny")
+    n.host.add_lv(vid, 16 << 20, tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}",
+                                       f"{vols.TAG_SIZE}={16 << 20}", vols.TAG_ENCRYPTED])
+    code, msg = stage(n, vid)
+    assert code == "FAILED_PRECONDITION" and "expand the volume" in str(msg), msg
+    assert not n.host.mappers

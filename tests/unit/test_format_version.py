@@ -79,8 +79,8 @@ class World:
 
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
     n = make_node(tmp_path, monkeypatch)
-    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
-                            n.backend.config.state_dir)
+    groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host, n.backend.freezes,
+                            legacy_journal_dir=n.backend.config.state_dir)
     return World(n, GroupControllerServicer(n.backend, groups))
 
 

@@ -25,9 +25,10 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.host.locks import volume_key
+from csi_local.host.locks import Locks, volume_key
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.volumes import naming as vols
+from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit import table
@@ -91,7 +92,10 @@ class Lab:
         self.n = n
         self.host = n.host
         self.state_dir = n.backend.config.state_dir
-        self.groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host, self.state_dir)
+        self.freezes = n.backend.freezes  # the one freeze rule, as the controller's
+        self.journal_dir = self.freezes.directory
+        self.groups = GroupSnapshots(n.backend.pools, n.backend.fs, n.backend.host,
+                                     self.freezes, legacy_journal_dir=self.state_dir)
         self.gc = GroupControllerServicer(n.backend, self.groups)
 
     def volume(self, name: str, size: int = GiB, params: dict[str, str] | None = None) -> str:
@@ -134,7 +138,11 @@ class Lab:
         return DM_MAJOR, self.host.lv(vid).minor
 
     def journals(self) -> list[str]:
-        return sorted(n for n in os.listdir(self.state_dir) if n.startswith(JOURNAL_PREFIX))
+        """The freeze journals, and any left where older versions kept them."""
+        found = [n for n in os.listdir(self.state_dir) if n.startswith(JOURNAL_PREFIX)]
+        if os.path.isdir(self.journal_dir):
+            found += os.listdir(self.journal_dir)
+        return sorted(found)
 
     def members(self) -> dict[str, FakeLv]:
         """Every LV carrying a group tag, by name."""
@@ -662,10 +670,13 @@ def test_unfinished_group_is_deleted(group: Lab) -> None:
 
 
 def journal(lab: Lab, gid: str, frozen: list[tuple[str, int, int]] | None = None,
-            text: str | None = None) -> str:
-    """A take's journal as take() writes it (or `text`)."""
-    path = os.path.join(lab.state_dir, JOURNAL_PREFIX + gid)
-    body = json.dumps({"group_id": gid, "frozen": [list(f) for f in frozen or []]})
+            text: str | None = None, *, legacy: bool = False) -> str:
+    """A take's journal as take() writes it (or `text`); `legacy`: as versions
+    before the one freeze rule wrote it, in the state directory."""
+    os.makedirs(lab.journal_dir, exist_ok=True)
+    path = os.path.join(lab.state_dir if legacy else lab.journal_dir, JOURNAL_PREFIX + gid)
+    body = json.dumps({"group_id": gid, "frozen": [list(f) for f in frozen or []],
+                       **({} if legacy else {"what": f"group snapshot {gid}"})})
     Path(path).write_text(body if text is None else text, encoding="utf-8")
     return path
 
@@ -674,15 +685,19 @@ def restart(lab: Lab) -> None:
     """What plugin.py does at start-up: a new group layer recovers."""
     lab.host.calls.clear()
     backend = lab.n.backend
-    GroupSnapshots(backend.pools, backend.fs, backend.host, lab.state_dir).recover()
+    GroupSnapshots(backend.pools, backend.fs, backend.host,
+                   Freezes(backend.host, backend.locks, lab.freezes.limit),
+                   legacy_journal_dir=lab.state_dir).recover()
 
 
-def test_recover_thaws_and_deletes_an_unfinished_group(mounted: tuple[Lab, str, str]) -> None:
+@pytest.mark.parametrize("legacy", [False, True], ids=["journal", "older-versions-journal"])
+def test_recover_thaws_and_deletes_an_unfinished_group(mounted: tuple[Lab, str, str],
+                                                       legacy: bool) -> None:
     lab, pa, _ = mounted
     lab.made("g", A, B)
     lose_member(lab, B)
     lab.host.frozen.add(lab.numbers(A))  # killed while A was frozen
-    journal(lab, G, [(pa, *lab.numbers(A))])
+    journal(lab, G, [(pa, *lab.numbers(A))], legacy=legacy)
     restart(lab)
     assert not lab.host.frozen
     assert ("FITHAW", pa) in lab.events()
@@ -764,7 +779,8 @@ def test_recover_ignores_other_files_and_a_missing_directory(group: Lab,
     assert other.read_text(encoding="utf-8") == "k"
     assert group.journals() == [] and set(group.members()) == {member(A), member(B)}
     GroupSnapshots(group.n.backend.pools, group.n.backend.fs, group.host,
-                   str(tmp_path / "absent")).recover()
+                   Freezes(group.host, Locks(str(tmp_path / "locks"))),
+                   legacy_journal_dir=str(tmp_path / "absent")).recover()
 
 
 def test_a_take_leaves_no_journal_behind(ab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -775,12 +791,13 @@ def test_a_take_leaves_no_journal_behind(ab: Lab, monkeypatch: pytest.MonkeyPatc
 
     def freeze(path: str) -> None:
         (name,) = ab.journals()
-        seen.append(json.loads(Path(ab.state_dir, name).read_text(encoding="utf-8")))
+        seen.append(json.loads(Path(ab.journal_dir, name).read_text(encoding="utf-8")))
         real(path)
 
     monkeypatch.setattr(ab.host, "freeze", freeze)
     ab.made("g", A, B)
-    journal = {"group_id": G, "frozen": [[pa, *ab.numbers(A)], [pb_, *ab.numbers(B)]]}
+    journal = {"group_id": G, "what": f"group snapshot {G}",
+               "frozen": [[pa, *ab.numbers(A)], [pb_, *ab.numbers(B)]]}
     assert seen == [journal, journal]
     assert ab.journals() == []
 
@@ -853,7 +870,7 @@ def slow(lab: Lab, monkeypatch: pytest.MonkeyPatch, vid: str, seconds: float,
 def test_a_take_past_the_freeze_limit_thaws_and_fails(
         mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch, hangs: str) -> None:
     lab, pa, pb_ = mounted
-    lab.groups.freeze_limit = 0.3
+    lab.freezes.limit = 0.3
     seen: list[set[tuple[int, int]]] = []
     slow(lab, monkeypatch, hangs, 1.0, seen)
     started = time.monotonic()
@@ -868,7 +885,7 @@ def test_a_take_past_the_freeze_limit_thaws_and_fails(
     assert sorted(thaws) == sorted([("FITHAW", pa), ("FITHAW", pb_)]), "each thawed once"
     if hangs == A:  # the limit passed during the first: the second is never cut
         assert ("lvcreate", A) in lab.events() and ("lvcreate", B) not in lab.events()
-    lab.groups.freeze_limit = 60.0
+    lab.freezes.limit = 60.0
     monkeypatch.undo()
     assert lab.made("g", A, B).group_snapshot_id == G  # a retry takes it
 
@@ -878,7 +895,7 @@ def test_a_slow_freeze_past_the_limit_thaws_it_too(
     # FIFREEZE of B writes back its dirty data and takes past the limit: A is
     # thawed by the timer meanwhile, B as soon as its freeze returns.
     lab, pa, pb_ = mounted
-    lab.groups.freeze_limit = 0.2
+    lab.freezes.limit = 0.2
     real = lab.host.freeze
 
     def freeze(path: str) -> None:
@@ -897,7 +914,7 @@ def test_a_slow_freeze_past_the_limit_thaws_it_too(
 
 def test_within_the_limit_nothing_changes(mounted: tuple[Lab, str, str]) -> None:
     lab, pa, pb_ = mounted
-    lab.groups.freeze_limit = 30.0
+    lab.freezes.limit = 30.0
     lab.made("g", A, B)
     assert lab.events() == [("FIFREEZE", pa), ("FIFREEZE", pb_), ("lvcreate", A),
                             ("lvcreate", B), ("FITHAW", pb_), ("FITHAW", pa)]
@@ -926,13 +943,14 @@ def test_a_retry_does_not_overwrite_a_journal_kept_after_a_failed_thaw(
         mounted: tuple[Lab, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     lab, _pa, pb_ = mounted
     refused = stuck_take(lab, monkeypatch, pb_)
-    path = os.path.join(lab.state_dir, JOURNAL_PREFIX + G)
+    path = os.path.join(lab.journal_dir, JOURNAL_PREFIX + G)
     kept = Path(path).read_text(encoding="utf-8")
     assert [pb_, *lab.numbers(B)] in json.loads(kept)["frozen"]
     # The retry tries B's thaw first, fails again: refused, the journal as it was.
     code, msg = lab.create("g", A, B)
     assert code == "FAILED_PRECONDITION", msg
-    assert f"{pb_} frozen by an earlier take of this group still cannot be thawed" in msg
+    assert f"{pb_} frozen by an earlier attempt at group snapshot {G} still cannot be " \
+        "thawed" in msg
     assert len(refused) == 2 and Path(path).read_text(encoding="utf-8") == kept
     assert lab.host.frozen == {lab.numbers(B)} and lab.members() == {}
     # Once B thaws, the retry drops the old journal and takes the group.

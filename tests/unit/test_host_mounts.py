@@ -147,3 +147,32 @@ def test_a_failed_filesystem_mount_names_the_call_and_errno(tmp_path: Path) -> N
 def test_options_it_does_not_know_are_left_to_mount8(tmp_path: Path) -> None:
     assert Host().mount_filesystem(str(tmp_path / "dev"), str(tmp_path), "ext4",
                                    ["discard"]) is False
+
+
+def test_a_file_systems_own_size_from_its_superblock(tmp_path: Path) -> None:
+    """Host.filesystem_size reads ext4's and btrfs's superblocks (statvfs
+    leaves out their metadata, or divides by btrfs's copies): the size the
+    offline growth at stage compares with the device's."""
+    import struct
+
+    from csi_local.host.kernel import Host
+
+    ext4 = bytearray(4096)
+    struct.pack_into("<I", ext4, 1024 + 0x04, 0x1234)  # s_blocks_count_lo
+    struct.pack_into("<I", ext4, 1024 + 0x18, 2)  # 4096-byte blocks
+    struct.pack_into("<H", ext4, 1024 + 0x38, 0xEF53)
+    struct.pack_into("<I", ext4, 1024 + 0x60, 0x80)  # 64bit: s_blocks_count_hi counts
+    struct.pack_into("<I", ext4, 1024 + 0x150, 1)
+    btrfs = bytearray(128 << 10)
+    btrfs[(64 << 10) + 0x40:(64 << 10) + 0x48] = b"_BHRfS_M"
+    struct.pack_into("<Q", btrfs, (64 << 10) + 0x70, 3 << 30)
+    (tmp_path / "ext4").write_bytes(ext4)
+    (tmp_path / "btrfs").write_bytes(btrfs)
+    (tmp_path / "blank").write_bytes(bytes(128 << 10))
+    host = Host()
+    assert host.filesystem_size(str(tmp_path / "ext4"), "/", "ext4") == \
+        ((1 << 32) + 0x1234) * 4096
+    assert host.filesystem_size(str(tmp_path / "btrfs"), "/", "btrfs") == 3 << 30
+    for fs in ("ext4", "btrfs"):  # no superblock: it cannot tell
+        assert host.filesystem_size(str(tmp_path / "blank"), "/", fs) is None
+    assert host.filesystem_size(str(tmp_path / "missing"), "/", "ext4") is None

@@ -1,17 +1,22 @@
-"""Named locks: threads of one process queue without polling; other
-processes are kept out by flock; nothing is left behind per key."""
+"""Named locks: threads of one process queue without polling, first come,
+first served; other processes are kept out by flock; nothing is left behind
+per key."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import random
 import threading
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from csi_local.errors import LockBusy
+from csi_local.host import locks as locks_mod
 from csi_local.host.locks import Locks
 
 
@@ -99,3 +104,159 @@ def test_another_process_keeps_the_lock_and_is_waited_for(tmp_path: Path) -> Non
         timer.join()
     finally:
         os.close(fd)
+
+
+def _waiting(locks: Locks, key: str) -> int:
+    """Threads of this process queued for `key` behind its holder."""
+    queue = locks._queues.get(key)
+    return 0 if queue is None else len(queue.waiters)
+
+
+def _queue_up(locks: Locks, key: str, n: int,
+              target: Callable[[int], None]) -> list[threading.Thread]:
+    """`n` threads running `target(i)`, started one at a time: each is queued
+    for `key` before the next starts, so they arrive in the order 0..n-1."""
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=target, args=(i,), daemon=True)
+        t.start()
+        _wait_for(lambda i=i: _waiting(locks, key) == i + 1, f"waiter {i} is queued")
+        threads.append(t)
+    return threads
+
+
+def test_waiters_take_the_lock_in_the_order_they_came(tmp_path: Path) -> None:
+    # Each thread, its turn over, asks again at once while the others wait: a
+    # lock that lets a caller take it before the waiter it woke (a plain
+    # threading.Lock) hands it back to the thread that just let go.
+    locks = Locks(str(tmp_path))
+    n, rounds = 8, 6
+    order: list[int] = []
+
+    def worker(i: int) -> None:
+        for _ in range(rounds):
+            with locks.hold("pool", timeout=30):
+                order.append(i)
+                time.sleep(0.01)  # the others, and the one before, queue meanwhile
+
+    with locks.hold("pool"):
+        threads = _queue_up(locks, "pool", n, worker)
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert order == list(range(n)) * rounds
+    assert locks._queues == {}
+
+
+def test_a_waiter_that_gives_up_holds_up_no_one_behind_it(tmp_path: Path) -> None:
+    locks = Locks(str(tmp_path))
+    got: list[str] = []
+    busy: list[int] = []
+    patient = 30.0
+
+    def waiter(i: int) -> None:
+        try:
+            with locks.hold("v", timeout=0.2 if i == 1 else patient):
+                got.append(f"w{i}")
+        except LockBusy:
+            busy.append(i)
+
+    with locks.hold("v"):
+        threads = _queue_up(locks, "v", 3, waiter)
+        _wait_for(lambda: busy == [1], "the second waiter gives up")
+        assert _waiting(locks, "v") == 2  # it left the queue; the others kept their places
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(10)
+    assert got == ["w0", "w2"]
+    assert time.monotonic() - t0 < 5  # the last was handed the lock, not left to time out
+    assert locks._queues == {}
+
+
+class _LateEvent(threading.Event):
+    """A turn whose wait runs out (or is interrupted) just as the lock is
+    handed to it: it reports no hand-over, or raises, once it was set."""
+
+    interrupt = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        super().wait(timeout)
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return False
+
+
+@pytest.mark.parametrize("interrupt", [False, True], ids=["timed out", "interrupted"])
+def test_a_waiter_handed_the_lock_as_it_gives_up_loses_no_turn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt: bool) -> None:
+    locks = Locks(str(tmp_path))
+    monkeypatch.setattr(_LateEvent, "interrupt", interrupt)
+    late = types.SimpleNamespace(Event=_LateEvent, Lock=threading.Lock)
+    got: list[str] = []
+    errors: list[BaseException] = []
+
+    def first(_: int) -> None:  # its wait ends as the lock is handed to it
+        try:
+            with locks.hold("v", timeout=30):
+                got.append("first")
+        except BaseException as err:  # the test's interrupt, recorded
+            errors.append(err)
+
+    def second() -> None:
+        with locks.hold("v", timeout=30):
+            got.append("second")
+
+    with locks.hold("v"):
+        monkeypatch.setattr(locks_mod, "threading", late)
+        a = _queue_up(locks, "v", 1, first)[0]
+        monkeypatch.setattr(locks_mod, "threading", threading)
+        b = threading.Thread(target=second, daemon=True)
+        b.start()
+        _wait_for(lambda: _waiting(locks, "v") == 2, "both wait")
+    a.join(10)
+    b.join(10)
+    if interrupt:  # it passed the lock on, to the one behind it
+        assert got == ["second"] and [type(e) for e in errors] == [KeyboardInterrupt]
+    else:  # the lock was its own
+        assert got == ["first", "second"] and errors == []
+    assert locks._queues == {}
+
+
+def test_no_wake_up_is_lost_under_stress(tmp_path: Path) -> None:
+    # Threads take one key over and over, some giving up at once or soon, so
+    # that gives-up race hand-overs. Each patient wait is served well within
+    # its timeout; a lost wake-up would leave one waiting it out (LockBusy).
+    locks = Locks(str(tmp_path))
+    n, rounds = 16, 300
+    inside: list[int] = []
+    served = [0] * n
+    failures: list[str] = []
+    overlaps: list[int] = []
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        for _ in range(rounds):
+            timeout = rng.choice([0.0, 0.0005, 0.002, 20.0, 20.0])
+            try:
+                with locks.hold("pool", timeout=timeout):
+                    inside.append(i)
+                    if len(inside) != 1:
+                        overlaps.append(len(inside))
+                    if rng.random() < 0.3:
+                        time.sleep(0.0005)
+                    inside.remove(i)
+                    served[i] += 1
+            except LockBusy:
+                if timeout == 20.0:
+                    failures.append(f"thread {i} waited out {timeout} s")
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, 60 - (time.monotonic() - t0)))
+    assert not any(t.is_alive() for t in threads), "a waiter never woke"
+    assert failures == [] and overlaps == []
+    assert all(served)
+    assert locks._queues == {}

@@ -80,6 +80,9 @@ def test_reads_what_lvm_wrote_and_agrees_with_lvs(tmp_path: Path) -> None:
         assert lv.device_id == int(row["thin_id"] or -1), row
     assert meta.lvs["csi-s-snap"].activation_skip and meta.lvs["csi-s-snap"].origin
     assert meta.lvs["po-ol"].segment_type == "thin-pool"
+    # The pool's chunk size (its segment's chunk_size, in sectors), as
+    # `lvs -o chunk_size` reports it; 0 for the others.
+    assert meta.lvs["po-ol"].chunk_size == 64 << 10 and meta.lvs["csi-v-abc"].chunk_size == 0
     assert not meta.lvs["po-ol_tdata"].visible and meta.lvs["csi-v-abc"].visible
 
 

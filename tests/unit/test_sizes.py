@@ -48,7 +48,7 @@ def test_in_range(size: int, req: int, lim: int, want: bool) -> None:
     ("fs_types", "default", "want"),
     [
         ((), "xfs", 0),  # block only: no file system asks for room
-        (("",), "ext4", 0),
+        (("",), "ext4", 2 * MiB),  # the smallest with a journal
         (("",), "xfs", 300 * MiB),  # "" is the class's default
         (("ext4", "btrfs"), "xfs", 128 * MiB),  # the largest of those asked
         (("", "btrfs"), "xfs", 300 * MiB),
@@ -67,3 +67,17 @@ def test_minimum_size_refuses_a_file_system_it_cannot_make(
         sizes.minimum_size(("",), "xfs")
     with pytest.raises(UnsupportedFilesystem, match="not supported"):
         sizes.minimum_size(("zfs",), "ext4")
+
+
+@pytest.mark.parametrize(("io_size", "offset"), [
+    (0, 16 * MiB),  # unknown: cryptsetup's default alignment, 1 MiB
+    (64 << 10, 16 * MiB),  # divides 1 MiB: aligned to 1 MiB
+    (192 << 10, 16 * MiB + (128 << 10)),  # does not: to 192 KiB (86 of them)
+    (MiB, 16 * MiB),
+    (2 * MiB, 16 * MiB),
+    (3 * MiB, 18 * MiB),
+    (32 * MiB, 32 * MiB),
+])
+def test_the_data_offset_cryptsetup_chooses(io_size: int, offset: int) -> None:
+    from csi_local.host.crypt import data_offset_for
+    assert data_offset_for(io_size) == offset

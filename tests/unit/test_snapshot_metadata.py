@@ -283,6 +283,17 @@ def test_the_metadata_snapshot_is_released_when_the_read_fails(
     assert lab.delta(s1, s2)[0] == "OK"  # and the next read takes it again
 
 
+def test_output_that_is_not_the_tools_xml_is_internal_and_released(
+        two: tuple[Lab, str, str, str]) -> None:
+    lab, _vol, s1, _s2 = two
+    lab.n.host.fail_next(["thin_dump"], rc=0, stdout='<superblock data_block_size="128">'
+                         '<device dev_id="1"><single_mapping origin_block="0"/>')
+    code, message = lab.allocated(s1)
+    assert code == "INTERNAL" and "thin_dump printed what is not its XML" in message
+    assert not lab.held() and lab.marks() == {}
+    assert lab.allocated(s1)[0] == "OK"
+
+
 def test_held_by_another_program_is_unavailable_and_left_held(
         two: tuple[Lab, str, str, str]) -> None:
     lab, _vol, s1, s2 = two

@@ -64,7 +64,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         self._listed_lock = threading.Lock()
         self.volumes = Provisioner(
             backend.pools, backend.locks,
-            VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state), backend.state)
+            VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state,
+                        freezes=backend.freezes), backend.state)
 
     # helpers -------------------------------------------------------------
 

@@ -8,6 +8,7 @@ LVM; `csi_local.csi.plugin` builds the real one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
+from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.pool import Pools
 
 
@@ -32,3 +34,10 @@ class Backend:
     # Told the reason ("key_refused", "key_missing", "mismatch", "error")
     # each time an encrypted volume's device fails to open: for the metrics.
     on_open_failure: Callable[[str], None] | None = None
+
+    @functools.cached_property
+    def freezes(self) -> Freezes:
+        """The one freeze rule (volumes/freezes.py) of every snapshot this node
+        takes: its journals under the lock directory, its limit
+        --group-freeze-timeout."""
+        return Freezes(self.host, self.locks, self.config.group_freeze_timeout)

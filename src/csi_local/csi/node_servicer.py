@@ -154,7 +154,9 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                      cap: validation.Capability, key: Key | None) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         target = block_stage_file(staging_path, lv.name)
-        if not self._device_mounted_at(Device.top(self.host, lv), target):
+        if self._device_mounted_at(Device.top(self.host, lv), target):
+            self.steps.verify_key(lv, key)  # a wrong key is refused here too
+        else:
             device, opened = self.steps.open_device(lv, key)
             try:
                 self.steps.mark_used(pool.lvm, lv)  # handed out raw: never formatted after
@@ -173,14 +175,20 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                      cap: validation.Capability, key: Key | None) -> Staging:
         os.makedirs(staging_path, exist_ok=True)
         fs_type = cap.fs_type
-        if self._device_mounted_at(Device.top(self.host, lv), staging_path):
+        device = encryption.top_device(self.host, lv)
+        if self._device_mounted_at(Device(device.path, device.major, device.minor),
+                                   staging_path):
+            self.steps.verify_key(lv, key)  # a wrong key is refused here too
             top = self.host.top_mount(staging_path)
             assert top is not None
             fs_type = top.fs_type
         else:
             fs_type = self.steps.first_mount(pool.lvm, lv, staging_path, cap.fs_type,
                                              cap.mount_flags, key)
-        self.steps.grow_pending(pool.lvm, lv, staging_path, fs_type)
+        # Grown while unused (a CO expands an unused volume with
+        # ControllerExpandVolume alone): the file system follows its LV here.
+        self.steps.grow_to_device(pool.lvm, lv, staging_path, fs_type, key,
+                                  was_open=device.encrypted)
         return Staging(path=staging_path, access_type=AccessType.MOUNT, fs_type=fs_type,
                        mount_flags=cap.mount_flags, access_mode=cap.mode)
 

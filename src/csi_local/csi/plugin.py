@@ -115,10 +115,11 @@ class CsiPlugin:
         # that another program holds is reported and left alone.
         changed.release_leftovers()
         self.snapshot_metadata = SnapshotMetadataServicer(changed)
-        groups = GroupSnapshots(pools, self.backend.fs, host, config.state_dir,
-                                freeze_limit=config.group_freeze_timeout)
-        # A take killed mid-way leaves file systems frozen (the kernel keeps
-        # them so when the freezer dies) and a group without all its members.
+        groups = GroupSnapshots(pools, self.backend.fs, host, self.backend.freezes,
+                                legacy_journal_dir=config.state_dir)
+        # A snapshot killed mid-way leaves file systems frozen (the kernel keeps
+        # them so when the freezer dies), and a group take one without all its
+        # members: every leftover freeze journal is thawed before serving.
         groups.recover()
         self.group_controller = GroupControllerServicer(self.backend, groups)
 

@@ -104,6 +104,8 @@ CODES: dict[type[errors.StorageError], str] = {
     # secret's value is wrong).
     errors.KeyRefused: "UNAUTHENTICATED",
     errors.EncryptionMismatch: "FAILED_PRECONDITION",
+    # Nothing a retry changes: the volume must grow first.
+    errors.VolumeTooSmall: "FAILED_PRECONDITION",
     errors.MountOptionError: "INVALID_ARGUMENT",
     errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
     errors.SnapshotsNotComparable: "INVALID_ARGUMENT",
@@ -119,8 +121,9 @@ CODES: dict[type[errors.StorageError], str] = {
     # CreateVolumeGroupSnapshot's "cannot snapshot multiple volumes together".
     errors.CannotQuiesce: "FAILED_PRECONDITION",
     errors.OriginFrozen: "FAILED_PRECONDITION",
-    # Not in CreateVolumeGroupSnapshot's table: nothing is wrong with the
-    # volumes (FAILED_PRECONDITION would tell the CO to fix them) nor with the
+    # A freeze past its limit (volumes/freezes.py), in CreateVolumeGroupSnapshot,
+    # CreateSnapshot or a clone's CreateVolume. Not in their tables: nothing is
+    # wrong with the volumes (FAILED_PRECONDITION would tell the CO to fix them) nor with the
     # room (RESOURCE_EXHAUSTED); LVM was slow for a while, nothing was kept,
     # and the same call can succeed: gRPC's "retry the failing call" code.
     errors.FreezeTimeout: "UNAVAILABLE",

@@ -3,8 +3,10 @@
 GetMetadataAllocated streams the byte ranges of a snapshot that hold data;
 GetMetadataDelta the ranges where a later snapshot of the same volume
 differs from a base one. The ranges are read whole (the pool's metadata
-snapshot is held only for that) and then streamed, `max_results` a message,
-so a slow reader never keeps the pool's metadata snapshot held.
+snapshot is held only for that; the tool's output is merged as it is
+printed and the runs kept as machine integers, 16 bytes each) and then
+streamed, `max_results` a message, each message made as it is sent, so a
+slow reader never keeps the pool's metadata snapshot held.
 """
 
 from __future__ import annotations
@@ -40,15 +42,20 @@ def _stream(blocks: BlockMap, starting_offset: int, max_results: int,
     """The replies: the volume's capacity in each, VARIABLE_LENGTH extents from
     `starting_offset` (not past the end: ChangedBlocks checked), at most
     `max_results` per message; none left is one message with no extents."""
-    extents = blocks.starting_at(starting_offset)
+    def message(batch: list[pb.BlockMetadata]) -> Reply:
+        return reply(block_metadata_type=pb.VARIABLE_LENGTH,
+                     volume_capacity_bytes=blocks.capacity, block_metadata=batch)
+
     per_message = max_results or DEFAULT_MAX_RESULTS
-    for first in range(0, max(len(extents), 1), per_message):
-        yield reply(
-            block_metadata_type=pb.VARIABLE_LENGTH,
-            volume_capacity_bytes=blocks.capacity,
-            block_metadata=[pb.BlockMetadata(byte_offset=e.offset, size_bytes=e.length)
-                            for e in extents[first:first + per_message]],
-        )
+    batch: list[pb.BlockMetadata] = []
+    sent = False
+    for e in blocks.starting_at(starting_offset):  # made as they are sent: none held
+        batch.append(pb.BlockMetadata(byte_offset=e.offset, size_bytes=e.length))
+        if len(batch) == per_message:
+            yield message(batch)
+            batch, sent = [], True
+    if batch or not sent:
+        yield message(batch)
 
 
 class SnapshotMetadataServicer(csi_pb2_grpc.SnapshotMetadataServicer):

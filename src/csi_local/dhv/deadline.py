@@ -4,11 +4,12 @@ a few seconds kept back to report the result."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
 from csi_local.dhv.request import DhvError
-from csi_local.host.runner import Result, Runner
+from csi_local.host.runner import Output, Result, Runner
 
 RESERVE = 3.0  # seconds kept back to report a result before Nomad's deadline
 
@@ -42,3 +43,8 @@ class DeadlineRunner:
         left = self.deadline.left()
         limit = left if timeout is None else min(timeout, left)
         return self.inner.run(argv, ok_codes=ok_codes, input=input, timeout=limit)
+
+    def stream(self, argv: Sequence[str], *, timeout: float | None = None
+               ) -> contextlib.AbstractContextManager[Output]:
+        left = self.deadline.left()
+        return self.inner.stream(argv, timeout=left if timeout is None else min(timeout, left))

@@ -45,6 +45,7 @@ from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.volumes import encryption, sizes
+from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT, Freezes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
     KIND_VOLUME,
@@ -83,8 +84,22 @@ class HostVolumePlugin:
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
-        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS)
+        # The one freeze rule (volumes/freezes.py), with the CSI plugin's default
+        # limit; its journals in the lock directory both plugins share.
+        self.freezes = Freezes(self.host, self.locks, DEFAULT_FREEZE_LIMIT,
+                               limit_name="the host volume plugin's freeze limit")
+        self.steps = VolumeSteps(self.fs, self.host, DHV_TAGS, freezes=self.freezes)
         self.removal = VolumeRemoval(self.fs, self.host, self.steps.close_device)
+
+    def thaw_leftovers(self) -> None:
+        """Thaw what a snapshot or clone killed mid-way (this plugin's, or the
+        CSI plugin's) left frozen: every run of create, delete and snapshot
+        starts with it, as the CSI plugin's start does. A failure is logged,
+        never the run's end: the next run, or the CSI plugin, tries again."""
+        try:
+            self.freezes.recover()
+        except Exception as err:
+            log.error("thawing file systems left frozen by an unfinished snapshot: %s", err)
 
     def _lock_timeout(self) -> float:
         return self.deadline.left(reserve=2 * RESERVE)
@@ -110,6 +125,7 @@ class HostVolumePlugin:
 
     def create(self, req: Request) -> tuple[str, int]:
         """Make (or converge) the volume; returns (path, bytes)."""
+        self.thaw_leftovers()
         params = req.parameters
         if params is None:
             raise DhvError("create needs the volume's parameters")
@@ -219,7 +235,8 @@ class HostVolumePlugin:
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size,
-            minimum=fsrules.min_size(fs_type) + (encryption.OVERHEAD_BYTES if encrypted else 0),
+            minimum=fsrules.min_size(fs_type)
+            + (encryption.overhead(pool.chunk_size(report)) if encrypted else 0),
         )
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
         if encrypted:
@@ -387,25 +404,30 @@ class HostVolumePlugin:
             )
 
     def _rollback(self, pool: Pool, req: Request, lv: LogicalVolume) -> None:
-        """Best effort: undo this run's new LV, its mount and its directory."""
+        """Best effort: undo what this run's failed first create made, in
+        reverse order: the mount at the volume's path, an encrypted volume's
+        dm-crypt device, the new LV, the directory. Each step is tried
+        whatever became of the one before (a step that cannot be done fails
+        and is logged: lvremove refuses a mounted or open LV); the original
+        error is the one reported."""
+        where = f"the failed create of {req.volume_id}"
         try:
-            try:
-                numbers: tuple[int, int] | None = device_numbers(self.host, lv)
-            except DhvError:  # no device node (it never appeared): nothing is mounted
-                numbers = None
-            if numbers is None:
+            numbers: tuple[int, int] | None = device_numbers(self.host, lv)
+        except Exception:  # no device node (it never appeared): nothing is mounted
+            numbers = None
+        with _undoing(where, "unmount"):
+            if numbers is not None and self.host.device_mounted_at(req.path, *numbers):
+                self.fs.umount(req.path, device=numbers)
+        if self.steps.is_encrypted(lv):
+            with _undoing(where, "close its dm-crypt device"):
+                self.steps.close_over(lv)
+        with _undoing(where, "lvremove"):
+            if numbers is None or not self.host.mounts_of(*numbers):  # never under a mount
                 pool.lvm.remove(lv.name)
-            else:
-                major, minor = numbers
-                if self.host.device_mounted_at(req.path, major, minor):
-                    self.fs.umount(req.path, device=(major, minor))
-                if not self.host.mounts_of(major, minor):
-                    pool.lvm.remove(lv.name)
+        with _undoing(where, "rmdir"):
             if not self.host.is_mount_point(req.path):
                 with contextlib.suppress(FileNotFoundError):
                     os.rmdir(req.path)
-        except Exception as err:  # the original error is the one to report
-            log.warning("could not undo the failed create of %s: %s", req.volume_id, err)
 
     # snapshots ---------------------------------------------------------------
     # Nomad has no snapshot verb for host volumes: `csi-local-dhv snapshot`
@@ -417,6 +439,7 @@ class HostVolumePlugin:
         """A snapshot `name` of host volume `volume_id` (the same one again if it
         exists already), in the volume's device class: `device_class`, if
         given, must be that class."""
+        self.thaw_leftovers()
         lv_name = lv_name_for(volume_id)
         snap_lv = snapshot_lv_name(name)
         if device_class is not None:
@@ -477,6 +500,7 @@ class HostVolumePlugin:
         """Remove snapshot `name`; False when it was gone already. Its clones
         are thin LVs of their own and keep working. A volume group that is
         missing may hold it: VolumeGroupMissing then, never "gone"."""
+        self.thaw_leftovers()
         snap_lv = snapshot_lv_name(name)
         with self._hold(snap_lv):
             found = self.pools.find(snap_lv)
@@ -508,11 +532,23 @@ class HostVolumePlugin:
         is looked for in every class (one `lvs`); a class whose volume group is
         missing may hold it, so delete then fails (VolumeGroupMissing) rather
         than call the volume gone."""
+        self.thaw_leftovers()
         with self._hold(req.lv_name):
             found = self.pools.find(req.lv_name)
             if found is not None:
                 _check_ours(found[1], req)
             self.removal.remove(req, found)
+
+
+@contextlib.contextmanager
+def _undoing(what: str, step: str) -> Iterator[None]:
+    """One step of a rollback: a failure is logged, never raised (the error
+    that made the rollback is the one to report)."""
+    try:
+        yield
+    except Exception as err:
+        log.warning("could not undo %s (%s): %s", what, step, err)
+
 
 def _check_ours(lv: LogicalVolume, req: Request) -> None:
     if lv.tag_value(TAG_KIND) != KIND_VOLUME or lv.tag_value(TAG_ID) != req.volume_id:

@@ -21,8 +21,11 @@ from csi_local.errors import MountOptionError
 
 SUPPORTED_FS = ("ext4", "xfs", "btrfs")
 # mkfs refuses smaller devices: mkfs.xfs needs 300 MiB, mkfs.btrfs 114 MiB
-# (btrfs-progs 6.2; rounded up for a margin). Volumes are made at least this big.
-MIN_SIZE = {"xfs": 300 << 20, "btrfs": 128 << 20}
+# (btrfs-progs 6.2; rounded up for a margin). mkfs.ext4 (e2fsprogs 1.47) makes
+# one down to about 200 KiB, but below 2 MiB without a journal ("Filesystem
+# too small for a journal", a warning only): 2 MiB is the smallest ext4 that
+# is one. Volumes are made at least this big.
+MIN_SIZE = {"ext4": 2 << 20, "xfs": 300 << 20, "btrfs": 128 << 20}
 
 
 def min_size(fs_type: str) -> int:

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,17 @@ log = logging.getLogger(__name__)
 # linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int).
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
+# xfs/xfs_fs.h: _IOR('X', 100, struct xfs_fsop_geom_v1), 112 bytes: blocksize
+# (u32) first, datablocks (u64) at byte 32, in the host's byte order.
+_XFS_IOC_FSGEOMETRY_V1 = 0x80705864
+_XFS_GEOMETRY_V1 = 112
+# ext4's superblock, 1024 bytes into the device: its fields, little-endian.
+_EXT4_SUPERBLOCK = 1024
+_EXT4_MAGIC = 0xEF53
+_EXT4_64BIT = 0x80  # s_feature_incompat: s_blocks_count_hi is used
+# btrfs's superblock, 64 KiB into the device: its magic and total_bytes.
+_BTRFS_SUPERBLOCK = 64 << 10
+_BTRFS_MAGIC = b"_BHRfS_M"
 
 # linux/mount.h: the flags of mount(2) that mount(8) passes.
 MS_RDONLY = 1
@@ -228,6 +240,29 @@ class Host:
         with open(path, "rb") as f:
             return f.seek(0, os.SEEK_END)
 
+    def filesystem_size(self, device: str, mount_point: str, fs_type: str) -> int | None:
+        """Bytes the file system mounted at `mount_point` spans on `device`, as
+        the file system itself counts them (what resize2fs, xfs_growfs and
+        `btrfs filesystem resize` change); None when it cannot tell.
+
+        Not statvfs: ext4's and xfs's f_blocks leave out the space their own
+        metadata (the journal, the log) takes, and btrfs's divides by its
+        data profile's copies, so a file system as large as its device would
+        look smaller. ext4 and btrfs: the superblock, read through the device
+        (the page cache the mounted file system writes its superblock
+        through); xfs: its geometry (the ioctl xfs_info asks)."""
+        try:
+            if fs_type == "ext4":
+                return _ext4_size(device)
+            if fs_type == "xfs":
+                return _xfs_size(mount_point)
+            if fs_type == "btrfs":
+                return _btrfs_size(device)
+        except (OSError, struct.error) as err:
+            log.warning("cannot read the size of the %s file system at %s: %s", fs_type,
+                        mount_point, err)
+        return None
+
     def freeze(self, mount_point: str) -> None:
         """FIFREEZE the file system mounted at `mount_point`: its dirty data is
         written and every new write waits until `thaw`. OSError as the kernel
@@ -365,3 +400,45 @@ class Host:
         if found is None:
             raise FileNotFoundError(path)
         return found
+
+
+def _read_at(device: str, length: int, offset: int) -> bytes:
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def _ext4_size(device: str) -> int | None:
+    sb = _read_at(device, 1024, _EXT4_SUPERBLOCK)
+    magic: int = struct.unpack_from("<H", sb, 0x38)[0]
+    if magic != _EXT4_MAGIC:
+        return None
+    blocks: int = struct.unpack_from("<I", sb, 0x04)[0]
+    log_block: int = struct.unpack_from("<I", sb, 0x18)[0]
+    incompat: int = struct.unpack_from("<I", sb, 0x60)[0]
+    if incompat & _EXT4_64BIT:
+        high: int = struct.unpack_from("<I", sb, 0x150)[0]
+        blocks |= high << 32
+    return blocks * (1024 << log_block)
+
+
+def _btrfs_size(device: str) -> int | None:
+    sb = _read_at(device, 0x80, _BTRFS_SUPERBLOCK)
+    if sb[0x40:0x48] != _BTRFS_MAGIC:
+        return None
+    total: int = struct.unpack_from("<Q", sb, 0x70)[0]  # one device: its bytes
+    return total
+
+
+def _xfs_size(mount_point: str) -> int:
+    fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        geometry = bytearray(_XFS_GEOMETRY_V1)
+        fcntl.ioctl(fd, _XFS_IOC_FSGEOMETRY_V1, geometry)
+    finally:
+        os.close(fd)
+    (block_size,) = struct.unpack_from("=I", geometry, 0)
+    (data_blocks,) = struct.unpack_from("=Q", geometry, 32)
+    return int(block_size) * int(data_blocks)

@@ -1,9 +1,11 @@
 """Named locks shared by threads and processes (flock on files in one directory).
 
-Threads of one process queue for a key on an in-process lock first, and only
-the one at the head takes the flock: a thread that waits is woken when the
-lock is released instead of polling. flock has no timeout, so it is polled
-(with a growing pause) only while another process holds it. Each
+Threads of one process queue for a key in the process first, first come,
+first served, and only the one at the head takes the flock: a thread that
+waits is woken when the lock is handed to it instead of polling, and none
+is overtaken by a thread that asked later (a create's wait for the pool's
+lock is bounded by the creates ahead of it). flock has no timeout, so it is
+polled (with a growing pause) only while another process holds it. Each
 acquisition opens its own file description, so a holder excludes other
 processes just as it excludes other threads. The CSI plugin and the
 Nomad host volume plugin use the same directory and the same keys (defined
@@ -21,6 +23,7 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 from csi_local.errors import LockBusy, LockDirError
@@ -76,10 +79,16 @@ def _secure_directory(directory: str) -> None:
 
 
 class _Queue:
-    """This process's threads that hold or wait for one key."""
+    """This process's threads that hold or wait for one key, in arrival order.
+
+    Guarded by `Locks._guard`. The lock passes from its holder straight to
+    the first waiter (its event set), so a thread that asks while others
+    wait queues behind them. Not re-entrant: a thread that asks again for a
+    key it holds waits behind itself until its timeout (LockBusy)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.held = False
+        self.waiters: deque[threading.Event] = deque()
         self.users = 0
 
 
@@ -120,21 +129,64 @@ class Locks:
             queue = self._queues.setdefault(key, _Queue())
             queue.users += 1
         try:
-            if not queue.lock.acquire(timeout=max(limit, 0.0)):
+            if not self._enter(queue, max(limit, 0.0)):
                 raise LockBusy(f"an operation on {key!r} is already in progress")
             try:
                 with self._flock(key, deadline):
                     yield
             finally:
-                queue.lock.release()
+                self._leave(queue)
         finally:
             with self._guard:
                 queue.users -= 1
                 if not queue.users:
                     del self._queues[key]
 
+    def _enter(self, queue: _Queue, timeout: float) -> bool:
+        """Take `queue`'s turn: at once when no one holds or waits for it, else
+        after those that came first; False after `timeout` seconds. A waiter
+        that gives up (or is interrupted) leaves the queue and holds up no
+        one behind it; one handed the lock as it gave up passes it on."""
+        with self._guard:
+            if not queue.held:  # then no one waits either
+                queue.held = True
+                return True
+            if timeout <= 0:
+                return False
+            turn = threading.Event()
+            queue.waiters.append(turn)
+        try:
+            if turn.wait(timeout):
+                return True
+        except BaseException:
+            with self._guard:
+                if not turn.is_set():
+                    queue.waiters.remove(turn)
+                    raise
+            self._leave(queue)  # handed the lock just as it was interrupted
+            raise
+        with self._guard:
+            if turn.is_set():
+                return True  # handed the lock as the wait ran out: it is ours
+            queue.waiters.remove(turn)
+            return False
+
+    def _leave(self, queue: _Queue) -> None:
+        """Hand `queue`'s lock to its first waiter, or free it."""
+        with self._guard:
+            if queue.waiters:
+                queue.waiters.popleft().set()  # the holder now, still queue.held
+            else:
+                queue.held = False
+
     @contextlib.contextmanager
     def _flock(self, key: str, deadline: float) -> Iterator[None]:
+        """The lock file's flock, polled until `deadline`. Between processes
+        (the plugin and each run of csi-local-dhv) there is no order: flock(2)
+        promises none, and a poll takes the lock whenever it finds it free, so
+        a process that asked later may get it first. First come, first served
+        holds among one process's threads only; of those, only the head of
+        the queue polls."""
         fd = self._open(key)
         try:
             delay = 0.005

@@ -24,9 +24,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import IO, Any, Protocol
 
 from csi_local.errors import CommandError
 
@@ -51,6 +51,12 @@ def _decoded(data: bytes) -> str:
     return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
+class Output(Protocol):
+    """A command's standard output as it comes, for `Runner.stream`."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class Runner(Protocol):
     def run(
         self,
@@ -60,6 +66,18 @@ class Runner(Protocol):
         input: str | bytes | None = None,
         timeout: float | None = None,
     ) -> Result: ...
+
+    def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+    ) -> contextlib.AbstractContextManager[Output]:
+        """The command's standard output, read as it is written, for output
+        too large to hold (a thin pool's mappings). CommandError when the
+        command fails (an exit code other than 0, a timeout), on entry or at
+        the block's end; no child outlives the block."""
+        ...
 
 
 _resolved: dict[tuple[str, str], str] = {}
@@ -96,7 +114,7 @@ def forget(exe: str) -> None:
 
 @dataclass(eq=False)
 class _Deadline:
-    proc: subprocess.Popen[str]
+    proc: subprocess.Popen[Any]
     at: float  # time.monotonic()
     fired: bool = False
 
@@ -114,7 +132,7 @@ class _Watchdog:
         self._due: set[_Deadline] = set()
         self._thread: threading.Thread | None = None
 
-    def watch(self, proc: subprocess.Popen[str], limit: float) -> _Deadline:
+    def watch(self, proc: subprocess.Popen[Any], limit: float) -> _Deadline:
         deadline = _Deadline(proc, time.monotonic() + limit)
         with self._cond:
             self._due.add(deadline)
@@ -144,7 +162,7 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
+def _kill(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL to the child's process group: the child and whatever it started
     (lvm runs thin_check, for one) that would otherwise hold its pipes open,
     and keep the runner reading them, long after the child is gone."""
@@ -226,10 +244,88 @@ class ProcessRunner:
             ok = True
             return result
         finally:
+            self._observed(argv, started, ok)
+
+    def _observed(self, argv: Sequence[str], started: float, ok: bool) -> None:
+        if self.observe is None:
+            return
+        try:
+            self.observe(os.path.basename(str(argv[0])), time.monotonic() - started, ok)
+        except Exception:  # metrics must never fail a command
+            log.exception("command observer failed")
+
+    @contextlib.contextmanager
+    def stream(self, argv: Sequence[str], *, timeout: float | None = None
+               ) -> Iterator[Output]:
+        """The command's standard output as a binary file, read as the command
+        writes it: what `run` would hold whole, for output too large to hold.
+
+        The same environment, no shell and the same timeout as `run` (the
+        watchdog kills the command's group, and the reader then sees the end
+        of its output). Standard error goes to an anonymous memory file, read
+        once the command has ended: no second pipe that could fill while the
+        caller reads the first. At the block's end the rest of the output is
+        read and dropped and the command waited for; CommandError (with its
+        standard error) for an exit code other than 0 or a timeout. When the
+        block fails, a command whose output was not read to its end is killed
+        (the reader gave up: it may be blocked writing), and one that ended
+        its output is waited for: if it failed, that failure is raised (the
+        cause: a truncated document is only its symptom), else the block's
+        error. Either way no child outlives the block."""
+        if not argv:
+            raise ValueError("empty argv")
+        started = time.monotonic()
+        ok = False
+        try:
+            with self._stream(argv, timeout) as out:
+                yield out
+            ok = True
+        finally:
+            self._observed(argv, started, ok)
+
+    @contextlib.contextmanager
+    def _stream(self, argv: Sequence[str], timeout: float | None) -> Iterator[Output]:
+        exe = resolve(argv[0])
+        full = (exe, *(str(a) for a in argv[1:]))
+        limit = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+        try:
             try:
-                self.observe(os.path.basename(str(argv[0])), time.monotonic() - started, ok)
-            except Exception:  # metrics must never fail a command
-                log.exception("command observer failed")
+                proc = subprocess.Popen(
+                    full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err_fd,
+                    env=self.env, close_fds=True, process_group=0, bufsize=0)
+            except OSError as err:
+                raise _not_started(exe, full, err) from None
+            assert proc.stdout is not None
+            out = _Output(proc.stdout)
+            deadline = _WATCHDOG.watch(proc, limit)
+            try:
+                try:
+                    yield out
+                except Exception as err:
+                    if out.ended:  # the command is done writing: its verdict first
+                        proc.wait()
+                        failure = _stream_failure(full, proc, deadline, err_fd, limit)
+                        if failure is not None:
+                            raise failure from err
+                    raise
+                out.drain()
+                proc.wait()
+            finally:
+                # Whatever left the block (the reader gave up on the output, an
+                # interrupt, a generator closed): the child does not outlive it.
+                _kill(proc)
+                proc.wait()
+                _WATCHDOG.release(deadline)
+                proc.stdout.close()
+            log.debug("streamed %s -> %d in %.2fs", " ".join(full), proc.returncode,
+                      time.monotonic() - started)
+            failure = _stream_failure(full, proc, deadline, err_fd, limit)
+            if failure is not None:
+                raise failure
+        finally:
+            os.close(err_fd)
 
     def _run(self, argv: Sequence[str], ok_codes: Sequence[int], input: str | bytes | None,
              timeout: float | None) -> Result:
@@ -257,10 +353,7 @@ class ProcessRunner:
                 close_fds=True, process_group=0,  # its own group, killed whole at the timeout
                 **text)  # type: ignore[call-overload]
         except OSError as err:
-            # Removed since it was found, or not executable: as a shell says it.
-            forget(exe)
-            code = 127 if isinstance(err, FileNotFoundError) else 126
-            raise CommandError(full, code, "", f"{exe}: {err.strerror or err}") from None
+            raise _not_started(exe, full, err) from None
         deadline = _WATCHDOG.watch(proc, limit)
         try:
             stdout, stderr = proc.communicate(input)
@@ -274,12 +367,58 @@ class ProcessRunner:
         if binary:
             stdout, stderr = _decoded(stdout), _decoded(stderr)
         if deadline.fired:
-            note = f"timed out after {limit:.0f}s"
-            raise CommandError(full, -9, stdout, f"{stderr}{note}" if not stderr or
-                               stderr.endswith("\n") else f"{stderr}\n{note}",
-                               timed_out=True)
+            raise _timed_out(full, stdout, stderr, limit)
         code = proc.returncode
         log.debug("ran %s -> %d in %.2fs", " ".join(full), code, time.monotonic() - started)
         if code not in ok_codes:
             raise CommandError(full, code, stdout, stderr)
         return Result(full, code, stdout, stderr)
+
+
+# The tail of a streamed command's standard error kept for its CommandError.
+STDERR_KEPT = 64 * 1024
+
+
+class _Output:
+    """A child's standard output pipe (unbuffered: a read returns what has
+    been written so far), which notes its end."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe = pipe
+        self.ended = False
+
+    def read(self, size: int = -1, /) -> bytes:
+        data = self._pipe.read(size)
+        if not data and size != 0:
+            self.ended = True
+        return data or b""
+
+    def drain(self) -> None:
+        while self.read(1 << 16):
+            pass
+
+
+def _stream_failure(full: tuple[str, ...], proc: subprocess.Popen[Any], deadline: _Deadline,
+                    err_fd: int, limit: float) -> CommandError | None:
+    """The CommandError of a streamed command that has ended, or None."""
+    if not deadline.fired and proc.returncode == 0:
+        return None
+    size = os.fstat(err_fd).st_size
+    start = max(0, size - STDERR_KEPT)
+    stderr = _decoded(os.pread(err_fd, STDERR_KEPT, start))
+    if deadline.fired:
+        return _timed_out(full, "", stderr, limit)
+    return CommandError(full, proc.returncode, "", stderr)
+
+
+def _not_started(exe: str, full: tuple[str, ...], err: OSError) -> CommandError:
+    """Removed since it was found, or not executable: as a shell says it."""
+    forget(exe)
+    code = 127 if isinstance(err, FileNotFoundError) else 126
+    return CommandError(full, code, "", f"{exe}: {err.strerror or err}")
+
+
+def _timed_out(full: tuple[str, ...], stdout: str, stderr: str, limit: float) -> CommandError:
+    note = f"timed out after {limit:.0f}s"
+    return CommandError(full, -9, stdout, f"{stderr}{note}" if not stderr or
+                        stderr.endswith("\n") else f"{stderr}\n{note}", timed_out=True)

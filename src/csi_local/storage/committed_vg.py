@@ -454,7 +454,8 @@ def _listed_lv(vg: str, m: lvm_metadata.MetaLv, numbers: tuple[int, int] | None,
         health=_pool_health(usage)[1] if m.segment_type == "thin-pool" else "",
         kernel_major=numbers[0] if numbers is not None else -1,
         kernel_minor=numbers[1] if numbers is not None else -1,
-        metadata_size=metadata_size, thin_id=m.device_id, uuid=m.uuid)
+        metadata_size=metadata_size, thin_id=m.device_id, uuid=m.uuid,
+        chunk_size=m.chunk_size)
 
 
 def _pool_health(usage: PoolUsage | None) -> tuple[str, str]:

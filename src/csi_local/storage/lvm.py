@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 LV_FIELDS = (
     "lv_name,vg_name,lv_size,lv_tags,lv_attr,pool_lv,origin,lv_path,"
     "data_percent,metadata_percent,lv_time,lv_health_status,lv_kernel_major,lv_kernel_minor,"
-    "lv_metadata_size,thin_id,lv_uuid"
+    "lv_metadata_size,thin_id,lv_uuid,chunk_size"
 )
 VG_FIELDS = "vg_name,vg_size,vg_free,vg_extent_size"
 # The metadata area the docs recommend for a PV of the plugins' VGs, and
@@ -86,6 +86,7 @@ class LogicalVolume:
     metadata_size: int = 0  # a thin pool's metadata LV, bytes (0 for other LVs)
     thin_id: int = -1  # a thin volume's device ID in its pool (-1: not a thin volume)
     uuid: str = ""  # LVM's ID of this LV: a new one for each LV ever made, never reused
+    chunk_size: int = 0  # a thin pool's chunk size, bytes (0 for other LVs)
 
     @property
     def active(self) -> bool:
@@ -209,6 +210,7 @@ def parse_lvs(output: str) -> list[LogicalVolume]:
                     metadata_size=_int(row.get("lv_metadata_size", "")),
                     thin_id=_int(row.get("thin_id", ""), -1),
                     uuid=row.get("lv_uuid", ""),
+                    chunk_size=_int(row.get("chunk_size", "")),
                 )
             )
     return result

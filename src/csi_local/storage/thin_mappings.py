@@ -29,7 +29,8 @@ import enum
 import json
 import logging
 import os
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,9 +46,7 @@ from csi_local.host.atomic_files import sync_directory, write_atomic
 from csi_local.host.device_mapper import dm_name
 
 if TYPE_CHECKING:
-    import xml.etree.ElementTree as ET
-
-    from csi_local.host.runner import Runner
+    from csi_local.host.runner import Output, Runner
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +68,41 @@ class Run:
     length: int
 
 
+class Runs:
+    """Runs of chunks, sorted and merged, two machine integers each: a
+    fragmented volume has millions, and as Python objects each would cost
+    about a hundred bytes."""
+
+    def __init__(self, flat: array[int] | None = None) -> None:
+        self._flat = flat if flat is not None else array("q")  # begin, length, begin, ...
+
+    def __len__(self) -> int:
+        return len(self._flat) // 2
+
+    def pairs(self) -> Iterator[tuple[int, int]]:
+        """(begin, length) of each run, in order."""
+        numbers = iter(self._flat)
+        return zip(numbers, numbers)  # noqa: B905 (pairs of one iterator)
+
+    def __iter__(self) -> Iterator[Run]:
+        return (Run(b, n) for b, n in self.pairs())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Runs) and self._flat == other._flat
+
+    def __hash__(self) -> int:
+        return hash(self._flat.tobytes())
+
+    def __repr__(self) -> str:
+        return f"Runs({list(self.pairs())!r})"
+
+
 @dataclass(frozen=True)
 class Mapping:
     """Runs of chunks, sorted and merged, and the pool's chunk size in bytes."""
 
     chunk_size: int
-    runs: tuple[Run, ...]
+    runs: Runs
 
 
 @dataclass(frozen=True)
@@ -117,73 +145,180 @@ def _root(field: str) -> int | None:
     return int(field) if field.isdigit() else -1  # held, at a root not read
 
 
-def merge(runs: list[Run]) -> tuple[Run, ...]:
-    """Sorted, with touching or overlapping runs joined."""
-    out: list[Run] = []
-    for run in sorted(runs, key=lambda r: r.begin):
-        if run.length <= 0:
+def merged(runs: Iterable[tuple[int, int]]) -> Runs:
+    """(begin, length) runs sorted, with touching or overlapping runs joined,
+    and empty ones dropped. The tools print runs in order, so they are joined
+    as they come and only the joined ones are kept; a run out of order (never
+    seen from the tools) has the whole list sorted and joined at the end."""
+    flat: array[int] = array("q")
+    begin = end = 0  # the run being joined, once `joining`
+    joining = False
+    ordered = True
+    for b, n in runs:
+        if n <= 0:
             continue
-        if out and run.begin <= out[-1].begin + out[-1].length:
-            last = out[-1]
-            end = max(last.begin + last.length, run.begin + run.length)
-            out[-1] = Run(last.begin, end - last.begin)
+        if not joining:
+            begin, end, joining = b, b + n, True
+        elif b < begin:
+            ordered = False
+            flat.extend((b, n))
+        elif b <= end:
+            end = max(end, b + n)
         else:
-            out.append(run)
-    return tuple(out)
+            flat.extend((begin, end - begin))
+            begin, end = b, b + n
+    if joining:
+        flat.extend((begin, end - begin))
+    if ordered:
+        return Runs(flat)
+    return merged(sorted(Runs(flat).pairs()))  # no longer out of order
 
 
-def _superblock(xml: str, tool: str) -> ET.Element:
-    # Imported here: only changed-block tracking reads XML, and the serve
-    # path's start-up should not pay for the parser (TCG: 0.1-0.2 s).
-    import xml.etree.ElementTree as ET
+# Bytes read from a tool's output at a time: the parser holds no more of it.
+READ_SIZE = 1 << 16
+_DEVICE = "\0device"  # the device thin_dump was asked for, on the stack of open elements
 
+
+class _Document:
+    """expat's handlers over one tool's XML: the tags of the open elements,
+    the runs taken from the elements seen so far, and, at the end, the
+    superblock's chunk size. No element is kept once its start is seen."""
+
+    tool = ""
+
+    def __init__(self) -> None:
+        self.open: list[str] = []
+        self.runs: list[tuple[int, int]] = []
+        self.block_size = ""  # the superblock's data_block_size, in sectors
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        if self.open:
+            self.open.append(self.child(self.open[-1], tag, attrs))
+            return
+        if tag != "superblock":
+            raise StorageError(f"{self.tool} printed <{tag}>, not <superblock>")
+        self.block_size = attrs.get("data_block_size", "0")
+        self.open.append(tag)
+
+    def end(self, _tag: str) -> None:
+        self.open.pop()
+
+    def child(self, parent: str, tag: str, attrs: dict[str, str]) -> str:
+        """Takes the runs an element lists; what to push for it."""
+        raise NotImplementedError
+
+    def finish(self) -> int:
+        """At the document's end: the chunk size in bytes."""
+        sectors = int(self.block_size)
+        if sectors <= 0:
+            raise StorageError(f"{self.tool}: no data_block_size in its superblock")
+        return sectors * SECTOR
+
+
+class _Dump(_Document):
+    """`thin_dump --dev-id`: the mappings that are children of the device."""
+
+    tool = "thin_dump"
+
+    def __init__(self, dev_id: int) -> None:
+        super().__init__()
+        self.dev_id = str(dev_id)
+        self.found = False
+
+    def child(self, parent: str, tag: str, attrs: dict[str, str]) -> str:
+        if parent == _DEVICE:
+            if tag == "single_mapping":
+                self.runs.append((int(attrs.get("origin_block", "0")), 1))
+            elif tag == "range_mapping":
+                self.runs.append((int(attrs.get("origin_begin", "0")),
+                                  int(attrs.get("length", "0"))))
+        elif tag == "device" and not self.found and attrs.get("dev_id") == self.dev_id:
+            self.found = True  # the first one: thin_dump --dev-id prints only it
+            return _DEVICE
+        return tag
+
+    def finish(self) -> int:
+        if not self.found:
+            raise StorageError(f"thin device {self.dev_id} is not in the pool's metadata")
+        return super().finish()
+
+
+class _Delta(_Document):
+    """`thin_delta` (not --verbose): the runs of each <diff> that differ."""
+
+    tool = "thin_delta"
+
+    def child(self, parent: str, tag: str, attrs: dict[str, str]) -> str:
+        if parent == "diff" and tag in _CHANGED:
+            self.runs.append((int(attrs.get("begin", "0")), int(attrs.get("length", "0"))))
+        return tag
+
+
+class Scan:
+    """The runs one tool's XML lists, (begin, length) in the document's order,
+    each as soon as its element has been read from `out`: the output is parsed
+    READ_SIZE bytes at a time, never held whole. `chunk_size` is set once the
+    iteration has ended."""
+
+    def __init__(self, out: Output, document: _Document) -> None:
+        self.out = out
+        self.document = document
+        self.chunk_size = 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        # Imported here: only changed-block tracking reads XML.
+        from xml.parsers import expat
+
+        doc = self.document
+        parser = expat.ParserCreate()
+        parser.StartElementHandler = doc.start
+        parser.EndElementHandler = doc.end
+        try:
+            while data := self.out.read(READ_SIZE):
+                # The text is what a root-run tool printed from the pool's own
+                # metadata, not input from a caller; expat resolves no external
+                # entities.
+                parser.Parse(data, False)
+                if doc.runs:
+                    runs, doc.runs = doc.runs, []
+                    yield from runs
+            parser.Parse(b"", True)
+        except expat.ExpatError as err:
+            raise StorageError(f"{doc.tool} printed what is not its XML: {err}") from None
+        yield from doc.runs
+        doc.runs = []
+        self.chunk_size = doc.finish()
+
+
+def dump_runs(out: Output, dev_id: int) -> Scan:
+    """The runs thin device `dev_id` maps, from `thin_dump --dev-id` as it prints."""
+    return Scan(out, _Dump(dev_id))
+
+
+def delta_runs(out: Output) -> Scan:
+    """The runs two thin devices map differently, from `thin_delta` (not
+    --verbose) as it prints: overwritten, discarded (only in the first) and
+    new (only in the second)."""
+    return Scan(out, _Delta())
+
+
+def read_mapping(scan: Scan) -> Mapping:
+    """A scan's runs, merged as they come."""
+    runs = merged(scan)
+    return Mapping(scan.chunk_size, runs)
+
+
+@contextlib.contextmanager
+def _tools_needed(argv: list[str]) -> Iterator[None]:
+    """A tool that is not installed is MappingToolsMissing."""
     try:
-        # The text is what a root-run tool printed from the pool's own metadata,
-        # not input from a caller; expat resolves no external entities.
-        root = ET.fromstring(xml)  # noqa: S314
-    except ET.ParseError as err:
-        raise StorageError(f"{tool} printed what is not its XML: {err}") from None
-    if root.tag != "superblock":
-        raise StorageError(f"{tool} printed <{root.tag}>, not <superblock>")
-    return root
-
-
-def _chunk_size(root: ET.Element, tool: str) -> int:
-    sectors = int(root.get("data_block_size", "0"))
-    if sectors <= 0:
-        raise StorageError(f"{tool}: no data_block_size in its superblock")
-    return sectors * SECTOR
-
-
-def parse_dump(xml: str, dev_id: int) -> Mapping:
-    """The mapped chunks of thin device `dev_id`, from `thin_dump --dev-id`."""
-    root = _superblock(xml, "thin_dump")
-    device = next((d for d in root.iter("device") if d.get("dev_id") == str(dev_id)), None)
-    if device is None:
-        raise StorageError(f"thin device {dev_id} is not in the pool's metadata")
-    runs = []
-    for m in device:
-        if m.tag == "single_mapping":
-            runs.append(Run(int(m.get("origin_block", "0")), 1))
-        elif m.tag == "range_mapping":
-            runs.append(Run(int(m.get("origin_begin", "0")), int(m.get("length", "0"))))
-    return Mapping(_chunk_size(root, "thin_dump"), merge(runs))
-
-
-def parse_delta(xml: str) -> Mapping:
-    """The chunks two thin devices map differently, from `thin_delta` (not
-    --verbose): overwritten, discarded (only in the first) and new (only in
-    the second)."""
-    root = _superblock(xml, "thin_delta")
-    runs = [
-        Run(int(e.get("begin", "0")), int(e.get("length", "0")))
-        for diff in root.iter("diff") for e in diff if e.tag in _CHANGED
-    ]
-    return Mapping(_chunk_size(root, "thin_delta"), merge(runs))
-
-
-def _not_installed(err: CommandError) -> bool:
-    return err.returncode == 127
+        yield
+    except CommandError as err:
+        if err.returncode == 127:
+            raise MappingToolsMissing(
+                f"{argv[0]} is not installed (dmsetup and thin-provisioning-tools are "
+                "needed for changed-block tracking)") from None
+        raise
 
 
 class ThinMetadata:
@@ -200,14 +335,8 @@ class ThinMetadata:
         return f"/dev/mapper/{dm_name(self.vg, self.pool)}_tmeta"
 
     def _run(self, argv: list[str]) -> str:
-        try:
+        with _tools_needed(argv):
             return self.runner.run(argv).stdout
-        except CommandError as err:
-            if _not_installed(err):
-                raise MappingToolsMissing(
-                    f"{argv[0]} is not installed (dmsetup and thin-provisioning-tools are "
-                    "needed for changed-block tracking)") from None
-            raise
 
     def _pool_target(self) -> tuple[str, list[str]]:
         """(dm name, `dmsetup status` fields) of the pool's thin-pool target.
@@ -358,15 +487,21 @@ class ThinMetadata:
             "root; `dmsetup message <pool device> 0 release_metadata_snap` frees one that "
             "nothing reads)")
 
+    def _read(self, argv: list[str], scan: Callable[[Output], Scan]) -> Mapping:
+        """The mapping a tool prints, merged while it prints (a large volume's
+        XML is hundreds of megabytes): the tool's failure (its exit code,
+        its standard error, a timeout) is the error, else a document that is
+        not its XML."""
+        with _tools_needed(argv), self.runner.stream(argv) as out:
+            return read_mapping(scan(out))
+
     def allocated(self, dev_id: int) -> Mapping:
         """The chunks thin device `dev_id` maps; inside `snapshot()`."""
-        out = self._run(["thin_dump", "--metadata-snap", "--dev-id", str(dev_id),
-                         self.metadata_device])
-        return parse_dump(out, dev_id)
+        return self._read(["thin_dump", "--metadata-snap", "--dev-id", str(dev_id),
+                           self.metadata_device], lambda out: dump_runs(out, dev_id))
 
     def delta(self, base_id: int, target_id: int) -> Mapping:
         """The chunks thin devices `base_id` and `target_id` map differently;
         inside `snapshot()`."""
-        out = self._run(["thin_delta", "--metadata-snap", "--snap1", str(base_id),
-                         "--snap2", str(target_id), self.metadata_device])
-        return parse_delta(out)
+        return self._read(["thin_delta", "--metadata-snap", "--snap1", str(base_id),
+                           "--snap2", str(target_id), self.metadata_device], delta_runs)

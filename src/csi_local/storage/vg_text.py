@@ -317,6 +317,7 @@ class MetaLv:
     # (`stripes`, linear or striped). Thin volumes, thin pools, RAID and
     # mirrors map other LVs (their _tdata, _rimage...), which count instead.
     pv_extents: int = 0
+    chunk_size: int = 0  # a thin pool's, bytes (its segment's chunk_size is in sectors)
 
 
 @dataclass(frozen=True)
@@ -455,6 +456,8 @@ def _meta_lv(vg: str, lv_name: str, lv: dict[str, Value], extent: int) -> MetaLv
         created=_int(lv.get("creation_time")),
         pv_extents=sum(_int(s.get("extent_count")) for s in segments
                        if isinstance(s, dict) and _maps_pvs(s.get("stripes"))),
+        chunk_size=_int(first.get("chunk_size")) * 512
+        if first.get("type") == "thin-pool" else 0,
     )
 
 

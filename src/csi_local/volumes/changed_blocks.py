@@ -12,7 +12,7 @@ never because a neighbour changed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from csi_local.errors import (
@@ -52,32 +52,34 @@ class Extent:
 @dataclass(frozen=True)
 class BlockMap:
     """What a snapshot's (or a pair's) mappings say, in bytes: the volume's
-    capacity and the extents, sorted, merged, inside the capacity."""
+    capacity and the extents, sorted, merged, inside the capacity. The
+    extents are made from the mapping's runs as they are asked for, so that
+    a million of them are never held as objects."""
 
     capacity: int
-    extents: tuple[Extent, ...]
+    mapping: Mapping
 
-    def starting_at(self, offset: int) -> list[Extent]:
+    def extents(self) -> Iterator[Extent]:
+        return to_extents(self.mapping, self.capacity)
+
+    def starting_at(self, offset: int) -> Iterator[Extent]:
         """The extents that end after `offset`, the first cut to start at it (a
         resumed stream goes on exactly where the last one stopped)."""
-        out = []
-        for e in self.extents:
+        for e in self.extents():
             if e.end <= offset:
                 continue
-            out.append(Extent(offset, e.end - offset) if e.offset < offset else e)
-        return out
+            yield Extent(offset, e.end - offset) if e.offset < offset else e
 
 
-def to_extents(mapping: Mapping, capacity: int) -> tuple[Extent, ...]:
+def to_extents(mapping: Mapping, capacity: int) -> Iterator[Extent]:
     """Chunk runs as byte extents; the last chunk may reach past the volume's
     end (a capacity that is not a multiple of the chunk size) and is cut there."""
-    out = []
-    for run in mapping.runs:
-        offset = run.begin * mapping.chunk_size
-        end = min((run.begin + run.length) * mapping.chunk_size, capacity)
+    size = mapping.chunk_size
+    for begin, length in mapping.runs.pairs():
+        offset = begin * size
+        end = min((begin + length) * size, capacity)
         if end > offset:
-            out.append(Extent(offset, end - offset))
-    return tuple(out)
+            yield Extent(offset, end - offset)
 
 
 class ChangedBlocks:
@@ -104,7 +106,7 @@ class ChangedBlocks:
         _check_offset(starting_offset, lv)
         _thin_id(lv)
         mapping = self._read(pool, lambda meta: meta.allocated(lv.thin_id))
-        return BlockMap(lv.size, to_extents(mapping, lv.size))
+        return BlockMap(lv.size, mapping)
 
     def delta(self, base_id: str, target_id: str, starting_offset: int = 0) -> BlockMap:
         """The ranges where `target_id` differs from `base_id`: written over,
@@ -128,7 +130,7 @@ class ChangedBlocks:
         _thin_id(base)
         _thin_id(target)
         mapping = self._read(base_pool, lambda meta: meta.delta(base.thin_id, target.thin_id))
-        return BlockMap(target.size, to_extents(mapping, target.size))
+        return BlockMap(target.size, mapping)
 
     def release_leftovers(self) -> None:
         """At start-up: release the metadata snapshot a reader of this plugin

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from csi_local.errors import SourceMismatch
-from csi_local.host.crypt import HEADER_BYTES, Key, mapper_path
+from csi_local.host.crypt import Key, data_offset_for, mapper_path
 from csi_local.host.kernel import Host
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import host_volume_names as hvn
@@ -36,8 +36,15 @@ SECRET_KEY = "encryptionKey"  # noqa: S105 (the name of a secret, not one)
 # (the CSI volume ID, or the host volume's LV name), which is unique on the
 # node and at most 40 bytes: well under device-mapper's 127.
 MAPPER_PREFIX = "csi-local-luks-"
-# What encryption costs a volume's room: LUKS2's header.
-OVERHEAD_BYTES = HEADER_BYTES
+
+
+def overhead(chunk_size: int) -> int:
+    """What encryption costs a new volume's room in a thin pool of
+    `chunk_size`-byte chunks (0: unknown): where the data starts behind the
+    LUKS2 header that its first stage writes, as cryptsetup will align it
+    (host/crypt.py, data_offset_for). A volume of this size and no more holds
+    no data at all."""
+    return data_offset_for(chunk_size)
 
 
 def asked(parameters: Mapping[str, str], default: bool = False) -> bool:

@@ -44,22 +44,39 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from csi_local.errors import CommandError, EncryptionMismatch, KeyMissing, KeyRefused
-from csi_local.host.crypt import Crypt, Key, mapper_path
+from csi_local.errors import (
+    CommandError,
+    EncryptionMismatch,
+    FreezeTimeout,
+    KeyMissing,
+    KeyRefused,
+    StorageError,
+    VolumeTooSmall,
+)
+from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
 from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as hvn
+from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
+
+# A single snapshot's or clone's freeze window, by the LV it makes (both
+# plugins' LV names are disjoint, and a group's windows are "group-take.").
+FREEZE_PREFIX = "copy."
 
 # Why an encrypted volume's device did not open, as the metrics name it; any
 # other failure (cryptsetup's, the kernel's) is "error".
 OPEN_FAILURES: dict[type[Exception], str] = {
     KeyRefused: "key_refused", KeyMissing: "key_missing", EncryptionMismatch: "mismatch"}
+# A file system is grown at a stage when its device is at least this much
+# larger: a tool's own rounding (whole blocks, xfs's smallest allocation
+# group) leaves less behind, which no stage should try again and again.
+GROW_SLACK = 1 << 20
 # Every reason there is: the metrics export each from the start.
 OPEN_FAILURE_REASONS = (*OPEN_FAILURES.values(), "error")
 
@@ -108,7 +125,8 @@ class VolumeSteps:
 
     def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
                  marks: FormatMarks | None = None, crypt: Crypt | None = None, *,
-                 on_open_failure: Callable[[str], None] | None = None) -> None:
+                 on_open_failure: Callable[[str], None] | None = None,
+                 freezes: Freezes | None = None) -> None:
         self.fs = fs
         self.host = host
         self.tags = tags
@@ -116,6 +134,9 @@ class VolumeSteps:
         self.crypt = crypt if crypt is not None else Crypt(fs.runner)
         # Told why an encrypted volume's device did not open (OPEN_FAILURES).
         self.on_open_failure = on_open_failure
+        # The one freeze rule (volumes/freezes.py), for a snapshot or clone of a
+        # mounted encrypted volume; a plugin that makes none may leave it out.
+        self.freezes = freezes
 
     # snapshots and clones ------------------------------------------------------
 
@@ -155,12 +176,18 @@ class VolumeSteps:
             self.fs.sync(mount.mount_point)
 
     @contextlib.contextmanager
-    def _still(self, source: LogicalVolume) -> Iterator[None]:
+    def _still(self, pool: Pool, source: LogicalVolume, name: str,
+               what: str) -> Iterator[None]:
         """Flush a mounted source, and hold an encrypted one's file system
-        frozen for the snapshot. LVM's lockfs suspend freezes a file system
-        on the thin LV itself; an encrypted volume's is one device higher, on
-        dm-crypt, where that suspend does not reach it, so it is frozen here
-        (FIFREEZE, as fsfreeze does) and thawed whatever happens."""
+        frozen while the snapshot `name` is cut. LVM's lockfs suspend freezes
+        a file system on the thin LV itself; an encrypted volume's is one
+        device higher, on dm-crypt, where that suspend does not reach it, so
+        it is frozen here (FIFREEZE, as fsfreeze does) under the one freeze
+        rule (volumes/freezes.py): journaled first, thawed whatever happens,
+        and for at most the freeze limit. Past the limit it is thawed while
+        lvcreate still runs, and once lvcreate returns the snapshot is
+        removed and FreezeTimeout raised: a snapshot cut after the thaw is
+        no instant."""
         mount = self.mounted_filesystem(source)
         if mount is None:
             yield
@@ -169,11 +196,34 @@ class VolumeSteps:
         if not self.is_encrypted(source):
             yield
             return
-        self.host.freeze(mount.mount_point)
+        if self.freezes is None:
+            raise RuntimeError("a snapshot of a mounted encrypted volume needs the freeze rule")
+        top = encryption.top_device(self.host, source)
+        with self.freezes.window(f"{FREEZE_PREFIX}{name}",
+                                 [(mount.mount_point, (top.major, top.minor))],
+                                 f"{what} {name} of {source.vg}/{source.name}") as window:
+            window.freeze_all()
+            made = False
+            try:
+                yield
+                made = True
+                window.check()
+            except FreezeTimeout:
+                if made:
+                    self._remove_late(pool, name)
+                raise
+            finally:
+                window.close()
+
+    @staticmethod
+    def _remove_late(pool: Pool, name: str) -> None:
+        """Remove a snapshot cut after its window's thaw; a failure is logged,
+        never put in place of the FreezeTimeout the caller must see."""
         try:
-            yield
-        finally:
-            self.host.thaw(mount.mount_point)
+            pool.lvm.remove(name)
+        except StorageError as err:
+            log.error("could not remove %s/%s, cut after its freeze was thawed: %s",
+                      pool.lvm.vg, name, err.message)
 
     def _carried(self, source: LogicalVolume) -> list[str]:
         return carried_tags(self.tags, source)
@@ -185,9 +235,10 @@ class VolumeSteps:
         may own every block once the source is rewritten), the source flushed
         first."""
         pool.admit(report, source.size)
-        with self._still(source):
-            return pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
+        with self._still(pool, source, name, "snapshot"):
+            made = pool.lvm.snapshot(source.name, name, [*tags, *self._carried(source)],
                                      writable_volume=False)
+        return made
 
     def clone(self, pool: Pool, report: VgReport, source: LogicalVolume, name: str,
               tags: Sequence[str], size: int) -> LogicalVolume:
@@ -204,7 +255,7 @@ class VolumeSteps:
             tags.append(self.tags.grow_fs)
         # Described from what lvcreate was told (a thin snapshot has its origin's
         # size) and grown with one lvextend: no report after either.
-        with self._still(source):
+        with self._still(pool, source, name, "clone"):
             lv = pool.lvm.snapshot(source.name, name, tags, writable_volume=True,
                                    read_back=False, size=source.size)
         try:
@@ -299,6 +350,56 @@ class VolumeSteps:
         lvm.delete_tags(lv.name, [self.tags.grow_fs])
         return True
 
+    def grow_to_device(self, lvm: Lvm, lv: LogicalVolume, mount_point: str, fs_type: str,
+                       key: Key | None, *, was_open: bool) -> bool:
+        """Offline growth, at a stage: the file system mounted at `mount_point`
+        grows to its device when the device is larger (the LV was extended
+        while nothing used it: a CO that expands an unused volume calls no
+        node at all), as kubelet's resizefs does at mount. An encrypted
+        volume's dm-crypt device grows to its LV first, when it was open
+        before this stage (a device opened now spans the LV already).
+
+        Measured, never assumed: the device's size against the file system's
+        own count (Host.filesystem_size), and a tool runs only when the device
+        is at least GROW_SLACK larger; only a device that is what is mounted
+        there, read-write, is grown, and only ever grown. The grow-fs tag (a
+        clone larger than its source) goes once its volume has grown. True
+        when it grew."""
+        top = encryption.top_device(self.host, lv)
+        if top.encrypted and was_open:
+            self._resize_open_device(lv, top.path, key)
+        grew = False
+        mount = self.host.top_mount(mount_point)
+        if (mount is not None and not mount.read_only and not mount.fs_read_only
+                and top.major >= 0 and self.host.shows_device(mount, top.major, top.minor)):
+            size = self.host.filesystem_size(top.path, mount_point, fs_type)
+            device = self.host.device_size(top.path)
+            if size is not None and device - size >= GROW_SLACK:
+                log.info("volume %s/%s: its %s file system spans %d of the %d bytes of %s; "
+                         "growing it", lv.vg, lv.name, fs_type, size, device, top.path)
+                self.fs.grow(top.path, mount_point, fs_type)
+                grew = True
+        if self.tags.grow_fs in lv.tags:
+            lvm.delete_tags(lv.name, [self.tags.grow_fs])
+        return grew
+
+    def _resize_open_device(self, lv: LogicalVolume, path: str, key: Key | None) -> None:
+        """Grow a dm-crypt device, open before this stage, to its grown LV:
+        its size and its header's data offset against the LV's size. The
+        header is read only when the LV is more than a default header larger
+        than the device (no data offset is smaller): a stage's retry runs
+        neither luksDump nor resize. Crypt.resize needs no key for a device whose volume key is
+        in its dm-crypt table (one this plugin opened); a stage that reuses an
+        open device has checked its key already (verify_key)."""
+        lv_size, size = self.host.device_size(lv.path), self.host.device_size(path)
+        if lv_size - size <= HEADER_BYTES or size >= lv_size - self.crypt.data_offset(lv.path):
+            return
+        try:
+            self.crypt.resize(encryption.mapper_name(lv.name), key)
+        except (KeyRefused, KeyMissing, CommandError) as err:
+            self._tell_open_failure(err)
+            raise
+
     # encryption ------------------------------------------------------------------
 
     def is_encrypted(self, lv: LogicalVolume) -> bool:
@@ -307,11 +408,16 @@ class VolumeSteps:
     def _open_over(self, lv: LogicalVolume) -> str | None:
         """The path of the volume's dm-crypt device when it is open over this
         LV; None when it is not open. EncryptionMismatch when a device of its
-        name is open over something else (never used, never closed here)."""
+        name is open over something else (never used, never closed here). An
+        LV described without its device numbers (as lvcreate was told, a new
+        clone's) is known by its node's."""
         top = encryption.top_device(self.host, lv)
         if not top.encrypted:
             return None
-        if (lv.kernel_major, lv.kernel_minor) in self.host.underlying(top.major, top.minor):
+        numbers: tuple[int, int] | None = (lv.kernel_major, lv.kernel_minor)
+        if lv.kernel_major < 0:
+            numbers = self.host.device_numbers(lv.path)
+        if numbers is not None and numbers in self.host.underlying(top.major, top.minor):
             return top.path
         raise EncryptionMismatch(
             f"{top.path} is open, but not over volume {lv.vg}/{lv.name}; it is left alone")
@@ -324,11 +430,33 @@ class VolumeSteps:
             except Exception:
                 log.exception("counting a failed open")
 
+    @staticmethod
+    def _need_key(lv: LogicalVolume, key: Key | None) -> Key:
+        if key is None:
+            raise KeyMissing(
+                f"volume {lv.vg}/{lv.name} is encrypted: its key is needed, in the secret "
+                f"{encryption.SECRET_KEY!r} (docs/encryption.md)")
+        return key
+
+    def verify_key(self, lv: LogicalVolume, key: Key | None) -> None:
+        """For a volume already in use through its open dm-crypt device (a
+        repeated stage): `key` must open its LUKS2 header, as at its first
+        open (KeyMissing, KeyRefused; told to on_open_failure). Nothing for a
+        volume that is not encrypted."""
+        if not self.is_encrypted(lv):
+            return
+        try:
+            self.crypt.verify(lv.path, self._need_key(lv, key))
+        except (KeyRefused, KeyMissing, CommandError) as err:
+            self._tell_open_failure(err)
+            raise
+
     def open_device(self, lv: LogicalVolume, key: Key | None) -> tuple[str, bool]:
         """_open_device, telling on_open_failure why it failed."""
         try:
             return self._open_device(lv, key)
-        except (KeyRefused, KeyMissing, EncryptionMismatch, CommandError) as err:
+        except (KeyRefused, KeyMissing, EncryptionMismatch, VolumeTooSmall,
+                CommandError) as err:
             self._tell_open_failure(err)
             raise
 
@@ -336,7 +464,9 @@ class VolumeSteps:
         """The device to use the active volume through: the LV itself, or for
         an encrypted volume its dm-crypt device, opened with `key` (and its
         LUKS2 header made first, only on a volume with the proof freshness()
-        gives). Returns (path, whether this call opened it).
+        gives). Returns (path, whether this call opened it). A device open
+        already (an earlier call's) is reused only once its header takes
+        `key` (Crypt.verify): the open device itself proves nothing of it.
 
         A header whose keyslots refuse the key: KeyRefused, nothing written;
         unless the plugin's own luksFormat of this never handed out volume
@@ -347,15 +477,15 @@ class VolumeSteps:
             return lv.path, False
         path = self._open_over(lv)
         if path is not None:
+            # Opened by an earlier call (one killed before its mount, say):
+            # reused only for the key that opens its header, as a first open.
+            self.crypt.verify(lv.path, self._need_key(lv, key))
             return path, False
-        if key is None:
-            raise KeyMissing(
-                f"volume {lv.vg}/{lv.name} is encrypted: its key is needed, in the secret "
-                f"{encryption.SECRET_KEY!r} (docs/encryption.md)")
+        key = self._need_key(lv, key)
         name = encryption.mapper_name(lv.name)
         if self.crypt.is_luks(lv.path):
             try:
-                path = self.crypt.open(lv.path, name, key)
+                path = self._open(lv, name, key)
             except (KeyRefused, CommandError):
                 # A luksFormat killed part-way may leave a header whose keyslot
                 # is missing or torn; only the plugin's own unfinished format
@@ -381,7 +511,26 @@ class VolumeSteps:
                          fresh: Freshness) -> str:
         self._mark(lv, fresh)
         self.crypt.format(lv.path, key)
-        return self.crypt.open(lv.path, name, key)
+        return self._open(lv, name, key)
+
+    def _open(self, lv: LogicalVolume, name: str, key: Key) -> str:
+        """crypt.open; when cryptsetup fails, VolumeTooSmall if the LV ends
+        where its header's data starts, or before (cryptsetup's "Requested
+        offset is beyond real size of device"): the header's own offset, read
+        only then, since it is aligned to the pool's chunk size."""
+        try:
+            return self.crypt.open(lv.path, name, key)
+        except CommandError:
+            try:
+                offset = self.crypt.data_offset(lv.path)
+                size = self.host.device_size(lv.path)
+            except (CommandError, OSError):
+                offset = size = 0
+            if offset and size <= offset:
+                raise VolumeTooSmall(
+                    f"volume {lv.vg}/{lv.name} is {size} bytes and the data behind its LUKS2 "
+                    f"header starts at {offset}: nothing fits; expand the volume") from None
+            raise
 
     def close_device(self, lv_name: str) -> bool:
         """Close the volume's dm-crypt device, if open; True when it was.
@@ -390,6 +539,15 @@ class VolumeSteps:
         if self.host.device_numbers(path) is None:
             return False
         self.crypt.close(encryption.mapper_name(lv_name))
+        return True
+
+    def close_over(self, lv: LogicalVolume) -> bool:
+        """Close the volume's dm-crypt device when it is open over this LV;
+        True when it was. One of its name over something else:
+        EncryptionMismatch, left alone."""
+        if self._open_over(lv) is None:
+            return False
+        self.crypt.close(encryption.mapper_name(lv.name))
         return True
 
     def grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
@@ -403,19 +561,23 @@ class VolumeSteps:
 
     def _grow_device(self, lv: LogicalVolume, key: Key | None) -> str:
         """After the LV grew: grow an encrypted volume's open dm-crypt device
-        to it (cryptsetup resize, online, `key`: LUKS2 keeps its volume key
-        in the kernel); returns the path of the device to grow a file system
-        on (the LV itself for a volume that is not encrypted, or whose
-        dm-crypt device is not open: it takes the LV's size when opened)."""
+        to it (cryptsetup resize, online); returns the path of the device to
+        grow a file system on (the LV itself for a volume that is not
+        encrypted, or whose dm-crypt device is not open: it takes the LV's
+        size when opened).
+
+        No key is needed for a device this plugin opened (its volume key is
+        in its dm-crypt table: Crypt.open), which is how Nomad's
+        NodeExpandVolume, without secrets, grows it. A key given must open
+        the header (KeyRefused otherwise), as everywhere a key is given; a
+        device whose volume key is in the kernel's keyring needs one
+        (KeyMissing, Crypt.resize)."""
         if not self.is_encrypted(lv):
             return lv.path
         path = self._open_over(lv)
         if path is None:
             return lv.path
-        if key is None:
-            raise KeyMissing(
-                f"volume {lv.vg}/{lv.name} is encrypted: growing its open dm-crypt device "
-                f"needs its key, in the secret {encryption.SECRET_KEY!r} (on Kubernetes, the "
-                "node-expand secret; docs/encryption.md)")
+        if key is not None:
+            self.crypt.verify(lv.path, key)
         self.crypt.resize(encryption.mapper_name(lv.name), key)
         return path

@@ -185,6 +185,11 @@ class Pool:
     def name(self) -> str:
         return f"{self.lvm.vg}/{self.lvm.pool}"
 
+    def chunk_size(self, report: VgReport) -> int:
+        """The thin pool's chunk size in `report`, bytes (0: not reported)."""
+        found = report.find(self.lvm.pool)
+        return found.chunk_size if found is not None else 0
+
     def report(self, *, committed: bool = False) -> VgReport:
         """The VG's report: one `lvs`, or with `committed` the VG's committed
         metadata and the pool's kernel status when they answer (no process;

@@ -176,7 +176,7 @@ class Provisioner:
         encrypted = encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
                                                naming.TAG_ENCRYPTED, source_lv)
         if encrypted:  # its file system is the LUKS2 header smaller
-            minimum += encryption.OVERHEAD_BYTES
+            minimum += encryption.overhead(pool.chunk_size(report))
         if source_lv is not None:
             if req.limit and req.limit < source_lv.size:
                 raise SizeOutOfRange(

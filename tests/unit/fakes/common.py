@@ -3,8 +3,13 @@ simulated failure, argv parsing."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+from csi_local.host.runner import Output, Result
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -17,6 +22,21 @@ _VFS_FLAGS = frozenset({"ro", "rw", "nosuid", "nodev", "noexec", "noatime", "nod
 _MIN_FS = {"xfs": 300 * MiB, "btrfs": 114 * MiB}
 _WRONG_FS = ("mount: {t}: wrong fs type, bad option, bad superblock on {d}, missing codepage "
              "or helper program, or other error.")
+
+
+class _Runs(Protocol):
+    def run(self, argv: Sequence[str], *, ok_codes: Sequence[int] = (0,),
+            input: str | bytes | None = None, timeout: float | None = None) -> Result: ...
+
+
+class WholeOutputStreams:
+    """Runner.stream for a fake Runner: its `run`'s whole output (or its
+    CommandError, on entry), served as a binary file."""
+
+    @contextlib.contextmanager
+    def stream(self: _Runs, argv: Sequence[str], *, timeout: float | None = None
+               ) -> Iterator[Output]:
+        yield io.BytesIO(self.run(argv, timeout=timeout).stdout.encode())
 
 
 class _Fail(Exception):

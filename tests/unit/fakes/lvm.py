@@ -305,6 +305,7 @@ class FakeLvm(Host):
             "lv_metadata_size": lambda: "" if thin else str(lv.metadata_size),
             "thin_id": lambda: str(lv.thin_id) if thin else "",
             "lv_uuid": lambda: lv.uuid,
+            "chunk_size": lambda: "0" if thin else str(lv.chunk_size),
         }
         row = {}
         for name in fields:

@@ -139,6 +139,14 @@ class FakeMounts(Host):
         dev.content.fs_size = dev.size
         return ""
 
+    def filesystem_size(self, device: str, mount_point: str, fs_type: str) -> int | None:
+        """The bytes the file system on `device` spans, as mkfs and the grow
+        tools left it."""
+        dev = self._device(self._follow(device))
+        if dev is None or dev.content.fs != fs_type:
+            return None
+        return dev.content.fs_size
+
     def freeze(self, mount_point: str) -> None:
         """FIFREEZE, recorded in `calls` as ("FIFREEZE", path)."""
         self.calls.append(("FIFREEZE", mount_point))
