@@ -29,22 +29,22 @@ from csi_local.host.crypt import Key, mapper_path
 from csi_local.host.kernel import Host
 from csi_local.host.locks import volume_key
 from csi_local.host.mounts import Mount, mount_node
-from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
+from csi_local.volumes.node_records import (
+    AccessType,
+    Publish,
+    Staging,
+    VolumeRecord,
+    block_stage_file,
+    writer_in_the_way,
+)
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
 NodeCap = pb.NodeServiceCapability.RPC
-SINGLE_WRITER = pb.VolumeCapability.AccessMode.SINGLE_NODE_SINGLE_WRITER
-
-
-def block_stage_file(staging_path: str, volume_id: str) -> str:
-    """Block volumes are staged as the device node bind-mounted onto a file in
-    the staging directory, so the kernel's mount table shows them too."""
-    return os.path.join(staging_path, volume_id)
 
 
 class Device(NamedTuple):
@@ -274,17 +274,12 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                 raise FailedPrecondition(
                     f"volume {volume_id} is not mounted at its staging path {staging_path} "
                     "(unmounted behind the plugin's back?); stage it again")
-            others = {t: p for t, p in rec.publishes.items() if t != target}
-            if not readonly and others and (
-                cap.mode == SINGLE_WRITER
-                or any(p.access_mode == SINGLE_WRITER and not p.readonly for p in others.values())
-            ):
-                writers = [t for t, p in others.items() if not p.readonly]
-                if writers:
-                    raise FailedPrecondition(
-                        f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
-                        f"writer at {writers[0]}"
-                    )
+            writer = writer_in_the_way(rec.publishes, target, want)
+            if writer is not None:
+                raise FailedPrecondition(
+                    f"volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already has a "
+                    f"writer at {writer}"
+                )
             if self._device_mounted_at(dev, target, table):
                 top = self.host.top_mount(target, table)
                 if top is not None and top.read_only != readonly:
@@ -400,7 +395,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
         problems = [condition.message] if condition.abnormal else []
         resp = pb.NodeGetVolumeStatsResponse()
         block = rec.staging.access_type is AccessType.BLOCK
-        check = block_stage_file(path, volume_id) if block and path == rec.staging.path else path
+        check = rec.staging.mount_point(volume_id) if path == rec.staging.path else path
         top = self.host.top_mount(check)
         dev = Device.top(self.host, lv) if lv is not None else None
         mounted = top is not None and dev is not None and self.host.shows_device(
