@@ -114,6 +114,31 @@ class VolumeInUse(StorageError):
     """The device is open or mounted, so LVM will not remove it."""
 
 
+class UsedDifferently(StorageError):
+    """The volume is staged already, or published at the target already, but
+    not as the request asks: at another staging path, with another
+    capability, read-only flag or mount flags."""
+
+
+class AccessTypeMismatch(StorageError):
+    """A publish asks for the raw device of a volume staged as a file system,
+    or for a file system where it is staged raw."""
+
+
+class NotStaged(StorageError):
+    """A publish names a staging path the volume is not staged at, or whose
+    mount is gone (unmounted behind the plugin's back)."""
+
+
+class NotAtPath(StorageError):
+    """The volume is neither staged nor published at the path a request names."""
+
+
+class WriterTaken(StorageError):
+    """A writable publish of a single-writer volume (or beside a single-writer
+    publish) while another target of the node writes to it."""
+
+
 class DeviceMissing(StorageError):
     """A volume's device node did not appear (udev did not make it in time)."""
 
