@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from enum import StrEnum
 
 
 class StorageError(Exception):
@@ -72,6 +73,26 @@ class NameTaken(StorageError):
     """A name asked for is taken by something other than what is asked for:
     a volume or snapshot of another source, size or class, or an LV that is
     none of the plugin's."""
+
+
+class Difference(StrEnum):
+    """What a volume that exists has other than a repeated create asks."""
+
+    NOT_OURS = "not ours"  # no volume of the asker's, of that name
+    NO_CLASS = "no class"  # in no device class of this node
+    CLASS = "class"  # in another device class
+    SOURCE = "source"  # made from another content source
+    ENCRYPTION = "encryption"  # encrypted, or not, against the request
+
+
+class VolumeDiffers(NameTaken):
+    """A create names a volume that exists, and the volume differs from what
+    the create asks in what never changes (`difference`); each front end
+    words it (volumes/creation.py, check_repeat)."""
+
+    def __init__(self, message: str, difference: Difference) -> None:
+        super().__init__(message)
+        self.difference = difference
 
 
 class SourceMismatch(StorageError):

@@ -76,6 +76,7 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.LvNotFound: "NOT_FOUND",
     # CreateVolume's and CreateSnapshot's "incompatible with the name".
     errors.NameTaken: "ALREADY_EXISTS",
+    errors.VolumeDiffers: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.SourceMismatch: "INVALID_ARGUMENT",
     errors.PoolUnusable: "FAILED_PRECONDITION",
