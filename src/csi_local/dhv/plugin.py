@@ -6,9 +6,11 @@ with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
 rule, the same volume steps (csi_local.volumes.lifecycle: snapshot,
 clone, format once, new fs id, mount, grow) and the same creation policy
-(csi_local.volumes.creation: what a repeated create may meet). Only Nomad's
-request and answer are the host volume plugin's own, and the words of its
-refusals; delete's unmounting is in dhv/removal.
+(csi_local.volumes.creation: what a repeated create may meet, the smallest
+new volume, a copy's limit; a new volume's or a copy's encryption is
+csi_local.volumes.encryption's). Only Nomad's request and answer are the host
+volume plugin's own, and the words of its refusals; delete's unmounting is
+in dhv/removal.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
@@ -38,7 +40,13 @@ from csi_local.dhv.request import (
     lv_name_for,
     snapshot_lv_name,
 )
-from csi_local.errors import Difference, VolumeDiffers, VolumeGroupMissing
+from csi_local.errors import (
+    Difference,
+    SizeOutOfRange,
+    SourceMismatch,
+    VolumeDiffers,
+    VolumeGroupMissing,
+)
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, read_key_file
 from csi_local.host.filesystems import Filesystems
@@ -247,18 +255,16 @@ class HostVolumePlugin:
                 report: VgReport) -> LogicalVolume:
         """A new thin LV for the volume (inside `pool.reserved()`)."""
         assert req.parameters is not None
-        asked = req.parameters.encryption
-        encrypted = pool.encrypted_by_default if asked is None else asked
+        encrypted = encryption.new_volume_tags(req.parameters.encryption,
+                                               pool.encrypted_by_default, TAG_ENCRYPTED, None)
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size,
-            minimum=fsrules.min_size(fs_type)
-            + (encryption.overhead(pool.chunk_size(report)) if encrypted else 0),
+            minimum=creation.smallest_size(pool, report, fsrules.min_size(fs_type),
+                                           bool(encrypted)),
         )
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
-        if encrypted:
-            tags.append(TAG_ENCRYPTED)
-        return pool.create_thin(report, req.lv_name, size, tags)
+        return pool.create_thin(report, req.lv_name, size, [*tags, *encrypted])
 
     def _new_clone(self, pool: Pool, req: Request, params: Parameters,
                    report: VgReport) -> tuple[LogicalVolume, str]:
@@ -288,16 +294,21 @@ class HostVolumePlugin:
                 f"the source holds a {fs_type} file system, not {params.fs_type}; a "
                 "clone keeps its source's file system (leave fs_type out)"
             )
-        if params.encryption is not None and params.encryption != (TAG_ENCRYPTED in source.tags):
+        try:
+            # What a copy is: its source's encryption (the clone step carries
+            # the tag), and at least its size.
+            encryption.new_volume_tags(params.encryption, pool.encrypted_by_default,
+                                       TAG_ENCRYPTED, source)
+            creation.check_copy_limit(source, req.capacity_max, "capacity_max")
+        except SourceMismatch:
             raise DhvError(
                 f"the source {'is' if TAG_ENCRYPTED in source.tags else 'is not'} encrypted, "
                 "and a clone is what its source is (its LUKS2 header and key included); "
-                "leave encryption out")
-        if req.capacity_max and source.size > req.capacity_max:
+                "leave encryption out") from None
+        except SizeOutOfRange:
             raise DhvError(
                 f"the source is {source.size} bytes, more than capacity_max "
-                f"{req.capacity_max}; a clone is at least as large as its source"
-            )
+                f"{req.capacity_max}; a clone is at least as large as its source") from None
         # Made at once at the size capacity_min asks for (whole extents).
         size = sizes.grow_target(source.size, req.capacity_min, req.capacity_max,
                                  report.extent_size)

@@ -1,14 +1,17 @@
 """Creation policy both front ends share: whether a volume that exists may be
-met again by a repeated create.
+met again by a repeated create, how small a new volume may be, and how small
+a copy's limit may be.
 
 The CSI controller (volumes/provisioning.py) and the host volume plugin
 (dhv/plugin.py) make volumes with the same steps (volumes/lifecycle.py) in
 the same pools (volumes/pool.py, whose Pools.pool_of_copy is the one rule of
 the class a copy goes to); these are the rules they apply before a step
-runs. They raise storage errors. Where the front ends word a refusal
-differently (the CSI plugin names the CO's volume name and answers with a
-code; the host volume plugin names Nomad's volume ID and tells Nomad what to
-do), each maps the error at its edge and keeps its words.
+runs, beside encryption.new_volume_tags (whether a new volume is encrypted,
+and that a copy is what its source is). They raise storage errors. Where the
+front ends word a refusal differently (the CSI plugin names the CO's volume
+name and answers with a code; the host volume plugin names Nomad's volume ID
+and tells Nomad what to do), each maps the error at its edge and keeps its
+words.
 
 What a repeated create that leaves a field out asks for is each front end's
 to say, for its CO: a CSI CO repeats a create only until it is answered, and
@@ -21,8 +24,9 @@ so resolved.
 
 from __future__ import annotations
 
-from csi_local.errors import Difference, VolumeDiffers
-from csi_local.storage.lvm import LogicalVolume
+from csi_local.errors import Difference, SizeOutOfRange, VolumeDiffers
+from csi_local.storage.lvm import LogicalVolume, VgReport
+from csi_local.volumes import encryption
 from csi_local.volumes.pool import Pool, Pools
 
 
@@ -58,3 +62,23 @@ def check_repeat(pools: Pools, lv: LogicalVolume, *, ours: bool, device_class: s
         raise VolumeDiffers(f"{where} {'is' if encrypted_tag in lv.tags else 'is not'} "
                             "encrypted", Difference.ENCRYPTION)
     return pool
+
+
+def smallest_size(pool: Pool, report: VgReport, fs_minimum: int, encrypted: bool) -> int:
+    """The smallest new volume of `pool` whose file system needs `fs_minimum`
+    bytes. An encrypted one holds its LUKS2 header first (written at its first
+    use, not here), aligned as cryptsetup will align it to the pool's chunk
+    size: a volume of `fs_minimum` bytes would leave its file system the
+    header smaller than its smallest."""
+    if not encrypted:
+        return fs_minimum
+    return fs_minimum + encryption.overhead(pool.chunk_size(report))
+
+
+def check_copy_limit(source: LogicalVolume, limit: int, field: str) -> None:
+    """A copy (a restore, a clone) is at least as large as its source, so a
+    limit (bytes; 0: none) below the source's size is SizeOutOfRange;
+    `field` names the limit as the request did."""
+    if limit and limit < source.size:
+        raise SizeOutOfRange(f"{field} {limit} is smaller than the source's "
+                             f"{source.size} bytes")

@@ -8,8 +8,9 @@ the object goes (the class asked for, or its source's: a thin snapshot lives
 in its origin's pool), whether it exists already (a CO's retry gets the same
 object, a conflicting request NameTaken), and the step that makes it
 (Pool.create_thin, or VolumeSteps.clone and VolumeSteps.snapshot), all
-against one report read under the pool lock. What a repeated create may
-meet is volumes/creation.py's rule, the host volume plugin's too.
+against one report read under the pool lock. The rules a volume's create
+shares with the host volume plugin's (a repeat's check, the smallest new
+volume, a copy's limit) are volumes/creation.py's.
 
 Transport-free: errors are the storage layer's (csi_local.errors) and the
 RPC edge (csi/rpc.py) gives them their codes.
@@ -26,7 +27,6 @@ from csi_local.errors import (
     Difference,
     LvNotFound,
     NameTaken,
-    SizeOutOfRange,
     VolumeDiffers,
     VolumeInUse,
 )
@@ -186,14 +186,9 @@ class Provisioner:
         `source_lv` is the source, found in `pool`."""
         encrypted = encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
                                                naming.TAG_ENCRYPTED, source_lv)
-        if encrypted:  # its file system is the LUKS2 header smaller
-            minimum += encryption.overhead(pool.chunk_size(report))
+        minimum = creation.smallest_size(pool, report, minimum, bool(encrypted))
         if source_lv is not None:
-            if req.limit and req.limit < source_lv.size:
-                raise SizeOutOfRange(
-                    f"limit_bytes {req.limit} is smaller than the source's "
-                    f"{source_lv.size} bytes"
-                )
+            creation.check_copy_limit(source_lv, req.limit, "limit_bytes")
             minimum = max(minimum, source_lv.size)
         size = sizes.size_for(req.required, req.limit, report.extent_size,
                               default=DEFAULT_SIZE, minimum=minimum)
