@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from csi_local.errors import (
     AccessTypeMismatch,
@@ -38,6 +38,7 @@ from csi_local.host.locks import Locks, volume_key
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, naming
+from csi_local.volumes.encryption import TopDevice
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.node_records import (
     AccessType,
@@ -97,21 +98,6 @@ class VolumeStats:
     usage: Usage | None = None  # a mounted file system's
 
 
-class Device(NamedTuple):
-    """A volume's block device: its node and its numbers (-1 when inactive)."""
-
-    path: str
-    major: int
-    minor: int
-
-    @classmethod
-    def top(cls, host: Host, lv: LogicalVolume) -> Device:
-        """The device the volume is used through: its open dm-crypt device
-        when it is encrypted, else the LV (volumes/encryption.py)."""
-        top = encryption.top_device(host, lv)
-        return cls(top.path, top.major, top.minor)
-
-
 def check_restage(staging: Staging, req: StageRequest) -> None:
     """A volume staged already (`staging`) may be staged again only at the
     same path with the same capability: UsedDifferently otherwise. What the
@@ -146,13 +132,18 @@ class Stager:
         found = self.pools.find(volume_id)
         return found[1] if found is not None else None
 
-    def _device_mounted_at(self, dev: Device, path: str,
+    def _device_mounted_at(self, dev: TopDevice, path: str,
                            table: list[Mount] | None = None) -> bool:
         """True when the device is what is mounted at `path` (file system or node bind);
         `table`: the mount table the caller read already."""
         return self.host.device_mounted_at(path, dev.major, dev.minor, table)
 
-    def _staged_device(self, volume_id: str) -> Device:
+    def _top(self, lv: LogicalVolume) -> TopDevice:
+        """The device the volume is used through: its open dm-crypt device
+        when it is encrypted, else the LV."""
+        return encryption.top_device(self.host, lv)
+
+    def _staged_device(self, volume_id: str) -> TopDevice:
         """The device of a staged volume, from its node under /dev: a staged volume
         is active, and a stat costs nothing where an `lvs` costs a process.
         Falls back to LVM (LvNotFound when the LV is gone). An encrypted volume
@@ -160,13 +151,13 @@ class Stager:
         crypt_path = mapper_path(encryption.mapper_name(volume_id))
         numbers = self.host.device_numbers(crypt_path)
         if numbers is not None:
-            return Device(crypt_path, *numbers)
+            return TopDevice(crypt_path, *numbers, encrypted=True)
         for vg in self.pools.classes.volume_groups:
             path = os.path.join("/dev", vg, volume_id)
             numbers = self.host.device_numbers(path)
             if numbers is not None:
-                return Device(path, *numbers)
-        return Device.top(self.host, naming.get_volume(self.pools, volume_id)[1])
+                return TopDevice(path, *numbers, encrypted=False)
+        return self._top(naming.get_volume(self.pools, volume_id)[1])
 
     # stage ---------------------------------------------------------------
 
@@ -204,7 +195,7 @@ class Stager:
     def _stage_block(self, pool: Pool, lv: LogicalVolume, req: StageRequest) -> Staging:
         os.makedirs(req.path, exist_ok=True)
         target = block_stage_file(req.path, lv.name)
-        if self._device_mounted_at(Device.top(self.host, lv), target):
+        if self._device_mounted_at(self._top(lv), target):
             self.steps.verify_key(lv, req.key)  # a wrong key is refused here too
         else:
             device, opened = self.steps.open_device(lv, req.key)
@@ -224,8 +215,8 @@ class Stager:
     def _stage_mount(self, pool: Pool, lv: LogicalVolume, req: StageRequest,
                      fs_type: str) -> Staging:
         os.makedirs(req.path, exist_ok=True)
-        device = encryption.top_device(self.host, lv)
-        if self._device_mounted_at(Device(device.path, device.major, device.minor), req.path):
+        device = self._top(lv)
+        if self._device_mounted_at(device, req.path):
             self.steps.verify_key(lv, req.key)  # a wrong key is refused here too
             top = self.host.top_mount(req.path)
             assert top is not None
@@ -261,7 +252,7 @@ class Stager:
             block_file = block_stage_file(staging_path, volume_id)
             block_staged = (rec.staging is not None
                             and rec.staging.access_type is AccessType.BLOCK)
-            dev = Device.top(self.host, lv) if lv is not None else None
+            dev = self._top(lv) if lv is not None else None
             if block_staged or (dev is not None and self._device_mounted_at(dev, block_file)):
                 # Only a file this plugin made and bound its device onto is removed.
                 self.fs.umount(block_file)
@@ -369,8 +360,7 @@ class Stager:
             ours = target in rec.publishes
             if not ours and naming.is_volume_id(volume_id) and self.host.is_mount_point(target):
                 lv = self._find(volume_id)
-                ours = lv is not None and self._device_mounted_at(Device.top(self.host, lv),
-                                                                  target)
+                ours = lv is not None and self._device_mounted_at(self._top(lv), target)
             if ours:
                 self._unmount_target(target)
                 if os.path.isdir(target):
@@ -414,7 +404,7 @@ class Stager:
         block = staging.access_type is AccessType.BLOCK
         check = staging.mount_point(volume_id) if path == staging.path else path
         top = self.host.top_mount(check)
-        dev = Device.top(self.host, lv) if lv is not None else None
+        dev = self._top(lv) if lv is not None else None
         mounted = top is not None and dev is not None and self.host.shows_device(
             top, dev.major, dev.minor)
         if lv is not None and self.steps.is_encrypted(lv) and dev is not None and \
