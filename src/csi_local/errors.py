@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from enum import StrEnum
 
 
 class StorageError(Exception):
@@ -74,6 +75,26 @@ class NameTaken(StorageError):
     none of the plugin's."""
 
 
+class Difference(StrEnum):
+    """What a volume that exists has other than a repeated create asks."""
+
+    NOT_OURS = "not ours"  # no volume of the asker's, of that name
+    NO_CLASS = "no class"  # in no device class of this node
+    CLASS = "class"  # in another device class
+    SOURCE = "source"  # made from another content source
+    ENCRYPTION = "encryption"  # encrypted, or not, against the request
+
+
+class VolumeDiffers(NameTaken):
+    """A create names a volume that exists, and the volume differs from what
+    the create asks in what never changes (`difference`); each front end
+    words it (volumes/creation.py, check_repeat)."""
+
+    def __init__(self, message: str, difference: Difference) -> None:
+        super().__init__(message)
+        self.difference = difference
+
+
 class SourceMismatch(StorageError):
     """A request asks that a copy of its content source (a restore or a
     clone) differ from the source where no copy can: its encryption."""
@@ -119,6 +140,31 @@ class LockDirError(StorageError):
 
 class VolumeInUse(StorageError):
     """The device is open or mounted, so LVM will not remove it."""
+
+
+class UsedDifferently(StorageError):
+    """The volume is staged already, or published at the target already, but
+    not as the request asks: at another staging path, with another
+    capability, read-only flag or mount flags."""
+
+
+class AccessTypeMismatch(StorageError):
+    """A publish asks for the raw device of a volume staged as a file system,
+    or for a file system where it is staged raw."""
+
+
+class NotStaged(StorageError):
+    """A publish names a staging path the volume is not staged at, or whose
+    mount is gone (unmounted behind the plugin's back)."""
+
+
+class NotAtPath(StorageError):
+    """The volume is neither staged nor published at the path a request names."""
+
+
+class WriterTaken(StorageError):
+    """A writable publish of a single-writer volume (or beside a single-writer
+    publish) while another target of the node writes to it."""
 
 
 class DeviceMissing(StorageError):

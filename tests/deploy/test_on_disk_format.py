@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from csi_local.nodestate import state_file
-from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.volumes import host_volume_names, naming
+from csi_local.volumes.node_records import AccessType, Publish, Staging, VolumeRecord
 from tests.deploy._deploy import REPO
 
 DOC = REPO / "docs" / "on-disk-format.md"

@@ -173,7 +173,7 @@ def test_a_repeated_stage_with_a_wrong_key_is_refused(n: Node, block: bool) -> N
     with a wrong key answered OK, since nothing was opened and nothing asked
     the header. It is refused as at a first open, and counted."""
     told: list[str] = []
-    n.node.steps.on_open_failure = told.append
+    n.node.volumes.steps.on_open_failure = told.append
     _, vid = create(n)
     assert stage(n, vid, block=block)[0] == "OK"
     code, msg = stage(n, vid, {encryption.SECRET_KEY: "wrong"}, block=block)
@@ -188,7 +188,7 @@ def test_an_open_device_left_by_a_killed_stage_needs_the_key(n: Node) -> None:
     open, nothing mounted. The retry reused the open device whatever key it
     brought (no cryptsetup ran) and mounted the volume for a wrong key."""
     told: list[str] = []
-    n.node.steps.on_open_failure = told.append
+    n.node.volumes.steps.on_open_failure = told.append
     _, vid = create(n)
     stage(n, vid)
     unstage(n, vid)
@@ -208,7 +208,7 @@ def test_an_open_device_left_by_a_killed_stage_needs_the_key(n: Node) -> None:
 
 def test_failed_opens_are_told_why(n: Node) -> None:
     told: list[str] = []
-    n.node.steps.on_open_failure = told.append
+    n.node.volumes.steps.on_open_failure = told.append
     _, vid = create(n)
     assert stage(n, vid, {})[0] == "INVALID_ARGUMENT"  # no secret
     stage(n, vid)
@@ -224,7 +224,7 @@ def test_failed_expands_are_told_why(n: Node) -> None:
     key given is checked wherever; their failures count the same (docs: "at
     stage or expand"); they went uncounted."""
     told: list[str] = []
-    n.node.steps.on_open_failure = told.append
+    n.node.volumes.steps.on_open_failure = told.append
     _, vid = create(n)
     assert stage(n, vid)[0] == "OK"
     n.host.mappers[encryption.mapper_name(vid)].keyring = True  # an older version's open
@@ -242,7 +242,7 @@ def test_failed_expands_are_told_why(n: Node) -> None:
 def test_a_failing_counter_never_hides_a_refused_key(n: Node) -> None:
     def broken(reason: str) -> None:
         raise RuntimeError("counter down")
-    n.node.steps.on_open_failure = broken
+    n.node.volumes.steps.on_open_failure = broken
     _, vid = create(n)
     stage(n, vid)
     unstage(n, vid)

@@ -37,6 +37,7 @@ from csi_local.volumes import host_volume_names as hvn
 from csi_local.volumes import naming as vols
 from csi_local.volumes.group_snapshots import GroupSnapshots
 from csi_local.volumes.naming import Source, SourceKind
+from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pools
 from tests.dhvharness import failed, run
 from tests.unit import table
@@ -402,7 +403,7 @@ def test_a_newer_state_file_is_refused_and_left_as_it_is(tmp_path: Path) -> None
     before = path.read_bytes()
     rebuilt: list[bool] = []
 
-    def rebuild() -> dict[str, state_file.VolumeRecord]:
+    def rebuild() -> dict[str, VolumeRecord]:
         rebuilt.append(True)
         return {}
 

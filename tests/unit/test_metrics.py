@@ -618,8 +618,8 @@ def test_the_plugin_wires_its_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         # A first start has no state file: rebuilt, and counted.
         assert value(scrape(metrics), "csi_local_state_rebuilds_total") == 1
         # The node's volume steps count failed opens of encrypted volumes.
-        assert plugin.node.steps.on_open_failure == metrics.open_failed
-        plugin.node.steps.on_open_failure("key_refused")
+        assert plugin.node.volumes.steps.on_open_failure == metrics.open_failed
+        plugin.node.volumes.steps.on_open_failure("key_refused")
         assert value(scrape(metrics), "csi_local_encryption_open_failures_total",
                      reason="key_refused") == 1
     finally:

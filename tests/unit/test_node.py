@@ -1,12 +1,13 @@
 """NodeServicer, RPC by RPC, on a FakeHost: every error branch and the main replies.
 
-Each table row names one branch of csi_local/csi/node_servicer.py (or of the volume, file-system,
-pool and validation layers whose errors pass through it) and the code the CSI
-spec's error table gives it, as the server's interceptor would send it. Every
-row states exactly which tools ran, and what it may change among the LVs, the
-mount table (with loop devices) and the state records; everything else must be
-left as it was. Success rows check the reply and the effect: the mounts, the
-records, the tags and the commands.
+Each table row names one branch of csi_local/volumes/staging.py, reached through
+csi_local/csi/node_servicer.py (or of the validation, file-system and pool layers
+whose errors pass through them) and the code the CSI spec's error table gives
+it, as the server's interceptor would send it. Every row states exactly which
+tools ran, and what it may change among the LVs, the mount table (with loop
+devices) and the state records; everything else must be left as it was.
+Success rows check the reply and the effect: the mounts, the records, the tags
+and the commands.
 
 Paths in rows are names under the node's directory ("stage" is
 <root>/stage); "/..." is used as given, and "rel:x" is the relative path "x".
@@ -29,8 +30,9 @@ from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Usage
 from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
-from csi_local.nodestate.state_file import AccessType, Publish, Staging, StateStore
+from csi_local.nodestate.state_file import StateStore
 from csi_local.volumes import naming as vols
+from csi_local.volumes.node_records import AccessType, Publish, Staging
 from tests.unit import table
 from tests.unit.servicers import (
     GiB,

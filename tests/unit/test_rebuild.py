@@ -4,8 +4,8 @@ from csi_local.host import mounts
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import rebuild_state
-from csi_local.nodestate.state_file import AccessType, Publish, Staging
 from csi_local.storage.lvm import Lvm
+from csi_local.volumes.node_records import AccessType, Publish, Staging
 from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 

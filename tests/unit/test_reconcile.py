@@ -15,9 +15,9 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.nodestate.recovery import reconcile_state
-from csi_local.nodestate.state_file import AccessType, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume, find_in_vgs
 from csi_local.volumes import naming as vols
+from csi_local.volumes.node_records import AccessType, Staging, VolumeRecord
 from csi_local.volumes.pool import Pools
 from tests.unit.servicers import (
     THREE_CLASSES,

@@ -40,10 +40,11 @@ from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
-from csi_local.nodestate.state_file import Publish, StateStore
+from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.lvm import Lvm, check_name, check_tag
 from csi_local.volumes import naming as vols
 from csi_local.volumes.device_classes import check_class_name
+from csi_local.volumes.node_records import Publish
 from csi_local.volumes.pool import Pool, Pools
 from tests.unit.conftest import FakeRunner
 

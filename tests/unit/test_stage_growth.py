@@ -151,7 +151,7 @@ def test_nothing_is_grown_on_a_device_that_is_not_what_is_mounted(n: Node) -> No
     n.host.set_content(vid, "ext4", fs_size=2 * GiB)  # as if not grown yet
     n.host.add_mount(n.path("stage"))  # a tmpfs over it
     lvm = n.backend.pools.default.lvm
-    assert not n.node.steps.grow_to_device(lvm, lvm.get(vid), n.path("stage"), "ext4", None,
+    assert not n.node.volumes.steps.grow_to_device(lvm, lvm.get(vid), n.path("stage"), "ext4", None,
                                            was_open=False)
     assert len(grow_calls(n)) == 1  # the stage's own
 

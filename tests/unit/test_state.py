@@ -5,14 +5,8 @@ from pathlib import Path
 import pytest
 
 from csi_local.nodestate import state_file as st
-from csi_local.nodestate.state_file import (
-    AccessType,
-    Publish,
-    Staging,
-    StateLocked,
-    StateStore,
-    VolumeRecord,
-)
+from csi_local.nodestate.state_file import StateLocked, StateStore
+from csi_local.volumes.node_records import AccessType, Publish, Staging, VolumeRecord
 
 
 def test_missing_means_empty(tmp_path: Path) -> None:

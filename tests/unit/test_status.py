@@ -15,12 +15,12 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser
 from csi_local.nodestate import state_file as state
-from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.ops import status
 from csi_local.storage import vg_text as lvm_metadata
 from csi_local.storage.lvm import hex_tag
 from csi_local.volumes import host_volume_names as dhv_tags
 from csi_local.volumes import naming as vols
+from csi_local.volumes.node_records import AccessType, Publish, Staging, VolumeRecord
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import (

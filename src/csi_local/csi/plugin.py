@@ -24,13 +24,14 @@ from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.host.runner import ProcessRunner
 from csi_local.nodestate.recovery import rebuild_state, reconcile_state
-from csi_local.nodestate.state_file import StateStore, VolumeRecord
+from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm_config import backup_dir, profile_dir
 from csi_local.storage.lvm_shell import use_lvm_shell
 from csi_local.volumes.changed_blocks import ChangedBlocks
 from csi_local.volumes.group_snapshots import GroupSnapshots
 from csi_local.volumes.held_vgs import HeldVolumeGroups
+from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pools
 from csi_local.volumes.pool_monitor import PoolMonitor
 

@@ -76,6 +76,7 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.LvNotFound: "NOT_FOUND",
     # CreateVolume's and CreateSnapshot's "incompatible with the name".
     errors.NameTaken: "ALREADY_EXISTS",
+    errors.VolumeDiffers: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
     errors.SourceMismatch: "INVALID_ARGUMENT",
     # A newer csi-local's volume or snapshot: nothing is wrong with the
@@ -90,6 +91,18 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.LockBusy: "ABORTED",  # the spec's "operation pending for volume"
     errors.LockDirError: "FAILED_PRECONDITION",
     errors.VolumeInUse: "FAILED_PRECONDITION",
+    # The node's records against a request: NodeStageVolume's and
+    # NodePublishVolume's "volume ... is incompatible" (ALREADY_EXISTS); a
+    # publish before its stage, or of a capability the stage was not, is the
+    # CO's order or argument at fault (FAILED_PRECONDITION, INVALID_ARGUMENT);
+    # NodeUnstageVolume, NodeGetVolumeStats and NodeExpandVolume name a path
+    # the volume is not at: their "volume does not exist" (NOT_FOUND).
+    errors.UsedDifferently: "ALREADY_EXISTS",
+    errors.AccessTypeMismatch: "INVALID_ARGUMENT",
+    errors.NotStaged: "FAILED_PRECONDITION",
+    errors.NotAtPath: "NOT_FOUND",
+    # NodePublishVolume's "exceeds capabilities": the volume has one writer.
+    errors.WriterTaken: "FAILED_PRECONDITION",
     errors.DeviceMissing: "FAILED_PRECONDITION",
     errors.FormatRefused: "FAILED_PRECONDITION",
     errors.StillMounted: "FAILED_PRECONDITION",

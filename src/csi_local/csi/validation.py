@@ -17,8 +17,8 @@ from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
 from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key
-from csi_local.nodestate.state_file import AccessType
 from csi_local.volumes import encryption
+from csi_local.volumes.node_records import AccessType
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 SINGLE_NODE_MODES = frozenset({

@@ -4,9 +4,13 @@ file system, mounted at DHV_VOLUMES_DIR/<volume id>.
 The CSI plugin's layers do the work: the same pools (device classes, each
 with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
-rule, and the same volume steps (csi_local.volumes.lifecycle: snapshot,
-clone, format once, new fs id, mount, grow). Only Nomad's request and answer
-are the host volume plugin's own; delete's unmounting is in dhv/removal.
+rule, the same volume steps (csi_local.volumes.lifecycle: snapshot,
+clone, format once, new fs id, mount, grow) and the same creation policy
+(csi_local.volumes.creation: what a repeated create may meet, the smallest
+new volume, a copy's limit; a new volume's or a copy's encryption is
+csi_local.volumes.encryption's). Only Nomad's request and answer are the host
+volume plugin's own, and the words of its refusals; delete's unmounting is
+in dhv/removal.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
@@ -36,7 +40,13 @@ from csi_local.dhv.request import (
     lv_name_for,
     snapshot_lv_name,
 )
-from csi_local.errors import VolumeGroupMissing
+from csi_local.errors import (
+    Difference,
+    SizeOutOfRange,
+    SourceMismatch,
+    VolumeDiffers,
+    VolumeGroupMissing,
+)
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, read_key_file
 from csi_local.host.filesystems import Filesystems
@@ -44,7 +54,7 @@ from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
-from csi_local.volumes import encryption, sizes
+from csi_local.volumes import creation, encryption, sizes
 from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT, Freezes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
@@ -198,24 +208,18 @@ class HostVolumePlugin:
     def _check_existing(self, req: Request, params: Parameters, lv: LogicalVolume) -> Pool:
         """The pool of the volume's existing LV, if the request may converge it:
         the same volume, in the class and from the source it names (if it names
-        them), with the file system it names (if it does)."""
-        _check_ours(lv, req)
-        pool = self.pools.of_lv(lv)
-        if pool is None:
-            raise DhvError(f"volume {req.volume_id} is LV {lv.vg}/{lv.name}, in thin pool "
-                           f"{lv.vg}/{lv.pool}, which is no device class of this node "
-                           f"({', '.join(sorted(self.pools.names))}); leaving it alone")
-        asked = params.device_class
-        if asked and asked != pool.class_name:
-            raise DhvError(
-                f"volume {req.volume_id} exists in device class {pool.class_name!r}, not "
-                f"{asked!r}; a volume cannot change class (delete it first to make it anew "
-                "in another)")
-        _check_same_source(lv, req, params)
-        if params.encryption is not None and params.encryption != (TAG_ENCRYPTED in lv.tags):
-            raise DhvError(
-                f"volume {req.volume_id} {'is' if TAG_ENCRYPTED in lv.tags else 'is not'} "
-                "encrypted; encryption cannot be turned on or off for an existing volume")
+        them), with the encryption and the file system it names (if it does)."""
+        # What Nomad's repeat asks: only what the parameters name now (they
+        # may leave out what the volume was made with).
+        if _is_ours(lv, req):
+            check_format(lv)  # ours, but a newer csi-local-dhv's: left alone
+        try:
+            pool = creation.check_repeat(
+                self.pools, lv, ours=_is_ours(lv, req), device_class=params.device_class or None,
+                same_source=_same_source(lv, params), encrypted=params.encryption,
+                encrypted_tag=TAG_ENCRYPTED)
+        except VolumeDiffers as err:
+            raise DhvError(self._differs(err.difference, req, params, lv)) from None
         fs_type = lv.tag_value(TAG_FS) or ""
         if not fs_type:
             raise DhvError(f"LV {lv.vg}/{lv.name} has no {TAG_FS} tag")
@@ -226,22 +230,44 @@ class HostVolumePlugin:
             )
         return pool
 
+    def _differs(self, difference: Difference, req: Request, params: Parameters,
+                 lv: LogicalVolume) -> str:
+        """The host volume plugin's words for a volume that exists and differs:
+        what Nomad's operator may do about it."""
+        if difference is Difference.NOT_OURS:
+            return _not_ours(lv, req)
+        if difference is Difference.NO_CLASS:
+            return (f"volume {req.volume_id} is LV {lv.vg}/{lv.name}, in thin pool "
+                    f"{lv.vg}/{lv.pool}, which is no device class of this node "
+                    f"({', '.join(sorted(self.pools.names))}); leaving it alone")
+        if difference is Difference.CLASS:
+            return (f"volume {req.volume_id} exists in device class {self.class_of(lv)!r}, not "
+                    f"{params.device_class!r}; a volume cannot change class (delete it first "
+                    "to make it anew in another)")
+        if difference is Difference.SOURCE:
+            assert params.source is not None
+            kind, ref = params.source
+            made_from = lv.tag_value(TAG_SOURCE)
+            was = f"was made from {made_from}" if made_from else "was not made from a source"
+            return (f"volume {req.volume_id} exists and {was}; its source cannot change to "
+                    f"{kind} {ref!r} (delete the volume first to make it anew)")
+        return (f"volume {req.volume_id} {'is' if TAG_ENCRYPTED in lv.tags else 'is not'} "
+                "encrypted; encryption cannot be turned on or off for an existing volume")
+
     def _new_lv(self, pool: Pool, req: Request, fs_type: str,
                 report: VgReport) -> LogicalVolume:
         """A new thin LV for the volume (inside `pool.reserved()`)."""
         assert req.parameters is not None
-        asked = req.parameters.encryption
-        encrypted = pool.encrypted_by_default if asked is None else asked
+        encrypted = encryption.new_volume_tags(req.parameters.encryption,
+                                               pool.encrypted_by_default, TAG_ENCRYPTED, None)
         size = sizes.size_for(
             req.capacity_min, req.capacity_max, report.extent_size,
             default=self.config.default_size,
-            minimum=fsrules.min_size(fs_type)
-            + (encryption.overhead(pool.chunk_size(report)) if encrypted else 0),
+            minimum=creation.smallest_size(pool, report, fsrules.min_size(fs_type),
+                                           bool(encrypted)),
         )
         tags = volume_tags(req.volume_id, req.volume_name, req.namespace, fs_type)
-        if encrypted:
-            tags.append(TAG_ENCRYPTED)
-        return pool.create_thin(report, req.lv_name, size, tags)
+        return pool.create_thin(report, req.lv_name, size, [*tags, *encrypted])
 
     def _new_clone(self, pool: Pool, req: Request, params: Parameters,
                    report: VgReport) -> tuple[LogicalVolume, str]:
@@ -271,16 +297,21 @@ class HostVolumePlugin:
                 f"the source holds a {fs_type} file system, not {params.fs_type}; a "
                 "clone keeps its source's file system (leave fs_type out)"
             )
-        if params.encryption is not None and params.encryption != (TAG_ENCRYPTED in source.tags):
+        try:
+            # What a copy is: its source's encryption (the clone step carries
+            # the tag), and at least its size.
+            encryption.new_volume_tags(params.encryption, pool.encrypted_by_default,
+                                       TAG_ENCRYPTED, source)
+            creation.check_copy_limit(source, req.capacity_max, "capacity_max")
+        except SourceMismatch:
             raise DhvError(
                 f"the source {'is' if TAG_ENCRYPTED in source.tags else 'is not'} encrypted, "
                 "and a clone is what its source is (its LUKS2 header and key included); "
-                "leave encryption out")
-        if req.capacity_max and source.size > req.capacity_max:
+                "leave encryption out") from None
+        except SizeOutOfRange:
             raise DhvError(
                 f"the source is {source.size} bytes, more than capacity_max "
-                f"{req.capacity_max}; a clone is at least as large as its source"
-            )
+                f"{req.capacity_max}; a clone is at least as large as its source") from None
         # Made at once at the size capacity_min asks for (whole extents).
         size = sizes.grow_target(source.size, req.capacity_min, req.capacity_max,
                                  report.extent_size)
@@ -550,12 +581,19 @@ def _undoing(what: str, step: str) -> Iterator[None]:
         log.warning("could not undo %s (%s): %s", what, step, err)
 
 
+def _is_ours(lv: LogicalVolume, req: Request) -> bool:
+    """Whether `lv` is this plugin's LV of the request's volume."""
+    return lv.tag_value(TAG_KIND) == KIND_VOLUME and lv.tag_value(TAG_ID) == req.volume_id
+
+
+def _not_ours(lv: LogicalVolume, req: Request) -> str:
+    return (f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} made by "
+            "this plugin; leaving it alone")
+
+
 def _check_ours(lv: LogicalVolume, req: Request) -> None:
-    if lv.tag_value(TAG_KIND) != KIND_VOLUME or lv.tag_value(TAG_ID) != req.volume_id:
-        raise DhvError(
-            f"LV {lv.vg}/{lv.name} exists but is not host volume {req.volume_id} "
-            "made by this plugin; leaving it alone"
-        )
+    if not _is_ours(lv, req):
+        raise DhvError(_not_ours(lv, req))
     check_format(lv)  # ours, but a newer csi-local-dhv's: left alone too
 
 
@@ -577,21 +615,18 @@ def _source_ref(source: LogicalVolume) -> str:
     return f"volume:{source.tag_value(TAG_ID)}"
 
 
-def _check_same_source(lv: LogicalVolume, req: Request, params: Parameters) -> None:
-    """An existing volume's source cannot change. Checked against its tags,
-    never by looking the source up again: Nomad repeats the create request at
-    every client start, also after the source is gone."""
+def _same_source(lv: LogicalVolume, params: Parameters) -> bool:
+    """Whether an existing volume was made from the source the parameters name
+    (by its ID or, as the first create named it, its name). Checked against
+    its tags, never by looking the source up again: Nomad repeats the create
+    request at every client start, also after the source is gone."""
     if params.source is None:
-        return  # a volume's parameters may drop the source once it is made
+        return True  # a volume's parameters may drop the source once it is made
     kind, ref = params.source
     made_from = lv.tag_value(TAG_SOURCE)
     if made_from == f"{kind}:{ref}":
-        return
-    if kind == "volume" and made_from is not None and made_from.startswith("volume:") \
-            and decode_hex_tag(lv.tag_value(TAG_SOURCE_NAME)) == ref:
-        return
-    was = f"was made from {made_from}" if made_from else "was not made from a source"
-    raise DhvError(f"volume {req.volume_id} exists and {was}; its source cannot change to "
-                   f"{kind} {ref!r} (delete the volume first to make it anew)")
+        return True
+    return (kind == "volume" and made_from is not None and made_from.startswith("volume:")
+            and decode_hex_tag(lv.tag_value(TAG_SOURCE_NAME)) == ref)
 
 

@@ -21,10 +21,16 @@ from dataclasses import replace
 from csi_local.errors import StorageError
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
-from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
+from csi_local.volumes.node_records import (
+    AccessType,
+    Publish,
+    Staging,
+    VolumeRecord,
+    block_staging_path,
+)
 from csi_local.volumes.pool import Pools
 
 log = logging.getLogger(__name__)
@@ -60,8 +66,8 @@ def classify(path: str, *, block_node: bool, volume_id: str) -> str:
         return FOREIGN
     if block_node:
         parent = os.path.dirname(path)
-        if os.path.basename(path) == volume_id:
-            return STAGING  # our own shape: <staging dir>/<volume id>
+        if block_staging_path(path, volume_id) is not None:
+            return STAGING  # our own shape (node_records.block_stage_file)
         if _K8S_BLOCK_STAGE.search(parent) or _NOMAD_STAGE.search(parent):
             return FOREIGN  # another file in a staging directory is not ours
         if _K8S_BLOCK_PUBLISH.search(path) or _NOMAD_PUBLISH.search(path):
@@ -84,7 +90,7 @@ def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord |
             continue  # a bind of a subdirectory (a subPath): never a CO request to us
         kind = classify(m.mount_point, block_node=block_node, volume_id=lv.name)
         if kind == STAGING and staging is None:
-            staging = _staging(m, block_node)
+            staging = _staging(m, block_node, lv.name)
         elif kind == PUBLISH:
             pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
         elif kind == UNKNOWN:
@@ -93,7 +99,7 @@ def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord |
     # device, in mount order, is the staging mount; later ones are publishes.
     for m, block_node in unknown:
         if staging is None and not block_node:
-            staging = _staging(m, block_node)
+            staging = _staging(m, block_node, lv.name)
         elif staging is not None:
             pubs[m.mount_point] = Publish(readonly=m.read_only, flags_known=False)
     if staging is None and not pubs:
@@ -101,9 +107,11 @@ def _record_from_mounts(lv: LogicalVolume, found: list[Mount]) -> VolumeRecord |
     return VolumeRecord(lv.name, staging, pubs)
 
 
-def _staging(m: Mount, block_node: bool) -> Staging:
+def _staging(m: Mount, block_node: bool, volume_id: str) -> Staging:
     if block_node:
-        return Staging(path=os.path.dirname(m.mount_point), access_type=AccessType.BLOCK)
+        path = block_staging_path(m.mount_point, volume_id)
+        assert path is not None  # classify() took it for a stage of this shape
+        return Staging(path=path, access_type=AccessType.BLOCK)
     return Staging(path=m.mount_point, access_type=AccessType.MOUNT, fs_type=m.fs_type,
                    flags_known=False)
 
@@ -191,11 +199,8 @@ def reconcile_state(pools: Pools, host: Host,
                        for m in host.mounts_at(path, table))
 
         staging = rec.staging
-        if staging is not None:
-            where = (os.path.join(staging.path, vid) if staging.access_type is AccessType.BLOCK
-                     else staging.path)
-            if not mounted(where):
-                staging = None
+        if staging is not None and not mounted(staging.mount_point(vid)):
+            staging = None
         pubs = {t: p for t, p in rec.publishes.items() if mounted(t)}
         kept = replace(rec, staging=staging, publishes=pubs)
         if not kept.empty:

@@ -1,8 +1,9 @@
 """Node state: where each volume is staged and published, with counts.
 
 LVM says what exists; this file says only what LVM cannot: staging paths and
-publish targets. Beside it, one empty file per mkfs under way (a formatting
-mark), so that a stage killed part-way through its own mkfs may format again.
+publish targets (volumes/node_records.py's records). Beside it, one empty
+file per mkfs under way (a formatting mark), so that a stage killed part-way
+through its own mkfs may format again.
 Writes are atomic (temp file, fsync, rename, fsync of the directory); a lock
 file keeps a second process out. A missing entry means "not staged, not
 published". No gRPC types here.
@@ -18,12 +19,12 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 
 from csi_local.errors import FormatTooNew
 from csi_local.host.atomic_files import sync_directory, write_atomic
 from csi_local.version import __version__
+from csi_local.volumes.node_records import AccessType, Publish, Staging, VolumeRecord
 
 log = logging.getLogger(__name__)
 
@@ -53,57 +54,6 @@ def _holder(lock_path: str) -> str:
     except (OSError, ValueError, psutil.Error):
         return ""
     return f" (pid {pid}: {cmd[:200]})"
-
-
-class AccessType(StrEnum):
-    """How a volume is staged and published: a mounted file system or the raw device."""
-
-    MOUNT = "mount"
-    BLOCK = "block"
-
-
-@dataclass(frozen=True)
-class Publish:
-    readonly: bool = False
-    access_mode: int = 0  # 0: unknown (a record rebuilt from the mount table)
-    mount_flags: tuple[str, ...] = ()
-    # False for a record rebuilt from mountinfo or written before flags were
-    # recorded: the CO's repeat of its request settles them.
-    flags_known: bool = True
-
-    def matches(self, want: Publish) -> bool:
-        """Whether a repeat of the publish that asks for `want` is this one. What
-        the record does not know (the access mode, the flags) does not differ."""
-        return (self.readonly == want.readonly
-                and self.access_mode in (0, want.access_mode)
-                and (not self.flags_known or self.mount_flags == want.mount_flags))
-
-
-@dataclass(frozen=True)
-class Staging:
-    path: str
-    access_type: AccessType
-    fs_type: str = ""
-    mount_flags: tuple[str, ...] = ()
-    access_mode: int = 0
-    # False for a record rebuilt from mountinfo, which shows the effective mount
-    # options, not the flags the CO asked for.
-    flags_known: bool = True
-
-
-@dataclass(frozen=True)
-class VolumeRecord:
-    volume_id: str
-    staging: Staging | None = None
-    publishes: dict[str, Publish] = field(default_factory=dict)
-
-    @property
-    def publish_count(self) -> int:
-        return len(self.publishes)
-
-    @property
-    def empty(self) -> bool:
-        return self.staging is None and not self.publishes
 
 
 def _to_json(rec: VolumeRecord) -> dict[str, object]:

@@ -8,7 +8,9 @@ the object goes (the class asked for, or its source's: a thin snapshot lives
 in its origin's pool), whether it exists already (a CO's retry gets the same
 object, a conflicting request NameTaken), and the step that makes it
 (Pool.create_thin, or VolumeSteps.clone and VolumeSteps.snapshot), all
-against one report read under the pool lock.
+against one report read under the pool lock. The rules a volume's create
+shares with the host volume plugin's (a repeat's check, the smallest new
+volume, a copy's limit) are volumes/creation.py's.
 
 Transport-free: errors are the storage layer's (csi_local.errors) and the
 RPC edge (csi/rpc.py) gives them their codes.
@@ -22,14 +24,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from csi_local.errors import (
+    Difference,
     LvNotFound,
     NameTaken,
-    SizeOutOfRange,
+    VolumeDiffers,
     VolumeInUse,
 )
 from csi_local.host.locks import Locks, volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import encryption, naming, sizes
+from csi_local.volumes import creation, encryption, naming, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
@@ -136,24 +139,22 @@ class Provisioner:
         """The same name again: the same volume if compatible, converging an
         interrupted create; NameTaken otherwise (under the pool lock)."""
         name = req.name
-        if not naming.is_csi_volume(lv) or self.pools.of_lv(lv) is None:
-            raise NameTaken(f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not "
-                            "a volume")
-        # A newer csi-local's volume: its tags may not say what this check reads.
-        naming.check_format(lv)
-        other = self.pools.of_lv(lv)
-        if other is not pool:
-            assert other is not None
-            raise NameTaken(
-                f"volume {name!r} exists in device class {other.class_name!r}, not in "
-                f"{pool.class_name!r}" + ("" if req.device_class else " (the default)"))
-        if naming.source_of(lv) != req.source:
-            raise NameTaken(f"volume {name!r} exists with another content source")
-        if req.source is None and (naming.TAG_ENCRYPTED in lv.tags) != bool(
-                encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
-                                           naming.TAG_ENCRYPTED, None)):
-            raise NameTaken(f"volume {name!r} exists, and its encryption is not what the "
-                            "request asks")
+        # A newer csi-local's volume: its tags may not say what the check reads.
+        if naming.is_csi_volume(lv) and self.pools.of_lv(lv) is not None:
+            naming.check_format(lv)
+        # What a CSI CO's repeat asks: what it asked the first time, so the
+        # class chosen (the default when none is named), exactly the content
+        # source named (none included), and a new volume's encryption as the
+        # class's default has it when the parameters do not say.
+        try:
+            creation.check_repeat(
+                self.pools, lv, ours=naming.is_csi_volume(lv), device_class=pool.class_name,
+                same_source=naming.source_of(lv) == req.source,
+                encrypted=None if req.source is not None else bool(encryption.new_volume_tags(
+                    req.encrypted, pool.encrypted_by_default, naming.TAG_ENCRYPTED, None)),
+                encrypted_tag=naming.TAG_ENCRYPTED)
+        except VolumeDiffers as err:
+            raise NameTaken(self._differs(err.difference, name, lv, pool, req)) from None
         want = naming.requested_size(lv)
         if not sizes.in_range(want, req.required, req.limit):
             raise NameTaken(
@@ -169,20 +170,29 @@ class Provisioner:
             lv = pool.lvm.extend_to(lv, want)
         return lv
 
+    def _differs(self, difference: Difference, name: str, lv: LogicalVolume, pool: Pool,
+                 req: VolumeRequest) -> str:
+        """The CSI plugin's words for a volume that exists and differs."""
+        if difference in (Difference.NOT_OURS, Difference.NO_CLASS):
+            return f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not a volume"
+        if difference is Difference.CLASS:
+            other = self.pools.of_lv(lv)
+            assert other is not None
+            return (f"volume {name!r} exists in device class {other.class_name!r}, not in "
+                    f"{pool.class_name!r}" + ("" if req.device_class else " (the default)"))
+        if difference is Difference.SOURCE:
+            return f"volume {name!r} exists with another content source"
+        return f"volume {name!r} exists, and its encryption is not what the request asks"
+
     def _create(self, pool: Pool, report: VgReport, volume_id: str, req: VolumeRequest,
                 minimum: int, source_lv: LogicalVolume | None) -> LogicalVolume:
         """Make the volume (under its lock, its source's and the pool's);
         `source_lv` is the source, found in `pool`."""
         encrypted = encryption.new_volume_tags(req.encrypted, pool.encrypted_by_default,
                                                naming.TAG_ENCRYPTED, source_lv)
-        if encrypted:  # its file system is the LUKS2 header smaller
-            minimum += encryption.overhead(pool.chunk_size(report))
+        minimum = creation.smallest_size(pool, report, minimum, bool(encrypted))
         if source_lv is not None:
-            if req.limit and req.limit < source_lv.size:
-                raise SizeOutOfRange(
-                    f"limit_bytes {req.limit} is smaller than the source's "
-                    f"{source_lv.size} bytes"
-                )
+            creation.check_copy_limit(source_lv, req.limit, "limit_bytes")
             minimum = max(minimum, source_lv.size)
         size = sizes.size_for(req.required, req.limit, report.extent_size,
                               default=DEFAULT_SIZE, minimum=minimum)

@@ -20,7 +20,7 @@ from csi_local.errors import FormatTooNew, LockDirError, StorageError
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.host.runner import Runner
-from csi_local.nodestate.state_file import STATE_FILE, VolumeRecord, parse
+from csi_local.nodestate.state_file import STATE_FILE, parse
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, Lvm, MetadataArea, VgReport
 from csi_local.volumes import encryption
@@ -34,6 +34,7 @@ from csi_local.volumes.device_classes import (
 )
 from csi_local.volumes.host_volume_names import LV_PREFIX as DHV_PREFIX
 from csi_local.volumes.naming import Condition
+from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pool, PoolPolicy, lvs_that_fit, metadata_area_problem
 
 DEFAULT_ORPHAN_AGE = 3600.0
