@@ -6,6 +6,7 @@ round trip opened with the source's key."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -693,6 +694,60 @@ def test_an_encrypted_stage_fits_the_shipped_memory_limits(plugin_factory: Any) 
     assert crypt[1] > 64 * mib
     for where, limit in limits.items():
         assert max(cgroup_peak, rss_peak) < limit, where
+
+
+@pytest.mark.report
+def test_four_encrypted_stages_at_once_fit_the_smallest_shipped_limit(
+        plugin_factory: Any) -> None:
+    """Four encrypted stages at once, the plugin in a memory cgroup limited
+    as the smallest shipped limit limits its container: before the bound on
+    key derivations (host/derivations.py), each stage ran its own argon2id
+    at 64 MiB and three of four were OOM-killed in 256 MiB (issue 42). Now
+    every stage succeeds, the kernel killed nothing (memory.events), and the
+    cgroup's peak stays under the limit."""
+    limit = min(plugin_memory_limits().values())
+    cgroup = _memory_cgroup()
+    (cgroup / "memory.max").write_text(str(limit))
+    if (cgroup / "memory.swap.max").exists():
+        (cgroup / "memory.swap.max").write_text("0")  # no swap to hide a peak in
+    p: PluginProcess = plugin_factory(start=False)
+    p.cgroup = cgroup
+    errors: list[BaseException] = []
+    try:
+        p.start()
+        vids = [create(p, f"enc-at-once-{i}") for i in range(4)]
+        paths = [p.path(f"stage-at-once-{i}") for i in range(4)]
+
+        def one(vid: str, path: str) -> None:
+            try:
+                stage(p, vid, path)
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=one, args=pair)
+                   for pair in zip(vids, paths, strict=True)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - started
+        events = dict(line.split() for line in (cgroup / "memory.events").read_text()
+                      .splitlines())
+        peak = int((cgroup / "memory.peak").read_text())
+        for vid, path in zip(vids, paths, strict=True):
+            with contextlib.suppress(grpc.RpcError):  # one that failed has nothing staged
+                unstage(p, vid, path)
+    finally:
+        p.stop()
+        _remove_cgroup(cgroup)
+    mib = 1 << 20
+    print(f"four encrypted stages at once in {limit / mib:.0f} MiB: {took:.1f} s, "
+          f"memory.peak {peak / mib:.1f} MiB, oom_kill {events.get('oom_kill')}, "
+          f"errors {len(errors)}")
+    assert not errors, errors
+    assert events.get("oom_kill") == "0", events
+    assert peak < limit
 
 
 @pytest.mark.parametrize("chunk", ["64k", "192k", "1m", "32m"])
