@@ -224,7 +224,7 @@ def test_oci_labels_of_the_built_image(build: Build) -> None:
     r = _run(["podman", *STORAGE, "image", "inspect", "--format", "{{json .Labels}}", TAG],
              timeout=120)
     labels = json.loads(r.stdout)
-    assert labels["org.opencontainers.image.version"] == project["version"]
+    assert labels["org.opencontainers.image.version"] == __version__  # pyproject reads it
     assert labels["org.opencontainers.image.licenses"] == project["license"]
     assert "org.opencontainers.image.source" in labels
 
