@@ -31,7 +31,7 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.identity_servicer import IdentityServicer
 from csi_local.host.locks import pool_key
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.held_vgs import HELD_FILE, HeldVolumeGroups
 from csi_local.volumes.naming import Source, SourceKind
 from tests.unit import table
@@ -49,9 +49,9 @@ from tests.unit.table import Case
 
 DEFAULT = "fast"
 V, V2, NEW = vol_id("vol"), vol_id("vol2"), vol_id("new")
-S, S2 = vols.snapshot_id_for("snap"), vols.snapshot_id_for("snap2")
-KIND_V = f"{vols.TAG_KIND}={vols.KIND_VOLUME}"
-KIND_S = f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}"
+S, S2 = naming.snapshot_id_for("snap"), naming.snapshot_id_for("snap2")
+KIND_V = f"{naming.TAG_KIND}={naming.KIND_VOLUME}"
+KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
 POOL_SIZES = {"big": 30 * GiB, "fast": 10 * GiB}
 ROOM = {"big": 30 * GiB, "fast": 20 * GiB}  # pool size times ratio
 # What each class adds to lvcreate of a volume, and the readahead that leaves.
@@ -156,7 +156,7 @@ def vol(cls: str, vid: str = V, size: int = GiB, *, active: bool = True,
         tags: Sequence[str] = ()) -> Step:
     """A CSI volume of class `cls` as CreateVolume would have left it."""
     return lambda w: w.n.host.add_lv(vid, size, vg=w.vg(cls), pool=w.pool(cls), active=active,
-                                     tags=[KIND_V, f"{vols.TAG_SIZE}={size}", *tags])
+                                     tags=[KIND_V, f"{naming.TAG_SIZE}={size}", *tags])
 
 
 def snap(cls: str, sid: str = S, source: str = V, size: int = GiB) -> Step:
