@@ -107,7 +107,7 @@ class FakeUsage:
 
 class StateWrites:
     """The state file's atomic write, counted instead of done: its fsyncs and renames
-    cost milliseconds each on a real disk and prove nothing here (test_state.py
+    cost milliseconds each on a real disk and prove nothing here (test_state_file.py
     covers them); the node reads its records from the store's memory."""
 
     def __init__(self) -> None:
