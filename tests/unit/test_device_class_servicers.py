@@ -32,7 +32,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.identity_servicer import IdentityServicer
 from csi_local.host.locks import pool_key
 from csi_local.volumes import naming
-from csi_local.volumes.held_vgs import HELD_FILE, HeldVolumeGroups
+from csi_local.volumes.known_vgs import KNOWN_VGS_FILE, KnownVolumeGroups
 from csi_local.volumes.naming import Source, SourceKind
 from tests.unit import table
 from tests.unit.servicers import (
@@ -183,23 +183,23 @@ def _backups(w: World) -> Path:
 
 
 def started(*, lvm_backups: bool = True) -> Step:
-    """The plugin (re)starts: it reads its record of the VGs it has held, and
-    records the VGs that are here (HeldVolumeGroups, as CsiPlugin wires it).
+    """The plugin (re)starts: it reads its record of the VGs it has had, and
+    records the VGs that are here (KnownVolumeGroups, as CsiPlugin wires it).
     Without `lvm_backups`, LVM keeps no metadata backups."""
     def setup(w: World) -> None:
         backups = _backups(w)
         backups.mkdir(exist_ok=True)
         pools = w.n.backend.pools
-        pools.held_vgs = HeldVolumeGroups(w.n.backend.config.state_dir,
-                                          lambda: str(backups) if lvm_backups else None)
+        pools.known_vgs = KnownVolumeGroups(w.n.backend.config.state_dir,
+                                            lambda: str(backups) if lvm_backups else None)
         for pool in pools:
-            pool.held_vgs = pools.held_vgs
+            pool.known_vgs = pools.known_vgs
         pools.note_volume_groups()
     return setup
 
 
 def record_lost(w: World) -> None:
-    (Path(w.n.backend.config.state_dir) / HELD_FILE).unlink()
+    (Path(w.n.backend.config.state_dir) / KNOWN_VGS_FILE).unlink()
 
 
 def lvm_backup_of(cls: str) -> Step:
@@ -757,7 +757,7 @@ LISTS = [
         "volume group nvme not found", setup=chain(EVERYTHING, vg_gone("fast")), ran="lvs",
         only="two-vgs"),
     # A pool the node never had fails no listing; one it had may hold volumes
-    # (see HeldVolumeGroups), whatever restarts or a lost record in between.
+    # (see KnownVolumeGroups), whatever restarts or a lost record in between.
     *[row(f"{what}-vg-never-here", rpc, req, "OK", setup=chain(
         vol("fast", V2), snap("fast", S2, V2), vg_gone("big"), started()), ran="lvs",
         check=checks(one_lvs, listed(found)), only="two-vgs")
@@ -919,7 +919,7 @@ def test_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: Step, rea
         assert "not active" not in message
 
 
-# The record of the VGs a node has held (HeldVolumeGroups) ------------------------------
+# The record of the VGs a node has had (KnownVolumeGroups) ------------------------------
 
 
 def test_a_vg_is_on_record_before_its_first_volume(tmp_path: Path,
@@ -930,12 +930,12 @@ def test_a_vg_is_on_record_before_its_first_volume(tmp_path: Path,
     w = build(tmp_path, monkeypatch, "two-vgs")
     chain(vol("fast", V2), vg_gone("big"), started())(w)
     state = Path(w.n.backend.config.state_dir)
-    assert json.loads((state / HELD_FILE).read_text())["volume_groups"] == ["nvme"]
+    assert json.loads((state / KNOWN_VGS_FILE).read_text())["volume_groups"] == ["nvme"]
     assert call(w.n.controller.ListVolumes, pb.ListVolumesRequest())[0] == "OK"
     vg_back("big")(w)
     code, reply = call(w.n.controller.CreateVolume, cv("big"))
     assert code == "OK", reply
-    assert json.loads((state / HELD_FILE).read_text())["volume_groups"] == ["hdd", "nvme"]
+    assert json.loads((state / KNOWN_VGS_FILE).read_text())["volume_groups"] == ["hdd", "nvme"]
     vg_gone("big")(w)
     code, says = call(w.n.controller.ListVolumes, pb.ListVolumesRequest())
     assert (code, "volume group hdd not found" in says) == ("UNAVAILABLE", True), says
@@ -953,31 +953,31 @@ def test_the_record_file(tmp_path: Path) -> None:
 
     state = tmp_path / "state"
     state.mkdir()
-    held = HeldVolumeGroups(str(state), backup_dir)
-    assert held.held(["x", "y"]) == ["x", "y"]  # before the first seed: all may hold volumes
-    held.add("z")  # and nothing is recorded before it
-    assert not (state / HELD_FILE).exists()
-    held.seed(["here"], ["had", "never"])
+    known = KnownVolumeGroups(str(state), backup_dir)
+    assert known.known(["x", "y"]) == ["x", "y"]  # before the first seed: all may hold volumes
+    known.add("z")  # and nothing is recorded before it
+    assert not (state / KNOWN_VGS_FILE).exists()
+    known.seed(["here"], ["had", "never"])
     assert asked == [1]  # LVM's backups answer only for the missing VGs, once, at the seed
-    assert held.held(["had", "never", "here"]) == ["had", "here"]
-    text = (state / HELD_FILE).read_text()
+    assert known.known(["had", "never", "here"]) == ["had", "here"]
+    text = (state / KNOWN_VGS_FILE).read_text()
     assert json.loads(text) == {"version": 1, "volume_groups": ["had", "here"]}
-    assert [p.name for p in state.iterdir()] == [HELD_FILE]  # no temporary file left
-    mtime = (state / HELD_FILE).stat().st_mtime_ns
-    held.add("here")
-    held.seed(["here"], ["never"])
-    assert (state / HELD_FILE).stat().st_mtime_ns == mtime  # nothing new: not rewritten
-    held.add("new")
-    again = HeldVolumeGroups(str(state), backup_dir)  # a restart reads it back
-    assert again.held(["had", "never", "new"]) == ["had", "new"]
+    assert [p.name for p in state.iterdir()] == [KNOWN_VGS_FILE]  # no temporary file left
+    mtime = (state / KNOWN_VGS_FILE).stat().st_mtime_ns
+    known.add("here")
+    known.seed(["here"], ["never"])
+    assert (state / KNOWN_VGS_FILE).stat().st_mtime_ns == mtime  # nothing new: not rewritten
+    known.add("new")
+    again = KnownVolumeGroups(str(state), backup_dir)  # a restart reads it back
+    assert again.known(["had", "never", "new"]) == ["had", "new"]
     assert asked == [1]
     # A damaged record is made again from LVM, as a missing one.
     for damaged in ("{", '{"volume_groups": "x"}', "[]"):
-        (state / HELD_FILE).write_text(damaged)
-        held = HeldVolumeGroups(str(state), lambda: None)  # LVM keeps no backups
-        assert held.held(["never"]) == ["never"]
-        held.seed(["here"], ["never"])
-        assert held.held(["never", "gone"]) == ["never"]
+        (state / KNOWN_VGS_FILE).write_text(damaged)
+        known = KnownVolumeGroups(str(state), lambda: None)  # LVM keeps no backups
+        assert known.known(["never"]) == ["never"]
+        known.seed(["here"], ["never"])
+        assert known.known(["never", "gone"]) == ["never"]
 
 
 @pytest.mark.parametrize(("backups", "says"), [
@@ -997,9 +997,9 @@ def test_the_log_says_how_missing_vgs_were_judged(tmp_path: Path,
         (directory / "had").write_text("")
     state = tmp_path / "state"
     state.mkdir()
-    held = HeldVolumeGroups(str(state), lambda: None if backups == "none" else str(directory))
-    with caplog.at_level(logging.INFO, logger="csi_local.volumes.held_vgs"):
-        held.seed(["here"], ["had", "never"])
+    known = KnownVolumeGroups(str(state), lambda: None if backups == "none" else str(directory))
+    with caplog.at_level(logging.INFO, logger="csi_local.volumes.known_vgs"):
+        known.seed(["here"], ["had", "never"])
     (record,) = caplog.records
     assert record.getMessage() == ("volume groups missing at start: had, never; held by this "
                                    "node before (" + says.format(d=directory))
