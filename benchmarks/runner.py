@@ -38,8 +38,7 @@ from benchmarks.report import ExecRow, MiB, Results, Row, fmt_value
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host.crypt import LuksSettings
 from csi_local.storage.lvm import LV_FIELDS
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 
 try:  # the very options the plugin formats with
     from csi_local.host.filesystems import _MKFS
@@ -480,7 +479,7 @@ class Bench:
                 ids = [f.result() for f in futures]
             finally:
                 rpc_total = time.perf_counter() - t0
-                self.remove_lvs([vols.volume_id_for(f"bench-conc-{j}") for j in range(n)])
+                self.remove_lvs([naming.volume_id_for(f"bench-conc-{j}") for j in range(n)])
         self.res.rows.append(Row(f"{n} concurrent CreateVolume", rpc_total, raw_total,
                                  f"{n} lvcreate back to back", goal=1.1,
                                  note=f"one run of {len(ids)} creates"))
@@ -495,9 +494,9 @@ class Bench:
         if not self.fillers:
             self.fillers.append(self.create("bench-fill-0", FILLER_BYTES))
             self.snapshots.append(self.snapshot("bench-fill-snap-0", self.fillers[0]))
-        volumes = [vols.volume_id_for(f"bench-fill-{i}") for i in range(len(self.fillers), n)]
+        volumes = [naming.volume_id_for(f"bench-fill-{i}") for i in range(len(self.fillers), n)]
         every = self.fillers + volumes
-        snapshots = [(vols.snapshot_id_for(f"bench-fill-snap-{j}"), every[j * SNAPSHOT_EVERY])
+        snapshots = [(naming.snapshot_id_for(f"bench-fill-snap-{j}"), every[j * SNAPSHOT_EVERY])
                      for j in range(len(self.snapshots), n // SNAPSHOT_EVERY)]
         if not volumes and not snapshots:
             return

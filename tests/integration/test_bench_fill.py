@@ -17,7 +17,7 @@ from benchmarks.fill import Clone, fill_vg, pool_metadata_bytes
 from benchmarks.lab import Lab, PluginProcess, run
 from benchmarks.runner import _mount_cap
 from csi_local._gen import csi_pb2 as pb
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +69,8 @@ def test_filled_volumes_are_real_lvs_the_plugin_serves(lab: Lab) -> None:
         volume_capabilities=[cap]), timeout=600).volume.volume_id
     sid0 = plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
         name="fill-snap-0", source_volume_id=vid0), timeout=600).snapshot.snapshot_id
-    volumes = [vid0] + [vols.volume_id_for(f"fill-{i}") for i in range(1, VOLUMES)]
-    snapshots = [(sid0, vid0)] + [(vols.snapshot_id_for(f"fill-snap-{j}"), volumes[10 * j])
+    volumes = [vid0] + [naming.volume_id_for(f"fill-{i}") for i in range(1, VOLUMES)]
+    snapshots = [(sid0, vid0)] + [(naming.snapshot_id_for(f"fill-snap-{j}"), volumes[10 * j])
                                   for j in range(1, SNAPSHOTS)]
     clones = ([Clone(v, vid0) for v in volumes[1:]]
               + [Clone(s, sid0, origin) for s, origin in snapshots[1:]])

@@ -363,7 +363,7 @@ def test_a_volume_group_the_node_had_goes_missing(dc: Classes) -> None:
             if when == "record-lost":
                 # Held either way: LVM's metadata backup of the VG says so, or,
                 # where LVM keeps none it can show, nothing says otherwise. Which
-                # of the two decides is tested in tests/unit (test_device_classes).
+                # of the two decides is tested in tests/unit (test_device_class_servicers).
                 found = backup_dir(ProcessRunner())
                 print(f"LVM's metadata backups: {found}; of {third.name}: "
                       f"{found is not None and (Path(found) / third.name).is_file()}")

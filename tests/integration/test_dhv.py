@@ -22,7 +22,7 @@ from csi_local.host import mounts
 from csi_local.host.locks import Locks, pool_key
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.version import __version__
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
     MIB,
@@ -241,8 +241,8 @@ def test_coexists_with_csi_volumes(dhv: Dhv, plugin: PluginProcess) -> None:
     listed = plugin.controller.ListVolumes(pb.ListVolumesRequest())
     assert [e.volume.volume_id for e in listed.entries] == [csi_id]
     by_name = {lv.name: lv for lv in dhv.lvs()}
-    assert vols.is_csi_volume(by_name[csi_id])
-    assert not vols.is_csi_volume(by_name[lv_name_for(vid)])
+    assert naming.is_csi_volume(by_name[csi_id])
+    assert not naming.is_csi_volume(by_name[lv_name_for(vid)])
     assert not any(t.startswith("csi-local.") for t in by_name[lv_name_for(vid)].tags)
     # the pool's capacity counts both kinds
     cap = plugin.controller.GetCapacity(pb.GetCapacityRequest())
@@ -264,7 +264,7 @@ def test_never_touches_an_lv_it_did_not_make(dhv: Dhv) -> None:
     vid = new_id()
     # an LV under the name this volume maps to, tagged as a CSI volume
     run("lvcreate", "--yes", "--thin", f"{dhv.vg.name}/{dhv.vg.pool}", "--virtualsize", "64m",
-        "--name", lv_name_for(vid), "--addtag", f"{vols.TAG_KIND}={vols.KIND_VOLUME}")
+        "--name", lv_name_for(vid), "--addtag", f"{naming.TAG_KIND}={naming.KIND_VOLUME}")
     failed(dhv.call("delete", vid), "not host volume")
     failed(dhv.call("create", vid, cap_min=64 * MIB), "not host volume")
     lv = dhv.lv(vid)

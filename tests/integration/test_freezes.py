@@ -34,7 +34,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from tests.integration.conftest import PluginProcess, run
 from tests.integration.dhvkit import (
     Dhv,
@@ -157,7 +157,7 @@ def test_a_plugin_killed_during_a_snapshot_is_thawed_by_its_next_start(
 
 def killed_and_started(plugin: PluginProcess, step: str, vid: str, staging: str,
                        probe: Probe) -> None:
-    snap = vols.snapshot_id_for(f"frz-snap-{step}")
+    snap = naming.snapshot_id_for(f"frz-snap-{step}")
     lock = vg_lock(plugin) if step == "frozen" else None
     try:
         taker, outcome = snapshot_later(plugin, f"frz-snap-{step}", vid)
@@ -208,7 +208,7 @@ def test_a_freeze_past_the_limit_thaws_at_the_limit_and_fails_unavailable(
     limit = 3.0
     plugin: PluginProcess = plugin_factory("--group-freeze-timeout", f"{limit:g}")
     vid, staging, probe = staged(plugin, "frz-limit")
-    snap = vols.snapshot_id_for("frz-limit-snap")
+    snap = naming.snapshot_id_for("frz-limit-snap")
     try:
         past_the_limit("snapshot", plugin, limit, probe,
                        f"snapshot {snap} of {plugin.vg.name}/{vid}: freezing",

@@ -24,7 +24,7 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from tests.integration.conftest import PluginProcess, expect_code, run
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 from tests.integration.test_snapshots import restore
@@ -310,7 +310,7 @@ def test_a_take_past_the_freeze_limit_thaws_at_the_limit_and_fails(
     while len(probe.done) < 5:
         time.sleep(0.05)
     past_the_limit("group", plugin, limit, probe,
-                   f"group snapshot {vols.group_id_for('lim')}: freezing", start)
+                   f"group snapshot {naming.group_id_for('lim')}: freezing", start)
     left = run("lvs", "--noheadings", "-o", "lv_name,lv_tags", plugin.vg.name).stdout
     assert "csi-local.group=" not in left, f"members left after the failed take:\n{left}"
     assert not list((plugin.workdir / "locks" / "freezes").glob("*")), "journal left"

@@ -15,7 +15,7 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host.runner import ProcessRunner
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, Lvm
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
@@ -87,8 +87,8 @@ def test_a_ring_that_wraps_many_times_reads_right() -> None:
         run("lvcreate", "--yes", "--thin", "-V", "16M", "-n", "ring", f"{small.name}/pool")
         for i in range(30):
             run("lvchange", "--addtag", f"tag-{i:02d}-" + "x" * 200, f"{small.name}/ring")
-            text = lvm_metadata.read_committed(small.loop).text
-            tags = lvm_metadata.vg_metadata(text).lvs["ring"].tags
+            text = vg_text.read_committed(small.loop).text
+            tags = vg_text.vg_metadata(text).lvs["ring"].tags
             assert len(tags) == i + 1 and any(t.startswith(f"tag-{i:02d}-") for t in tags)
     finally:
         small.destroy()

@@ -2,7 +2,7 @@
 
 LVM writes the VG's whole metadata text into every metadata area in use at
 each change, beside the committed copy, and refuses a text larger than half
-the area less a sector (lvm_metadata.max_text_size). These tests fill a
+the area less a sector (vg_text.max_text_size). These tests fill a
 small area: first with bare lvcreates, to show that LVM refuses exactly
 where that rule says and that the plugin reads the area as LVM reports it;
 then through CreateVolume, which must refuse before LVM does, with GetCapacity
@@ -22,10 +22,10 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host.runner import ProcessRunner
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import MetadataArea
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, lvs_that_fit
 from tests.integration.conftest import (
     LoopVG,
@@ -60,7 +60,7 @@ def lvm_area(vg: str) -> MetadataArea:
               "vg_mda_size,vg_mda_free", vg).stdout
     row = json.loads(out)["report"][0]["vg"][0]
     size = int(row["vg_mda_size"])
-    return MetadataArea(size, lvm_metadata.max_text_size(size) - int(row["vg_mda_free"]))
+    return MetadataArea(size, vg_text.max_text_size(size) - int(row["vg_mda_free"]))
 
 
 def ours(committed: CommittedMetadata, vg: str) -> MetadataArea:
@@ -79,11 +79,11 @@ def same_as_lvm(area: MetadataArea, vg: str) -> None:
 
 def volume_argv(vg: LoopVG, n: int, pvc: str, namespace: str = "default") -> list[str]:
     """A bare lvcreate of a volume as the CSI plugin names and tags it."""
-    tags = [f"{vols.TAG_KIND}={vols.KIND_VOLUME}", f"{vols.TAG_SIZE}={4 * MiB}",
-            *vols.co_name_tags({"csi.storage.k8s.io/pvc/name": pvc,
+    tags = [f"{naming.TAG_KIND}={naming.KIND_VOLUME}", f"{naming.TAG_SIZE}={4 * MiB}",
+            *naming.co_name_tags({"csi.storage.k8s.io/pvc/name": pvc,
                                 "csi.storage.k8s.io/pvc/namespace": namespace})]
     argv = ["lvcreate", "--yes", "--thin", f"{vg.name}/{vg.pool}", "--virtualsize",
-            f"{4 * MiB}b", "--name", vols.volume_id_for(f"pvc-{n}")]
+            f"{4 * MiB}b", "--name", naming.volume_id_for(f"pvc-{n}")]
     for tag in tags:
         argv += ["--addtag", tag]
     return argv
@@ -100,11 +100,11 @@ def test_lvm_refuses_the_text_the_rule_refuses(small_vg: LoopVG, session_vg: Loo
     # snapshot of it.
     run(*volume_argv(small_vg, 0, "p" * 253, "n" * 63))
     longest = ours(committed, small_vg.name).used - first.used
-    snap = vols.snapshot_id_for("s")
+    snap = naming.snapshot_id_for("s")
     run("lvcreate", "--yes", "--snapshot", "--name", snap, "--setactivationskip", "y",
-        "--activate", "n", "--addtag", f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}", "--addtag",
-        vols.Source(vols.SourceKind.VOLUME, vols.volume_id_for("pvc-0")).tag(),
-        f"{small_vg.name}/{vols.volume_id_for('pvc-0')}")
+        "--activate", "n", "--addtag", f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}", "--addtag",
+        naming.Source(naming.SourceKind.VOLUME, naming.volume_id_for("pvc-0")).tag(),
+        f"{small_vg.name}/{naming.volume_id_for('pvc-0')}")
     snapshot = ours(committed, small_vg.name).used - first.used - longest
     print(f"text of a volume with the longest PVC tags: {longest} B, of its snapshot: "
           f"{snapshot} B")
@@ -120,7 +120,7 @@ def test_lvm_refuses_the_text_the_rule_refuses(small_vg: LoopVG, session_vg: Loo
     m = _REFUSED.search(proc.stderr)
     assert m is not None, proc.stderr
     wanted, limit = int(m.group(1)), int(m.group(2))
-    assert limit == first.limit == lvm_metadata.max_text_size(first.size)
+    assert limit == first.limit == vg_text.max_text_size(first.size)
     assert sizes[-1] <= limit < wanted  # the last text fitted, the next did not
     grew = [b - a for a, b in itertools.pairwise(sizes)]
     print(f"area {first.size} B, limit {limit} B, empty VG's text {first.used} B, "

@@ -64,7 +64,7 @@ from csi_local.ops import status as status_mod
 from csi_local.storage.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
 from csi_local.storage.lvm_shell import LvmShell
 from csi_local.storage.vg_text import VgMetadata, read_committed, vg_metadata
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.pool import capacity_of
 from tests.integration.conftest import SCRATCH, mount_cap, run
 
@@ -277,7 +277,7 @@ class Walk:
         check("ListVolumes code", code, "OK")
         got = {e.volume.volume_id: (e.volume.capacity_bytes, _message_source(e.volume))
                for e in resp.entries}
-        want_vols = {lv.name: lv for lv in mine if vols.is_csi_volume(lv)}
+        want_vols = {lv.name: lv for lv in mine if naming.is_csi_volume(lv)}
         check("ListVolumes", got, {name: (lv.size, _source(lv))
                                    for name, lv in want_vols.items()})
         problem = pool_obj.metadata_problem()
@@ -313,7 +313,7 @@ class Walk:
               {e.snapshot.snapshot_id: (e.snapshot.source_volume_id, e.snapshot.size_bytes)
                for e in resp.entries},
               {lv.name: (_source(lv), lv.size)
-               for lv in mine if vols.is_csi_snapshot(lv)})
+               for lv in mine if naming.is_csi_snapshot(lv)})
         # GetCapacity
         with self.clock.timed("check GetCapacity"):
             code, resp = self.call("GetCapacity", pb.GetCapacityRequest())
@@ -441,7 +441,7 @@ class Walk:
                 source_volume_id=self.rng.choice(ids), name=self.name("snap-")))
 
     def plugin_delete_snapshot(self) -> None:
-        snaps = [lv.name for lv in self.lvs_now() if vols.is_csi_snapshot(lv)]
+        snaps = [lv.name for lv in self.lvs_now() if naming.is_csi_snapshot(lv)]
         if snaps:
             self.call("DeleteSnapshot", pb.DeleteSnapshotRequest(
                 snapshot_id=self.rng.choice(snaps)))
@@ -590,7 +590,7 @@ def _as_lookup_reads(lv: LogicalVolume) -> LogicalVolume:
 
 
 def _source(lv: LogicalVolume) -> str:
-    src = vols.source_of(lv)
+    src = naming.source_of(lv)
     return src.id if src is not None else ""
 
 

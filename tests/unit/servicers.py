@@ -27,7 +27,7 @@ from csi_local.host.filesystems import Filesystems
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.lvm import Lvm
-from csi_local.volumes import naming as volumes
+from csi_local.volumes import naming
 from csi_local.volumes.device_classes import parse_classes
 from csi_local.volumes.pool import Pool, PoolPolicy, Pools
 from tests.unit.fakehost import FakeHost, GiB, MiB
@@ -169,7 +169,7 @@ def block_cap(mode: Mode.Mode.ValueType = Mode.SINGLE_NODE_WRITER) -> pb.VolumeC
 
 def vol_id(name: str) -> str:
     """The volume ID CreateVolume gives the name `name`."""
-    return volumes.volume_id_for(name)
+    return naming.volume_id_for(name)
 
 
 # A table row's fake state: steps run on the node before the request.

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import fill
 from csi_local.storage.vg_text import parse_text
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 
 DATA = Path(__file__).parent / "data" / "fill"
 VG_TEXT = (DATA / "vgcfgbackup.txt").read_text()
@@ -38,8 +38,8 @@ def _lvs(text: str) -> dict[str, Any]:
 
 
 def _clones(n: int, snaps: int) -> list[fill.Clone]:
-    volumes = [fill.Clone(vols.volume_id_for(f"v{i}"), VOL0) for i in range(n)]
-    return volumes + [fill.Clone(vols.snapshot_id_for(f"s{i}"), SNAP, volumes[i].name)
+    volumes = [fill.Clone(naming.volume_id_for(f"v{i}"), VOL0) for i in range(n)]
+    return volumes + [fill.Clone(naming.snapshot_id_for(f"s{i}"), SNAP, volumes[i].name)
                       for i in range(snaps)]
 
 

@@ -27,9 +27,9 @@ from csi_local.config import DEFAULT_DRIVER_NAME
 from csi_local.csi.controller_servicer import ControllerServicer
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.locks import pool_key, volume_key
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.node_records import AccessType, Publish, Staging
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, THIN_DEVICE_ID_MAX, PoolPolicy
@@ -58,7 +58,7 @@ POOL = "pool0"
 
 def snap_id(name: str) -> str:
     """The snapshot ID CreateSnapshot gives the name `name`."""
-    return vols.snapshot_id_for(name)
+    return naming.snapshot_id_for(name)
 
 
 V = vol_id("vol")  # an existing volume in most rows
@@ -67,8 +67,8 @@ NEW = vol_id("new")  # the volume CreateVolume rows ask for (name "new")
 S = snap_id("snap")  # the snapshot CreateSnapshot rows ask for (name "snap")
 S2 = snap_id("snap2")
 FOREIGN = "data"  # an LV of the VG that is not a CSI object
-KIND_V = f"{vols.TAG_KIND}={vols.KIND_VOLUME}"
-KIND_S = f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}"
+KIND_V = f"{naming.TAG_KIND}={naming.KIND_VOLUME}"
+KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
 VG_GONE_STDERR = '  Volume group "vg0" not found\n  Cannot process volume group vg0\n'
 
 
@@ -80,7 +80,7 @@ def add_volume(n: Node, vid: str = V, size: int = GiB, *, requested: int | None 
                tags: Sequence[str] = (), active: bool = True) -> FakeLv:
     """A CSI volume as CreateVolume would have left it."""
     return n.host.add_lv(vid, size, active=active,
-                         tags=[KIND_V, f"{vols.TAG_SIZE}={requested or size}", *tags])
+                         tags=[KIND_V, f"{naming.TAG_SIZE}={requested or size}", *tags])
 
 
 def add_snapshot(n: Node, sid: str = S, source: str = V, size: int = GiB) -> FakeLv:
@@ -146,7 +146,7 @@ def mda_left(free: int) -> Setup:
     refusal in the fake still comes only when a section does not fit)."""
     def setup(n: Node) -> None:
         fvg = n.host.vgs[n.host.vg]
-        fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - free
+        fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
     return setup
 
 
@@ -448,7 +448,7 @@ def test_create_volume_reply_and_lv(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert not reply.volume.HasField("content_source")
     lv = n.host.lv(NEW)
     assert (lv.size, lv.active, lv.skip) == (GiB, True, False)
-    assert lv.tags == {KIND_V, f"{vols.TAG_SIZE}={GiB}"}  # no "fresh" tag: see node
+    assert lv.tags == {KIND_V, f"{naming.TAG_SIZE}={GiB}"}  # no "fresh" tag: see node
     assert len(n.host.commands("lvcreate")) == 1
 
 
@@ -476,7 +476,7 @@ def test_create_volume_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (create,) = n.host.commands("lvcreate")
     assert create[create.index("--virtualsize") + 1] == f"{size}b"
     assert n.host.lv(NEW).size == size
-    assert f"{vols.TAG_SIZE}={size}" in n.host.lv(NEW).tags
+    assert f"{naming.TAG_SIZE}={size}" in n.host.lv(NEW).tags
 
 
 @pytest.mark.parametrize("request_", [
@@ -506,8 +506,8 @@ def test_create_volume_records_the_co_names(tmp_path: Path,
     assert call(n.controller.CreateVolume, cv("clone", volume=V, params=names))[0] == "OK"
     for vid in (NEW, vol_id("clone")):
         tags = n.host.lv(vid).tags
-        assert {f"{vols.TAG_PVC_NAME}={b'data-0'.hex()}",
-                f"{vols.TAG_PVC_NAMESPACE}={b'db'.hex()}"} <= tags
+        assert {f"{naming.TAG_PVC_NAME}={b'data-0'.hex()}",
+                f"{naming.TAG_PVC_NAMESPACE}={b'db'.hex()}"} <= tags
         assert len([t for t in tags if t.startswith("csi-local.pvc-")]) == 2
     # An empty name records nothing; one too long for an LVM tag neither.
     odd = {"csi.storage.k8s.io/pvc/name": "", "csi.storage.k8s.io/pvc/namespace": "n" * 257}
@@ -595,9 +595,9 @@ def test_create_volume_from_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert reply.volume.content_source.snapshot.snapshot_id == S
     lv = n.host.lv(NEW)
     assert (lv.size, lv.origin, lv.active, lv.skip) == (size, S, True, False)
-    expected = {KIND_V, f"{vols.TAG_SIZE}={size}", f"{vols.TAG_SOURCE}=snapshot:{S}",
-                vols.TAG_NEW_FSID}
-    assert lv.tags == (expected | {vols.TAG_GROW_FS} if grows else expected)  # never fresh
+    expected = {KIND_V, f"{naming.TAG_SIZE}={size}", f"{naming.TAG_SOURCE}=snapshot:{S}",
+                naming.TAG_NEW_FSID}
+    assert lv.tags == (expected | {naming.TAG_GROW_FS} if grows else expected)  # never fresh
     assert len(n.host.commands("lvextend")) == (1 if grows else 0)
     assert not n.host.commands("sync")  # a snapshot is not mounted
 
@@ -620,8 +620,8 @@ def test_create_volume_clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert reply.volume.content_source.volume.volume_id == V
     lv = n.host.lv(NEW)
     assert lv.origin == V
-    assert lv.tags == {KIND_V, f"{vols.TAG_SIZE}={2 * GiB}", f"{vols.TAG_SOURCE}=volume:{V}",
-                       vols.TAG_NEW_FSID}
+    assert lv.tags == {KIND_V, f"{naming.TAG_SIZE}={2 * GiB}", f"{naming.TAG_SOURCE}=volume:{V}",
+                       naming.TAG_NEW_FSID}
     names = [c[0] for c in n.host.calls]
     if syncs:
         assert ("sync", "--file-system", n.path("stage")) in n.host.calls
@@ -641,14 +641,14 @@ def test_clone_of_a_source_whose_fs_is_not_grown_grows_its_own(
     and so is the copy's, however large the copy asks to be. The tag is carried
     on, through a snapshot too (once only the host volume plugin did that)."""
     n = make_node(tmp_path, monkeypatch)
-    add_volume(n, V, tags=[vols.TAG_GROW_FS])
+    add_volume(n, V, tags=[naming.TAG_GROW_FS])
     if kind == "snapshot":
         assert call(n.controller.CreateSnapshot, cs())[0] == "OK"
-        assert vols.TAG_GROW_FS in n.host.lv(S).tags
+        assert naming.TAG_GROW_FS in n.host.lv(S).tags
     request = cv(snapshot=S) if kind == "snapshot" else cv(volume=V)
     code, reply = call(n.controller.CreateVolume, request)
     assert code == "OK", reply
-    assert {vols.TAG_GROW_FS, vols.TAG_NEW_FSID} <= n.host.lv(NEW).tags
+    assert {naming.TAG_GROW_FS, naming.TAG_NEW_FSID} <= n.host.lv(NEW).tags
     assert not n.host.commands("lvextend")  # the copy is its source's size
 
 
@@ -1432,7 +1432,7 @@ def test_create_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup:
     assert (snap_.snapshot_id, snap_.source_volume_id, snap_.size_bytes) == (S, V, 2 * GiB)
     assert snap_.ready_to_use
     assert snap_.creation_time.seconds == lv.created
-    assert lv.tags == {KIND_S, f"{vols.TAG_SOURCE}=volume:{V}"}
+    assert lv.tags == {KIND_S, f"{naming.TAG_SOURCE}=volume:{V}"}
     assert (lv.origin, lv.active, lv.skip) == (V, False, True)  # never activated
     names = [c[0] for c in n.host.calls]
     if syncs:

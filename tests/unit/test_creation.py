@@ -1,7 +1,7 @@
 """The creation policy both front ends share (volumes/creation.py), row by row.
 
 Each front end words a refusal its own way (tests/unit/test_controller.py,
-test_device_classes.py and the test_dhv*.py tables pin the words and codes);
+test_device_class_servicers.py and the test_dhv*.py tables pin the words and codes);
 here, the rules themselves: which difference refuses a repeated create, in
 which order, and how small a new volume or a copy's limit may be."""
 

@@ -38,7 +38,7 @@ from csi_local.dhv.request import (
 from csi_local.errors import StorageError
 from csi_local.host.holders import VolumeUsers
 from csi_local.host.runner import Result
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.lvm import hex_tag
 from csi_local.volumes.host_volume_names import (
     TAG_FRESH,
@@ -194,7 +194,7 @@ def snapshot_deleted(name: str = SNAP) -> Setup:
 def metadata_area_full(d: Dhv) -> None:
     """The VG's metadata area with no room for one more LV (pool.lvs_that_fit)."""
     fvg = d.host.vgs[VG]
-    fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - 1024
+    fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - 1024
 
 
 def pool_percent(data: float) -> Setup:

@@ -19,7 +19,7 @@ from csi_local.cli import build_parser
 from csi_local.host.runner import Result
 from csi_local.ops import doctor
 from csi_local.ops.doctor import FAIL, OK, WARN, Check, Options, System
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import Lvm, VgReport
 from csi_local.storage.lvm_shell import PROFILE, PROFILE_NAME
@@ -360,7 +360,7 @@ def test_metadata_area(m: Machine, left: float | None, status: str, words: str) 
     """OK, a warning above 80 % of the largest text LVM writes, a failure
     when no further volume fits; the fix names pvcreate --metadatasize."""
     fvg = m.host.vgs["vg0"]
-    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    limit = vg_text.max_text_size(fvg.mda_size)
     if left is not None:
         fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
     lvm = m.lvm()
@@ -1033,7 +1033,7 @@ def test_encryption_needs_cryptsetup_and_dm_crypt(m: Machine) -> None:
 CAPTURED = json.loads((Path(__file__).parent / "data" / "lvm-metadata.json").read_text())
 
 
-def _written(version: str, host: str = "node-1") -> lvm_metadata.VgMetadata:
+def _written(version: str, host: str = "node-1") -> vg_text.VgMetadata:
     """A VG's metadata as an lvm2 of `version` on `host` wrote it: the text
     a real lvm2 2.03.16 wrote, its header and creation_host changed."""
     text = CAPTURED["text"].encode()
@@ -1041,11 +1041,11 @@ def _written(version: str, host: str = "node-1") -> lvm_metadata.VgMetadata:
                         f"LVM2 version {version}:".encode())
     text = text.replace(b'\ncreation_host = "virtme-ng"\t', f'\ncreation_host = "{host}"\t'
                         .encode())
-    return lvm_metadata.vg_metadata(text)
+    return vg_text.vg_metadata(text)
 
 
 def _versions(m: Machine, monkeypatch: pytest.MonkeyPatch,
-              written: dict[str, lvm_metadata.VgMetadata | None],
+              written: dict[str, vg_text.VgMetadata | None],
               vgs: Sequence[str] = ("vg0",)) -> Check:
     monkeypatch.setattr(CommittedMetadata, "volume_group",
                         lambda self, vg, only=None: written.get(vg))

@@ -13,8 +13,7 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import crypt
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 from tests.unit.servicers import (
     NO_CONTEXT,
     GiB,
@@ -87,9 +86,9 @@ def top_source(n: Node, path: str) -> str:
 def test_create_tags_an_encrypted_volume_and_refuses_other_values(n: Node) -> None:
     code, vid = create(n)
     assert code == "OK"
-    assert vols.TAG_ENCRYPTED in n.host.lv(vid).tags
+    assert naming.TAG_ENCRYPTED in n.host.lv(vid).tags
     code, plain = create(n, "pvc-plain", params={})
-    assert code == "OK" and vols.TAG_ENCRYPTED not in n.host.lv(plain).tags
+    assert code == "OK" and naming.TAG_ENCRYPTED not in n.host.lv(plain).tags
     code, msg = create(n, "pvc-bad", params={encryption.PARAMETER: "aes"})
     assert code == "INVALID_ARGUMENT" and "luks2" in msg
     assert not n.host.commands("cryptsetup")  # nothing happens on the controller
@@ -398,7 +397,7 @@ def test_restores_and_clones_keep_the_header_and_key(n: Node,
         name="snap-1", source_volume_id=vid))
     assert code == "OK"
     snap_id = snap.snapshot.snapshot_id
-    assert vols.TAG_ENCRYPTED in n.host.lv(snap_id).tags
+    assert naming.TAG_ENCRYPTED in n.host.lv(snap_id).tags
     # A mounted encrypted source is frozen for the instant of the snapshot
     # (LVM's own suspend freezes the LV's file system, which has none).
     assert frozen == [n.path("stage")] and not n.host.frozen  # thawed
@@ -408,11 +407,11 @@ def test_restores_and_clones_keep_the_header_and_key(n: Node,
                        source=source)
     assert code == "INVALID_ARGUMENT" and "is encrypted" in msg
     code, restored = create(n, "restore", params={}, source=source)
-    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(restored).tags
+    assert code == "OK" and naming.TAG_ENCRYPTED in n.host.lv(restored).tags
     clone_src = pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(
         volume_id=vid))
     code, clone = create(n, "clone", params={}, source=clone_src)
-    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(clone).tags
+    assert code == "OK" and naming.TAG_ENCRYPTED in n.host.lv(clone).tags
     formats = len(crypt_calls(n, "luksFormat"))
     for copy in (restored, clone):
         assert stage(n, copy, {encryption.SECRET_KEY: "other"}, path=f"s-{copy}")[0] == \
@@ -454,9 +453,9 @@ thin_pool = "pool0"
 encryption = "luks2"
 """)
     code, vid = create(n, params={})
-    assert code == "OK" and vols.TAG_ENCRYPTED in n.host.lv(vid).tags
+    assert code == "OK" and naming.TAG_ENCRYPTED in n.host.lv(vid).tags
     code, plain = create(n, "pvc-2", params={encryption.PARAMETER: "none"})
-    assert code == "OK" and vols.TAG_ENCRYPTED not in n.host.lv(plain).tags
+    assert code == "OK" and naming.TAG_ENCRYPTED not in n.host.lv(plain).tags
 
 
 def test_volume_ids_make_distinct_mapper_names() -> None:
@@ -521,7 +520,7 @@ def test_group_snapshots_freeze_the_file_systems_on_the_dm_crypt_devices(
     assert code == "OK", reply
     assert sorted(frozen) == sorted([n.path("sa"), n.path("sb")]) and not n.host.frozen
     for snap in reply.group_snapshot.snapshots:
-        assert vols.TAG_ENCRYPTED in n.host.lv(snap.snapshot_id).tags
+        assert naming.TAG_ENCRYPTED in n.host.lv(snap.snapshot_id).tags
 
 
 def test_the_same_name_with_another_encryption_already_exists(n: Node) -> None:
@@ -562,8 +561,8 @@ def test_a_volume_no_larger_than_its_header_is_refused_at_stage(n: Node) -> None
     """Made by an older version, 16 MiB: the stage says why and what to do
     (FAILED_PRECONDITION), where cryptsetup's open failed INTERNAL."""
     vid = vol_id("old-tiny")
-    n.host.add_lv(vid, 16 << 20, tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}",
-                                       f"{vols.TAG_SIZE}={16 << 20}", vols.TAG_ENCRYPTED])
+    n.host.add_lv(vid, 16 << 20, tags=[f"{naming.TAG_KIND}={naming.KIND_VOLUME}",
+                                       f"{naming.TAG_SIZE}={16 << 20}", naming.TAG_ENCRYPTED])
     code, msg = stage(n, vid)
     assert code == "FAILED_PRECONDITION" and "expand the volume" in str(msg), msg
     assert not n.host.mappers

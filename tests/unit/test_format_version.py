@@ -32,9 +32,8 @@ from csi_local.nodestate import state_file
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.version import __version__
-from csi_local.volumes import format_version
+from csi_local.volumes import format_version, naming
 from csi_local.volumes import host_volume_names as hvn
-from csi_local.volumes import naming as vols
 from csi_local.volumes.group_snapshots import GroupSnapshots
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.node_records import VolumeRecord
@@ -57,11 +56,11 @@ from tests.unit.test_dhv_clones import state as dhv_state
 
 V, V2 = vol_id("vol"), vol_id("vol2")
 NEW = vol_id("new")  # what CreateVolume rows ask for (name "new")
-S = vols.snapshot_id_for("snap")  # what CreateSnapshot rows ask for (name "snap")
-G = vols.group_id_for("g")
-KIND_V = f"{vols.TAG_KIND}={vols.KIND_VOLUME}"
-KIND_S = f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}"
-NEWER = f"{vols.TAG_FORMAT}=2"
+S = naming.snapshot_id_for("snap")  # what CreateSnapshot rows ask for (name "snap")
+G = naming.group_id_for("g")
+KIND_V = f"{naming.TAG_KIND}={naming.KIND_VOLUME}"
+KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
+NEWER = f"{naming.TAG_FORMAT}=2"
 REFUSED = "is of on-disk format 2 (csi-local.format), newer than format 1"
 EXT4 = mount_cap()
 
@@ -130,7 +129,7 @@ def ok(method: str, request: Any) -> Setup:
 def volume(vid: str = V, fs: str | None = "ext4", tags: Sequence[str] = ()) -> Setup:
     """A volume that was staged and written before (it holds `fs`)."""
     def run(w: World) -> None:
-        lv = w.n.host.add_lv(vid, GiB, tags=[KIND_V, f"{vols.TAG_SIZE}={GiB}", *tags], fs=fs)
+        lv = w.n.host.add_lv(vid, GiB, tags=[KIND_V, f"{naming.TAG_SIZE}={GiB}", *tags], fs=fs)
         lv.content.written = True
     return run
 
@@ -142,7 +141,7 @@ def snap(sid: str = S, of: str = V, tags: Sequence[str] = ()) -> Setup:
 
 def newer(name: str, fmt: str = "2") -> Setup:
     """`name` retagged by a newer csi-local: of format `fmt`."""
-    return lambda w: w.n.host.lvs[name].tags.add(f"{vols.TAG_FORMAT}={fmt}")
+    return lambda w: w.n.host.lvs[name].tags.add(f"{naming.TAG_FORMAT}={fmt}")
 
 
 def stage(vid: str = V, cap: pb.VolumeCapability = EXT4) -> Callable[[World], Any]:
@@ -244,11 +243,11 @@ ROWS = [
         chain(volume(), volume(V2), newer(V2)), ran="lvs"),
     row("group-snapshot-retry-finds-a-newer-member", "CreateVolumeGroupSnapshot",
         pb.CreateVolumeGroupSnapshotRequest(name="g", source_volume_ids=[V, V2]),
-        chain(volume(), volume(V2), group_of(V, V2), newer(vols.member_snapshot_id(G, V))),
+        chain(volume(), volume(V2), group_of(V, V2), newer(naming.member_snapshot_id(G, V))),
         ran="lvs"),
     row("delete-group-snapshot-none-removed", "DeleteVolumeGroupSnapshot",
         pb.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=G),
-        chain(volume(), volume(V2), group_of(V, V2), newer(vols.member_snapshot_id(G, V2))),
+        chain(volume(), volume(V2), group_of(V, V2), newer(naming.member_snapshot_id(G, V2))),
         ran="lvs"),
     # This version's own format, written out: acted on as ever.
     row("format-1-tag-staged", "NodeStageVolume", stage(), chain(volume(), newer(V, "1")),
@@ -270,7 +269,7 @@ ROWS = [
         chain(volume(), snap(), newer(S)), code="OK", ran=None),
     row("get-group-snapshot", "GetVolumeGroupSnapshot",
         pb.GetVolumeGroupSnapshotRequest(group_snapshot_id=G),
-        chain(volume(), volume(V2), group_of(V, V2), newer(vols.member_snapshot_id(G, V))),
+        chain(volume(), volume(V2), group_of(V, V2), newer(naming.member_snapshot_id(G, V))),
         code="OK", ran=None),
     row("volume-stats", "NodeGetVolumeStats",
         lambda w: pb.NodeGetVolumeStatsRequest(volume_id=V, volume_path=w.path("stage")),
@@ -308,7 +307,7 @@ def test_the_refusal_names_both_formats_and_the_version(tmp_path: Path,
 
 
 def _formats(w: World) -> dict[str, set[str]]:
-    return {name: {t for t in lv.tags if t.startswith(vols.TAG_FORMAT)}
+    return {name: {t for t in lv.tags if t.startswith(naming.TAG_FORMAT)}
             for name, lv in w.n.host.lvs.items() if name != "pool0"}
 
 
@@ -336,7 +335,7 @@ def test_a_raised_format_is_written_on_every_new_lv_and_accepted(
     """Once the format is raised, each new volume, snapshot, clone and group
     member carries it (a copy takes the new LV's, not its source's), and the
     version that wrote it acts on them as on any other."""
-    monkeypatch.setattr(vols, "FORMAT", 2)
+    monkeypatch.setattr(naming, "FORMAT", 2)
     w = world(tmp_path, monkeypatch)
     chain(volume(V), ok("CreateSnapshot", pb.CreateSnapshotRequest(
         name="old", source_volume_id=V)))(w)
@@ -350,7 +349,7 @@ def test_a_raised_format_is_written_on_every_new_lv_and_accepted(
 
 def test_a_format_3_volume_is_refused_by_a_format_2_plugin(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vols, "FORMAT", 2)
+    monkeypatch.setattr(naming, "FORMAT", 2)
     w = world(tmp_path, monkeypatch)
     chain(volume(), newer(V, "3"))(w)
     code, message = send(w, "NodeStageVolume", stage()(w))
@@ -376,12 +375,12 @@ def _lv(*tags: str) -> LogicalVolume:
     (("csi-local.formats=9", "csi-local-dhv.format=9"), 1),  # other tags
 ])
 def test_lv_format(tags: tuple[str, ...], found: int | str) -> None:
-    assert format_version.lv_format(_lv(*tags), vols.TAG_FORMAT) == found
+    assert format_version.lv_format(_lv(*tags), naming.TAG_FORMAT) == found
 
 
 def test_format_tags() -> None:
-    assert format_version.format_tags(vols.TAG_FORMAT, 1) == []
-    assert format_version.format_tags(vols.TAG_FORMAT, 4) == ["csi-local.format=4"]
+    assert format_version.format_tags(naming.TAG_FORMAT, 1) == []
+    assert format_version.format_tags(naming.TAG_FORMAT, 4) == ["csi-local.format=4"]
 
 
 # the state file --------------------------------------------------------------------------------

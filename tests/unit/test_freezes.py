@@ -29,8 +29,7 @@ from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import lv_name_for, snapshot_lv_name
 from csi_local.host.holders import VolumeUsers
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 from csi_local.volumes.freezes import Freezes, freeze_key
 from csi_local.volumes.group_snapshots import GroupSnapshots
 from csi_local.volumes.pool import Pools
@@ -39,7 +38,7 @@ from tests.unit.fakehost import FakeHost
 from tests.unit.servicers import GiB, Node, call, make_node, mount_cap
 from tests.unit.test_encryption import KEY, SECRETS
 
-SNAP = vols.snapshot_id_for("snap-1")
+SNAP = naming.snapshot_id_for("snap-1")
 
 
 @pytest.fixture
@@ -107,7 +106,7 @@ def clone(n: Node, vid: str) -> tuple[str, Any]:
 
 def made_name(n: Node, path: str) -> str:
     """The LV the CSI path makes."""
-    return SNAP if path == "snapshot" else vols.volume_id_for("clone-1")
+    return SNAP if path == "snapshot" else naming.volume_id_for("clone-1")
 
 
 def take(n: Node, path: str, vid: str) -> tuple[str, Any]:

@@ -26,8 +26,8 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.csi.identity_servicer import IdentityServicer
 from csi_local.host.locks import Locks, volume_key
-from csi_local.storage import vg_text as lvm_metadata
-from csi_local.volumes import naming as vols
+from csi_local.storage import vg_text
+from csi_local.volumes import naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
@@ -47,20 +47,20 @@ from tests.unit.servicers import (
 from tests.unit.table import Case
 
 A, B, C = vol_id("a"), vol_id("b"), vol_id("c")
-G = vols.group_id_for("g")
-KIND_S = f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}"
+G = naming.group_id_for("g")
+KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
 FROZEN_KERNEL = "cannot snapshot a frozen file system"
 RPC = pb.GroupControllerServiceCapability.RPC
 
 
 def member(vid: str, gid: str = G) -> str:
     """The ID of group `gid`'s snapshot of volume `vid`."""
-    return vols.member_snapshot_id(gid, vid)
+    return naming.member_snapshot_id(gid, vid)
 
 
 def member_tags(vid: str, size: int, gid: str = G) -> set[str]:
-    return {KIND_S, f"{vols.TAG_SOURCE}=volume:{vid}", f"{vols.TAG_GROUP}={gid}",
-            f"{vols.TAG_GROUP_SIZE}={size}"}
+    return {KIND_S, f"{naming.TAG_SOURCE}=volume:{vid}", f"{naming.TAG_GROUP}={gid}",
+            f"{naming.TAG_GROUP_SIZE}={size}"}
 
 
 # requests -------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ class Lab:
     def members(self) -> dict[str, FakeLv]:
         """Every LV carrying a group tag, by name."""
         return {name: lv for (_, name), lv in self.host.all_lvs().items()
-                if any(t.startswith(f"{vols.TAG_GROUP}=") for t in lv.tags)}
+                if any(t.startswith(f"{naming.TAG_GROUP}=") for t in lv.tags)}
 
     def lv_state(self) -> dict[tuple[str, str], frozenset[str]]:
         return {key: frozenset(lv.tags) for key, lv in self.host.all_lvs().items()}
@@ -304,7 +304,7 @@ def mda_room_for_one(lab: Lab) -> None:
     """The VG's metadata area with room for one more LV, not two."""
     fvg = lab.host.vgs["vg0"]
     free = COMMAND_TEXT_MAX + LV_TEXT_MAX + LV_TEXT_MAX // 2
-    fvg.mda_base_text += lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text - free
+    fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
 
 
 def pool_fill(data: float) -> Setup:
@@ -325,7 +325,7 @@ CREATE_ERRORS = [
     row("unknown-volume-first", cg("g", vol_id("nope"), B), "NOT_FOUND", "not found"),
     row("foreign-lv", cg("g", A, "data"), "NOT_FOUND", "not found",
         setup=lambda lab: lab.host.add_lv("data", GiB)),
-    row("snapshot-as-source", cg("g", A, vols.snapshot_id_for("s")), "NOT_FOUND", "not found",
+    row("snapshot-as-source", cg("g", A, naming.snapshot_id_for("s")), "NOT_FOUND", "not found",
         setup=snapshot_of_a),
     row("unknown-device-class", cg("g", A, B, params={"deviceClass": "nope"}),
         "INVALID_ARGUMENT", "unknown device class"),
@@ -517,9 +517,9 @@ GET_ROWS = [
     pytest.param(gg(G, member(A)), "INVALID_ARGUMENT", "not the members", id="fewer-ids"),
     pytest.param(gg(G, member(A), member(B), member(C)), "INVALID_ARGUMENT",
                  "not the members", id="more-ids"),
-    pytest.param(gg(G, member(A), vols.snapshot_id_for("x")), "INVALID_ARGUMENT",
+    pytest.param(gg(G, member(A), naming.snapshot_id_for("x")), "INVALID_ARGUMENT",
                  "not the members", id="other-ids"),
-    pytest.param(gg(vols.group_id_for("other")), "NOT_FOUND", "not found", id="unknown"),
+    pytest.param(gg(naming.group_id_for("other")), "NOT_FOUND", "not found", id="unknown"),
     pytest.param(gg(A), "NOT_FOUND", "not found", id="a-volume-id"),
     pytest.param(gg("not-a-group"), "NOT_FOUND", "not found", id="not-our-id"),
     pytest.param(gg(""), "INVALID_ARGUMENT", "required", id="empty-id"),
@@ -576,9 +576,9 @@ def test_delete_removes_every_member(group: Lab, ids: tuple[str, ...]) -> None:
 DELETE_ROWS = [
     pytest.param(dg(G, member(A)), "INVALID_ARGUMENT", "not the members", "lvs",
                  id="fewer-ids"),
-    pytest.param(dg(G, member(A), vols.snapshot_id_for("x")), "INVALID_ARGUMENT",
+    pytest.param(dg(G, member(A), naming.snapshot_id_for("x")), "INVALID_ARGUMENT",
                  "not the members", "lvs", id="other-ids"),
-    pytest.param(dg(vols.group_id_for("other")), "OK", "", "lvs", id="unknown"),
+    pytest.param(dg(naming.group_id_for("other")), "OK", "", "lvs", id="unknown"),
     pytest.param(dg(A), "OK", "", "", id="a-volume-id-is-never-touched"),
     pytest.param(dg("not-a-group"), "OK", "", "", id="not-our-id"),
     pytest.param(dg(""), "INVALID_ARGUMENT", "required", "", id="empty-id"),
@@ -614,7 +614,7 @@ def test_member_is_a_snapshot_of_the_group(group: Lab) -> None:
     assert (reply.snapshot.group_snapshot_id, reply.snapshot.source_volume_id) == (G, A)
 
     snapshot_of_a(group)  # an ordinary snapshot beside the members
-    assert listed(group) == {member(A): G, member(B): G, vols.snapshot_id_for("s"): ""}
+    assert listed(group) == {member(A): G, member(B): G, naming.snapshot_id_for("s"): ""}
     code, reply = call(ctl.ListSnapshots, pb.ListSnapshotsRequest(source_volume_id=B))
     assert [(e.snapshot.snapshot_id, e.snapshot.group_snapshot_id) for e in reply.entries] \
         == [(member(B), G)]
@@ -774,7 +774,7 @@ def test_recover_ignores_other_files_and_a_missing_directory(group: Lab,
                                                              tmp_path: Path) -> None:
     other = Path(group.state_dir, "token.key")
     other.write_text("k", encoding="utf-8")
-    journal(group, vols.group_id_for("never-made"))
+    journal(group, naming.group_id_for("never-made"))
     restart(group)
     assert other.read_text(encoding="utf-8") == "k"
     assert group.journals() == [] and set(group.members()) == {member(A), member(B)}

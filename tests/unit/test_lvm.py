@@ -5,7 +5,7 @@ import pytest
 from csi_local.errors import LvNotFound, VolumeGroupMissing
 from csi_local.storage import lvm as lvm_mod
 from csi_local.storage.lvm import Lvm, parse_lvs, parse_vgs
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from tests.unit.conftest import FakeRunner
 
 DATA = Path(__file__).parent / "data"
@@ -19,13 +19,13 @@ def test_parse_real_lvs_output() -> None:
     lvs = {lv.name: lv for lv in parse_lvs(lvs_json())}
     pool = lvs["pool"]
     assert pool.is_thin_pool and pool.active and pool.data_percent is not None
-    vol = next(lv for lv in lvs.values() if vols.is_csi_volume(lv))
+    vol = next(lv for lv in lvs.values() if naming.is_csi_volume(lv))
     assert vol.is_thin_volume and vol.pool == "pool" and vol.size > 0
     assert vol.path.startswith("/dev/") and vol.kernel_major > 0 and vol.created > 1_600_000_000
-    assert vols.requested_size(vol) == vol.size
-    snap = next(lv for lv in lvs.values() if vols.is_csi_snapshot(lv))
+    assert naming.requested_size(vol) == vol.size
+    snap = next(lv for lv in lvs.values() if naming.is_csi_snapshot(lv))
     assert snap.activation_skip and not snap.active
-    assert vols.source_of(snap) == vols.Source(vols.SourceKind.VOLUME, vol.name)
+    assert naming.source_of(snap) == naming.Source(naming.SourceKind.VOLUME, vol.name)
 
 
 def test_parse_vgs() -> None:

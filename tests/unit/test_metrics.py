@@ -35,7 +35,7 @@ from csi_local.host import runner as runner_mod
 from csi_local.host.runner import ProcessRunner
 from csi_local.ops import metrics as metrics_mod
 from csi_local.ops.metrics import Metrics, serve_metrics
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import pool_monitor as monitor_mod
 from csi_local.volumes.pool import PoolPolicy, Pools
@@ -124,7 +124,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
         20 * GiB - pool.size - pool.metadata_size
     # The VG's metadata area: what LVM reports of it (vg_mda_size, vg_mda_free).
     fvg = node.host.vgs["vg0"]
-    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    limit = vg_text.max_text_size(fvg.mda_size)
     used = limit - (limit - fvg.mda_text) // 512 * 512
     assert value(got, "csi_local_volume_group_metadata_area_limit_bytes",
                  volume_group="vg0") == limit

@@ -31,7 +31,7 @@ from csi_local.host.filesystems import Usage
 from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
 from csi_local.nodestate.state_file import StateStore
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.node_records import AccessType, Publish, Staging
 from tests.unit import table
 from tests.unit.servicers import (
@@ -62,11 +62,11 @@ BLOCK = AccessType.BLOCK
 SE_CONTEXT = 'context="system_u:object_r:container_file_t:s0:c10,c20"'
 V = vol_id("vol")  # the volume of most rows
 V2 = vol_id("vol2")
-S = vols.snapshot_id_for("snap")
+S = naming.snapshot_id_for("snap")
 FOREIGN = "data"  # an LV of the VG that is not a CSI volume
-KIND_V = f"{vols.TAG_KIND}={vols.KIND_VOLUME}"
-KIND_S = f"{vols.TAG_KIND}={vols.KIND_SNAPSHOT}"
-FRESH, NEW_FSID, GROW_FS = vols.TAG_FRESH, vols.TAG_NEW_FSID, vols.TAG_GROW_FS
+KIND_V = f"{naming.TAG_KIND}={naming.KIND_VOLUME}"
+KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
+FRESH, NEW_FSID, GROW_FS = naming.TAG_FRESH, naming.TAG_NEW_FSID, naming.TAG_GROW_FS
 STAGE, STAGE2, TARGET, TARGET2 = "stage", "stage2", "target", "target2"
 EXT4 = mount_cap()
 BLK = block_cap()
@@ -107,7 +107,7 @@ class FakeUsage:
 
 class StateWrites:
     """The state file's atomic write, counted instead of done: its fsyncs and renames
-    cost milliseconds each on a real disk and prove nothing here (test_state.py
+    cost milliseconds each on a real disk and prove nothing here (test_state_file.py
     covers them); the node reads its records from the store's memory."""
 
     def __init__(self) -> None:
@@ -190,14 +190,14 @@ def no_mode_cap() -> pb.VolumeCapability:
 def fresh(vid: str = V, size: int = GiB, fs: str | None = None) -> Setup:
     """A volume as CreateVolume leaves it: its thin device maps no block."""
     def run(n: Node) -> None:
-        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}"], fs=fs)
+        n.host.add_lv(vid, size, tags=[KIND_V, f"{naming.TAG_SIZE}={size}"], fs=fs)
     return run
 
 
 def legacy_fresh(vid: str = V, size: int = GiB) -> Setup:
     """A volume made by an older version: tagged `fresh`, never staged."""
     def run(n: Node) -> None:
-        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}", FRESH])
+        n.host.add_lv(vid, size, tags=[KIND_V, f"{naming.TAG_SIZE}={size}", FRESH])
     return run
 
 
@@ -222,7 +222,7 @@ def used(fs: str | None = "ext4", *, vid: str = V, size: int = GiB, tags: Sequen
          active: bool = True, fs_size: int | None = None) -> Setup:
     """A volume that has been staged and written before, holding `fs`."""
     def run(n: Node) -> None:
-        n.host.add_lv(vid, size, tags=[KIND_V, f"{vols.TAG_SIZE}={size}", *tags],
+        n.host.add_lv(vid, size, tags=[KIND_V, f"{naming.TAG_SIZE}={size}", *tags],
                       active=active).content.written = True
         if fs is not None:
             n.host.set_content(vid, fs, fs_size=fs_size)

@@ -16,7 +16,7 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.nodestate.recovery import reconcile_state
 from csi_local.storage.lvm import LogicalVolume, find_in_vgs
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.node_records import AccessType, Staging, VolumeRecord
 from csi_local.volumes.pool import Pools
 from tests.unit.servicers import (
@@ -31,7 +31,7 @@ from tests.unit.servicers import (
     vol_id,
 )
 
-KIND_V = f"{vols.TAG_KIND}={vols.KIND_VOLUME}"
+KIND_V = f"{naming.TAG_KIND}={naming.KIND_VOLUME}"
 FILLERS = 200  # volumes no record names: none of them may be read
 
 
@@ -55,7 +55,7 @@ def _stage(n: Node, vid: str, *targets: str) -> None:
 
 def _new(n: Node, name: str, vg: str | None = None) -> str:
     vid = vol_id(name)
-    n.host.add_lv(vid, GiB, tags=[KIND_V, f"{vols.TAG_SIZE}={GiB}"], fs="ext4", vg=vg)
+    n.host.add_lv(vid, GiB, tags=[KIND_V, f"{naming.TAG_SIZE}={GiB}"], fs="ext4", vg=vg)
     return vid
 
 

@@ -42,7 +42,7 @@ from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.lvm import Lvm, check_name, check_tag
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.device_classes import check_class_name
 from csi_local.volumes.node_records import Publish
 from csi_local.volumes.pool import Pool, Pools
@@ -406,9 +406,9 @@ def _mark_key(lv_uuid: str) -> object:
 
 _HEX = "0123456789abcdef" * 2
 VALIDATORS: list[tuple[str, Callable[[str], object], str]] = [
-    ("naming.is_volume_id", vols.is_volume_id, "csi-v-" + _HEX),
-    ("naming.is_snapshot_id", vols.is_snapshot_id, "csi-s-" + _HEX),
-    ("naming.is_group_id", vols.is_group_id, "csi-g-" + _HEX),
+    ("naming.is_volume_id", naming.is_volume_id, "csi-v-" + _HEX),
+    ("naming.is_snapshot_id", naming.is_snapshot_id, "csi-s-" + _HEX),
+    ("naming.is_group_id", naming.is_group_id, "csi-g-" + _HEX),
     ("lvm.check_name", check_name, "vg0"),
     ("lvm.check_tag", check_tag, "csi-local.kind=volume"),
     ("device_classes.check_class_name", check_class_name, "fast"),

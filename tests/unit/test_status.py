@@ -16,10 +16,10 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.cli import build_parser
 from csi_local.nodestate import state_file as state
 from csi_local.ops import status
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.lvm import hex_tag
 from csi_local.volumes import host_volume_names as dhv_tags
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.node_records import AccessType, Publish, Staging, VolumeRecord
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit.fakehost import FakeHost
@@ -107,7 +107,7 @@ def test_volumes_snapshots_and_where_they_are_used(node: Node) -> None:
                                    "free": 11 * GiB - 10 * GiB - 8 * MiB,
                                    "metadata_problems": []}
     fvg = node.host.vgs["vg0"]
-    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    limit = vg_text.max_text_size(fvg.mda_size)
     used = limit - (limit - fvg.mda_text) // 512 * 512  # vg_mda_free: whole sectors
     assert area == {"size": fvg.mda_size, "limit": limit, "used": used,
                     "used_percent": round(100 * used / limit, 1),
@@ -183,8 +183,8 @@ def test_unused_volume_is_a_possible_orphan_once_old(node: Node, tmp_path: Path)
 
 
 def test_stray_lvs_with_csi_tags(node: Node) -> None:
-    node.host.add_lv("leftover", GiB, tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}"])
-    node.host.add_lv(vol_id("mislabelled"), GiB, tags=[f"{vols.TAG_SIZE}=1"])
+    node.host.add_lv("leftover", GiB, tags=[f"{naming.TAG_KIND}={naming.KIND_VOLUME}"])
+    node.host.add_lv(vol_id("mislabelled"), GiB, tags=[f"{naming.TAG_SIZE}=1"])
     node.host.add_lv("unrelated", GiB, tags=["other.tag=1"])
     now = node.host.clock + 3 * 86400
 
@@ -379,7 +379,7 @@ def test_every_class_and_the_class_of_every_volume(cnode: Node, classes_file: Pa
     # A CSI volume in a pool that is no class's (a class taken out of the file).
     cnode.host.add_pool("vg-hdd", "old", GiB)
     gone = cnode.host.add_lv(vol_id("gone"), GiB, vg="vg-hdd", pool="old",
-                             tags=[f"{vols.TAG_KIND}={vols.KIND_VOLUME}"]).name
+                             tags=[f"{naming.TAG_KIND}={naming.KIND_VOLUME}"]).name
     cnode.host.lv("pool", vg="vg-hdd").data_percent = 95.0  # big is above its mark
     state_dir = cnode.backend.config.state_dir
     now = cnode.host.clock + 10
@@ -577,7 +577,7 @@ def test_the_metadata_area(node: Node, left: float | None, says: str, problem: b
     """How full the VG's metadata area is, a warning above 80 %, and when no
     further volume fits the problem, on the VG and on the pool (text and JSON)."""
     fvg = node.host.vgs["vg0"]
-    limit = lvm_metadata.max_text_size(fvg.mda_size)
+    limit = vg_text.max_text_size(fvg.mda_size)
     if left is not None:
         fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
     code, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)

@@ -28,8 +28,7 @@ from csi_local.csi.rpc import (
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 RPC = pb.ControllerServiceCapability.RPC
 
 
-def condition_message(cond: vols.Condition) -> pb.VolumeCondition:
+def condition_message(cond: naming.Condition) -> pb.VolumeCondition:
     return pb.VolumeCondition(abnormal=cond.abnormal, message=cond.message)
 
 
@@ -60,7 +59,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         # object and an equal condition; the topology is fixed for our life.
         # Listings run side by side (gRPC's thread pool): the lock keeps one
         # listing's insertions out of another's pruning, which iterates the map.
-        self._listed_entries: dict[str, tuple[LogicalVolume, vols.Condition, bytes]] = {}
+        self._listed_entries: dict[str, tuple[LogicalVolume, naming.Condition, bytes]] = {}
         self._listed_lock = threading.Lock()
         self.volumes = Provisioner(
             backend.pools, backend.locks,
@@ -73,7 +72,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         return pb.Topology(segments={self.topology_key: self.node_id})
 
     def _volume_message(self, lv: LogicalVolume, src: Source | None) -> pb.Volume:
-        """The volume `lv`, made from `src` (vols.source_of(lv))."""
+        """The volume `lv`, made from `src` (naming.source_of(lv))."""
         msg = pb.Volume()
         self._fill_volume(msg, lv, src, self._topology())
         return msg
@@ -110,9 +109,9 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _asked_class(self, parameters: Mapping[str, str]) -> str | None:
         """The device class the parameters name (None: the default); INVALID_ARGUMENT
         for unknown parameters."""
-        own = validation.parameters(parameters, (vols.DEVICE_CLASS_PARAMETER,
+        own = validation.parameters(parameters, (naming.DEVICE_CLASS_PARAMETER,
                                                  encryption.PARAMETER))
-        return own.get(vols.DEVICE_CLASS_PARAMETER) or None
+        return own.get(naming.DEVICE_CLASS_PARAMETER) or None
 
     # volumes -------------------------------------------------------------
 
@@ -147,7 +146,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         volume_id = validation.object_id(request.volume_id, "volume_id")
         if not request.volume_capabilities:
             raise InvalidArgument("volume_capabilities is required")
-        pool, _ = vols.get_volume(self.pools, volume_id)
+        pool, _ = naming.get_volume(self.pools, volume_id)
         for cap in request.volume_capabilities:
             problem = validation.capability_problem(cap, pool.default_fs_type)
             if problem:
@@ -181,7 +180,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
 
     def ListVolumes(self, request: pb.ListVolumesRequest,
                     context: grpc.ServicerContext) -> pb.ListVolumesResponse:
-        volumes, thin_pools = self._listed(vols.is_csi_volume)
+        volumes, thin_pools = self._listed(naming.is_csi_volume)
         page, token = self.paginator.page(
             volumes, lambda found: found[1].name, request.max_entries, request.starting_token
         )
@@ -189,14 +188,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         # condition messages (most volumes share one: "healthy").
         topology = self._topology()
         problems: dict[str, tuple[str | None, str | None]] = {}
-        messages: dict[vols.Condition, pb.VolumeCondition] = {}
+        messages: dict[naming.Condition, pb.VolumeCondition] = {}
         parts = []
         for pool, lv in page:
             pool_lv = thin_pools.get(pool.class_name)
             found = problems.get(pool.class_name)
             if found is None:
                 found = problems[pool.class_name] = self._pool_problems(pool, pool_lv)
-            cond = vols.condition(lv, pool_lv, pool.name, *found)
+            cond = naming.condition(lv, pool_lv, pool.name, *found)
             entry = self._listed_entries.get(lv.name)
             if entry is None or entry[0] is not lv or entry[1] != cond:
                 message = messages.get(cond)
@@ -204,7 +203,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     message = messages[cond] = condition_message(cond)
                 one = pb.ListVolumesResponse()
                 filled = one.entries.add()
-                self._fill_volume(filled.volume, lv, vols.source_of(lv), topology)
+                self._fill_volume(filled.volume, lv, naming.source_of(lv), topology)
                 filled.status.volume_condition.CopyFrom(message)
                 entry = (lv, cond, one.SerializeToString())
                 with self._listed_lock:
@@ -225,7 +224,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         volume_id = validation.object_id(request.volume_id, "volume_id")
         lvs, missing = self.pools.listing()
         found = next(((p, lv) for p, lv in lvs
-                      if p is not None and lv.name == volume_id and vols.is_csi_volume(lv)),
+                      if p is not None and lv.name == volume_id and naming.is_csi_volume(lv)),
                      None)
         if found is None:
             if missing:
@@ -234,7 +233,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             raise NotFound(f"volume {volume_id!r} not found")
         pool, lv = found
         return pb.ControllerGetVolumeResponse(
-            volume=self._volume_message(lv, vols.source_of(lv)),
+            volume=self._volume_message(lv, naming.source_of(lv)),
             status=pb.ControllerGetVolumeResponse.VolumeStatus(
                 volume_condition=self._condition(pool, lv, self.pools.thin_pool_lvs(lvs))
             ),
@@ -251,7 +250,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def _condition(cls, pool: Pool, lv: LogicalVolume | None,
                    thin_pools: dict[str, LogicalVolume]) -> pb.VolumeCondition:
         pool_lv = thin_pools.get(pool.class_name)
-        return condition_message(vols.condition(lv, pool_lv, pool.name,
+        return condition_message(naming.condition(lv, pool_lv, pool.name,
                                                 *cls._pool_problems(pool, pool_lv)))
 
     def GetCapacity(self, request: pb.GetCapacityRequest,
@@ -322,8 +321,8 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                 raise InvalidArgument(problem)
         rng = request.capacity_range
         with self.locks.hold(volume_key(volume_id)):
-            pool, lv = vols.get_volume(self.pools, volume_id)
-            vols.check_format(lv)
+            pool, lv = naming.get_volume(self.pools, volume_id)
+            naming.check_format(lv)
             encrypted = encryption.is_encrypted(lv)
             lv = pool.grow(lv, rng.required_bytes, rng.limit_bytes)
         block = (request.HasField("volume_capability")
@@ -365,30 +364,30 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.DeleteSnapshotResponse:
         snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
-        if not vols.is_snapshot_id(snapshot_id):
+        if not naming.is_snapshot_id(snapshot_id):
             return pb.DeleteSnapshotResponse()
         with self.locks.hold(volume_key(snapshot_id)):
             found = self.pools.find(snapshot_id)
-            if found is not None and vols.is_csi_snapshot(found[1]):
-                group = vols.group_of(found[1])
+            if found is not None and naming.is_csi_snapshot(found[1]):
+                group = naming.group_of(found[1])
                 if group is not None:
                     # The spec: a member "CAN NOT be deleted stand alone".
                     raise InvalidArgument(
                         f"snapshot {snapshot_id} is a member of group snapshot {group}: "
                         "delete the group with DeleteVolumeGroupSnapshot")
-                vols.check_format(found[1])
+                naming.check_format(found[1])
                 found[0].lvm.remove(snapshot_id)
         return pb.DeleteSnapshotResponse()
 
     def ListSnapshots(self, request: pb.ListSnapshotsRequest,
                       context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
-        found, _ = self._listed(vols.is_csi_snapshot)
+        found, _ = self._listed(naming.is_csi_snapshot)
         snaps = [lv for _, lv in found]
         if request.snapshot_id:
             snaps = [lv for lv in snaps if lv.name == request.snapshot_id]
         if request.source_volume_id:
             want = Source(SourceKind.VOLUME, request.source_volume_id)
-            snaps = [lv for lv in snaps if vols.source_of(lv) == want]
+            snaps = [lv for lv in snaps if naming.source_of(lv) == want]
         page, token = self.paginator.page(
             snaps, lambda lv: lv.name, request.max_entries, request.starting_token
         )
@@ -402,5 +401,5 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
                     context: grpc.ServicerContext) -> pb.GetSnapshotResponse:
         snapshot_id = validation.object_id(request.snapshot_id, "snapshot_id")
         return pb.GetSnapshotResponse(snapshot=snapshot_message(
-            vols.get_snapshot(self.pools, snapshot_id)[1]))
+            naming.get_snapshot(self.pools, snapshot_id)[1]))
 

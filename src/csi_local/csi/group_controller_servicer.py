@@ -21,7 +21,7 @@ from csi_local.csi.dependencies import Backend
 from csi_local.csi.messages import snapshot_message
 from csi_local.csi.rpc import AlreadyExists, InvalidArgument, NotFound
 from csi_local.host.locks import volume_key
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.group_snapshots import Group, GroupSnapshots
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def group_message(group: Group, order: Iterable[str] = ()) -> pb.VolumeGroupSnap
     where given, else by snapshot ID."""
     rank = {vid: i for i, vid in enumerate(order)}
     members = sorted(group.members, key=lambda lv: (
-        rank.get(getattr(vols.source_of(lv), "id", ""), len(rank)), lv.name))
+        rank.get(getattr(naming.source_of(lv), "id", ""), len(rank)), lv.name))
     return pb.VolumeGroupSnapshot(
         group_snapshot_id=group.group_id,
         snapshots=[snapshot_message(lv) for lv in members],
@@ -76,11 +76,11 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
                    for v in request.source_volume_ids]
         if len(set(sources)) != len(sources):
             raise InvalidArgument(f"source_volume_ids names a volume twice: {sources}")
-        own = validation.parameters(request.parameters, (vols.DEVICE_CLASS_PARAMETER,))
-        asked = own.get(vols.DEVICE_CLASS_PARAMETER) or None
+        own = validation.parameters(request.parameters, (naming.DEVICE_CLASS_PARAMETER,))
+        asked = own.get(naming.DEVICE_CLASS_PARAMETER) or None
         if asked is not None:
             self.pools.select(asked)  # an unknown class: INVALID_ARGUMENT
-        group_id = vols.group_id_for(name)
+        group_id = naming.group_id_for(name)
         # Lock order: the group, then its volumes by ID (CreateSnapshot takes a
         # snapshot's, then its source's: a member ID is never a group ID, so
         # the orders cannot cross). The volumes' locks keep each member staged
@@ -92,7 +92,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
             existing = self.groups.find(group_id)
             if existing is not None and existing.complete:
                 for member in existing.members:  # a retry's answer reads their tags
-                    vols.check_format(member)
+                    naming.check_format(member)
                 if existing.sources() != set(sources):
                     raise AlreadyExists(
                         f"group snapshot {name!r} exists with other volumes "
@@ -107,7 +107,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
                 self.groups.delete(existing)
             found = self.pools.locate(*sources)
             for vid in sources:
-                if vid not in found or not vols.is_csi_volume(found[vid][1]):
+                if vid not in found or not naming.is_csi_volume(found[vid][1]):
                     raise NotFound(f"volume {vid!r} not found")
                 pool = found[vid][0]
                 if asked is not None and pool.class_name != asked:
@@ -124,7 +124,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
         self, request: pb.DeleteVolumeGroupSnapshotRequest, context: grpc.ServicerContext
     ) -> pb.DeleteVolumeGroupSnapshotResponse:
         group_id = validation.object_id(request.group_snapshot_id, "group_snapshot_id")
-        if not vols.is_group_id(group_id):
+        if not naming.is_group_id(group_id):
             return pb.DeleteVolumeGroupSnapshotResponse()
         with self.locks.hold(volume_key(group_id)):
             group = self.groups.find(group_id)
@@ -137,7 +137,7 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
         self, request: pb.GetVolumeGroupSnapshotRequest, context: grpc.ServicerContext
     ) -> pb.GetVolumeGroupSnapshotResponse:
         group_id = validation.object_id(request.group_snapshot_id, "group_snapshot_id")
-        group = self.groups.find(group_id) if vols.is_group_id(group_id) else None
+        group = self.groups.find(group_id) if naming.is_group_id(group_id) else None
         if group is None or not group.complete:
             raise NotFound(f"group snapshot {group_id!r} not found")
         _check_members(group, request.snapshot_ids)

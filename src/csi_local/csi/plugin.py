@@ -30,7 +30,7 @@ from csi_local.storage.lvm_config import backup_dir, profile_dir
 from csi_local.storage.lvm_shell import use_lvm_shell
 from csi_local.volumes.changed_blocks import ChangedBlocks
 from csi_local.volumes.group_snapshots import GroupSnapshots
-from csi_local.volumes.held_vgs import HeldVolumeGroups
+from csi_local.volumes.known_vgs import KnownVolumeGroups
 from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pools
 from csi_local.volumes.pool_monitor import PoolMonitor
@@ -80,7 +80,7 @@ class CsiPlugin:
         locks = Locks(config.lock_dir)
         pools = Pools(config.classes, runner, locks, config.pool_policy,
                       committed=CommittedMetadata(runner),
-                      held_vgs=HeldVolumeGroups(config.state_dir, lambda: backup_dir(runner)))
+                      known_vgs=KnownVolumeGroups(config.state_dir, lambda: backup_dir(runner)))
 
         def rebuild() -> dict[str, VolumeRecord]:
             if metrics is not None:

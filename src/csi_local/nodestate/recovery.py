@@ -22,8 +22,7 @@ from csi_local.errors import StorageError
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 from csi_local.volumes.node_records import (
     AccessType,
     Publish,
@@ -126,7 +125,7 @@ def _csi_lvs(pools: Pools) -> tuple[list[LogicalVolume], list[str]] | None:
     if missing:
         log.error("volume group %s not found: the state of its volumes cannot be recovered "
                   "or checked", ", ".join(missing))
-    return [lv for pool, lv in found if pool is not None and vols.is_csi_volume(lv)], missing
+    return [lv for pool, lv in found if pool is not None and naming.is_csi_volume(lv)], missing
 
 
 def _record_lvs(pools: Pools, names: list[str]
@@ -136,7 +135,7 @@ def _record_lvs(pools: Pools, names: list[str]
     never the node's every volume: a state file names a few of thousands."""
     # Only a volume ID can name a CSI volume: anything else is no LV of ours,
     # and never reaches a command.
-    ids = [name for name in names if vols.is_volume_id(name)]
+    ids = [name for name in names if naming.is_volume_id(name)]
     try:
         found, missing = pools.lookup(ids) if ids else ({}, [])
     except StorageError as err:
@@ -145,7 +144,7 @@ def _record_lvs(pools: Pools, names: list[str]
     if missing:
         log.error("volume group %s not found: the state of its volumes cannot be checked",
                   ", ".join(missing))
-    return {name: lv for name, (_, lv) in found.items() if vols.is_csi_volume(lv)}, missing
+    return {name: lv for name, (_, lv) in found.items() if naming.is_csi_volume(lv)}, missing
 
 
 def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:

@@ -50,7 +50,7 @@ from csi_local import __version__
 from csi_local.config import parse_listen_address
 from csi_local.errors import StorageError
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.volumes import naming as vols
+from csi_local.volumes import naming
 from csi_local.volumes.lifecycle import OPEN_FAILURE_REASONS
 from csi_local.volumes.pool import capacity_of
 from csi_local.volumes.pool_monitor import PoolMonitor, Reading
@@ -403,12 +403,12 @@ class PoolCollector(Collector):
         for monitor, reading in readable:
             # The reading is the whole VG's: only this class's pool's LVs.
             mine = [lv for lv in reading.report.lvs if lv.pool == monitor.lvm.pool]
-            volumes = [lv for lv in mine if vols.is_csi_volume(lv)]
-            snapshots = [lv for lv in mine if vols.is_csi_snapshot(lv)]
+            volumes = [lv for lv in mine if naming.is_csi_volume(lv)]
+            snapshots = [lv for lv in mine if naming.is_csi_snapshot(lv)]
             counts["volumes"].add_metric(_pool_labels(monitor), len(volumes))
             counts["snapshots"].add_metric(_pool_labels(monitor), len(snapshots))
             counts["encrypted_volumes"].add_metric(
-                _pool_labels(monitor), sum(vols.TAG_ENCRYPTED in lv.tags for lv in volumes))
+                _pool_labels(monitor), sum(naming.TAG_ENCRYPTED in lv.tags for lv in volumes))
             for lv in volumes:
                 labels = _volume_labels(lv, monitor.pool.class_name)
                 size.add_metric(labels, lv.size)
@@ -420,7 +420,7 @@ class PoolCollector(Collector):
 
 
 def _volume_labels(lv: LogicalVolume, device_class: str) -> list[str]:
-    names = vols.co_names(lv)
+    names = naming.co_names(lv)
     return [lv.name, names.get("pvc_name", ""), names.get("pvc_namespace", ""), device_class]
 
 

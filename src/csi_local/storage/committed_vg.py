@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from csi_local.errors import CommandError, StorageError
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from csi_local.storage.lvm import (
     LogicalVolume,
     MetadataArea,
@@ -52,7 +52,7 @@ class CommittedMetadata:
         self._read_at = 0.0
         # vg -> the last text read and what it says: a VG that did not change
         # since is not parsed again, and one that did parses its new sections.
-        self._parsed: dict[str, tuple[bytes, lvm_metadata.VgMetadata]] = {}
+        self._parsed: dict[str, tuple[bytes, vg_text.VgMetadata]] = {}
         # vg -> held while its whole text is parsed (see _parse_whole).
         self._parsing: dict[str, threading.Lock] = {}
         self._problems: dict[str, tuple[str, ...]] = {}
@@ -83,7 +83,7 @@ class CommittedMetadata:
             return self._pvs
 
     def volume_group(self, vg: str, only: Collection[str] | None = None
-                     ) -> lvm_metadata.VgMetadata | None:
+                     ) -> vg_text.VgMetadata | None:
         """VG `vg`'s committed metadata, when every copy on its PVs agrees;
         None otherwise (the caller asks LVM, which reads them all too).
 
@@ -146,7 +146,7 @@ class CommittedMetadata:
 
     def _examine(self, vg: str, pvs: Sequence[tuple[str, str]],
                  only: Collection[str] | None = None
-                 ) -> tuple[lvm_metadata.VgMetadata | None, list[str]]:
+                 ) -> tuple[vg_text.VgMetadata | None, list[str]]:
         """(the newest metadata when it answers for certain, else None; the
         problems found) from the PVs `pvs` lists for `vg`; `only`: as
         volume_group()."""
@@ -157,16 +157,16 @@ class CommittedMetadata:
         unreadable: dict[str, str] = {}  # uuid -> why
         for path, uuid in pvs:
             try:
-                found = lvm_metadata.read_copies(path)
+                found = vg_text.read_copies(path)
                 if found.pv_uuid != uuid:
                     continue  # another PV under that node now
                 copies = []
                 for text in found.texts:
-                    name, vg_id, seqno = lvm_metadata.text_head(text)
+                    name, vg_id, seqno = vg_text.text_head(text)
                     if name == vg:
                         copies.append((vg_id, seqno, text))
                 area_sizes[uuid] = found.area_sizes
-            except lvm_metadata.MetadataUnreadable as err:
+            except vg_text.MetadataUnreadable as err:
                 log.debug("committed metadata of %s from %s: %s", vg, path, err)
                 unreadable[uuid] = str(err)
                 continue
@@ -186,11 +186,11 @@ class CommittedMetadata:
             if cached is not None and cached[0] == text:
                 meta = cached[1]
             elif only is not None:  # a partial view: not kept as the VG's
-                meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None,
+                meta = vg_text.vg_metadata(text, cached[1] if cached is not None else None,
                                                 only=only)
             else:  # only the LVs whose sections changed are parsed
                 meta = self._parse_whole(vg, text)
-        except lvm_metadata.MetadataUnreadable as err:
+        except vg_text.MetadataUnreadable as err:
             return None, [f"VG {vg}: metadata seqno {newest}: {err}"]
         if meta.name != vg:
             return None, [f"VG {vg}: its newest metadata names VG {meta.name}"]
@@ -225,7 +225,7 @@ class CommittedMetadata:
                     self._areas[vg] = MetadataArea(min(sizes), len(text))
         return (None if problems else meta), problems
 
-    def _parse_whole(self, vg: str, text: bytes) -> lvm_metadata.VgMetadata:
+    def _parse_whole(self, vg: str, text: bytes) -> vg_text.VgMetadata:
         """`text` parsed whole (the sections that changed since the kept parse)
         and kept as `vg`'s. One parse of a VG at a time: readers that meet the
         same new text together (the warm-up after the start, Pools.warm, and
@@ -236,7 +236,7 @@ class CommittedMetadata:
             cached = self._parsed.get(vg)
             if cached is not None and cached[0] == text:
                 return cached[1]
-            meta = lvm_metadata.vg_metadata(text, cached[1] if cached is not None else None)
+            meta = vg_text.vg_metadata(text, cached[1] if cached is not None else None)
             self._parsed[vg] = (text, meta)  # text and parse replaced together
             return meta
 
@@ -332,7 +332,7 @@ class CommittedMetadata:
         return out
 
     def thin_volume(self, vg: str, name: str,
-                    meta: lvm_metadata.VgMetadata | None = None) -> LogicalVolume | None:
+                    meta: vg_text.VgMetadata | None = None) -> LogicalVolume | None:
         """Thin LV vg/name with its kernel state, or None: not found (LVM
         has the last word on absence), not a thin volume, or no answer.
         `meta`: the VG's metadata the caller has just read (not read again)."""
@@ -380,7 +380,7 @@ def _pool_usages(vg: str, pools: Sequence[str]) -> dict[str, PoolUsage | None] |
 
 # What _listed_lvs built for one LV: its metadata, its device-mapper name, its
 # device's numbers, its pool's usage, its metadata LV's size, and the LV built.
-_Built = tuple[lvm_metadata.MetaLv, str, "tuple[int, int] | None", "PoolUsage | None", int,
+_Built = tuple[vg_text.MetaLv, str, "tuple[int, int] | None", "PoolUsage | None", int,
                LogicalVolume]
 
 
@@ -391,7 +391,7 @@ class _BuiltLvs:
         self.lvs: dict[str, _Built] = {}
 
 
-def _listed_lvs(vg: str, meta: lvm_metadata.VgMetadata, usages: dict[str, PoolUsage | None],
+def _listed_lvs(vg: str, meta: vg_text.VgMetadata, usages: dict[str, PoolUsage | None],
                 devices: dict[str, tuple[int, int]] | None,
                 built: _BuiltLvs | None = None) -> list[LogicalVolume]:
     """The visible LVs of `meta` as `lvs` lists them. Thin pools in `usages`
@@ -433,7 +433,7 @@ def _listed_lvs(vg: str, meta: lvm_metadata.VgMetadata, usages: dict[str, PoolUs
     return lvs
 
 
-def _listed_lv(vg: str, m: lvm_metadata.MetaLv, numbers: tuple[int, int] | None,
+def _listed_lv(vg: str, m: vg_text.MetaLv, numbers: tuple[int, int] | None,
                usage: PoolUsage | None, metadata_size: int) -> LogicalVolume:
     """LV `m` as `lvs` lists it, active when it has a device or a usage."""
     active = "a" if numbers is not None or usage is not None else "-"
@@ -476,7 +476,7 @@ def _percent(used: int, total: int) -> float:
     return round(100.0 * used / total, 2) if total else 0.0
 
 
-def _pool_metadata_size(meta: lvm_metadata.VgMetadata, lv: lvm_metadata.MetaLv) -> int:
+def _pool_metadata_size(meta: vg_text.VgMetadata, lv: vg_text.MetaLv) -> int:
     """A thin pool's metadata LV's size (lv_metadata_size); 0 for other LVs."""
     if lv.segment_type != "thin-pool" or not lv.metadata_lv:
         return 0

@@ -28,7 +28,7 @@ from csi_local.errors import (
     VolumeGroupMissing,
     VolumeInUse,
 )
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 
 if TYPE_CHECKING:
     from csi_local.host.runner import Runner
@@ -123,7 +123,7 @@ class MetadataArea:
     """How full the VG's tightest metadata area is: every change writes the
     VG's whole metadata text to each area in use (on every PV, less those
     `pvchange --metadataignore` set aside), and LVM refuses the change when
-    the text outgrows the smallest one (lvm_metadata.max_text_size)."""
+    the text outgrows the smallest one (vg_text.max_text_size)."""
 
     size: int  # bytes, the smallest area in use, its header included
     used: int  # bytes of the committed text (its closing NUL included)
@@ -131,7 +131,7 @@ class MetadataArea:
     @property
     def limit(self) -> int:
         """The largest text LVM will write there."""
-        return lvm_metadata.max_text_size(self.size)
+        return vg_text.max_text_size(self.size)
 
     @property
     def free(self) -> int:
@@ -169,7 +169,7 @@ def _metadata_area(row: dict[str, str]) -> MetadataArea | None:
     size = _int(row.get("vg_mda_size", ""))
     if size <= 0:
         return None
-    limit = lvm_metadata.max_text_size(size)
+    limit = vg_text.max_text_size(size)
     return MetadataArea(size, max(0, limit - _int(row.get("vg_mda_free", ""))))
 
 

@@ -136,9 +136,9 @@ class ChangedBlocks:
         """At start-up: release the metadata snapshot a reader of this plugin
         left held when it was killed (the kernel keeps it until told; while
         held, every metadata change is copied on write), and only that one
-        (thinmeta's mark says which). One held by another program is theirs:
-        reported, never released. Best effort: a pool that is not active is
-        checked at the next start."""
+        (the mark storage/thin_mappings.py keeps says which). One held by
+        another program is theirs: reported, never released. Best effort: a
+        pool that is not active is checked at the next start."""
         for pool in self.pools:
             meta = self._reader(pool)
             where = f"{pool.lvm.vg}/{pool.lvm.pool}"

@@ -58,8 +58,7 @@ from csi_local.errors import CannotQuiesce, FormatTooNew, OriginFrozen, StorageE
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import encryption
-from csi_local.volumes import naming as vols
+from csi_local.volumes import encryption, naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps, carried_tags
 from csi_local.volumes.pool import Pool, Pools
@@ -86,7 +85,7 @@ class Group:
         return min((m.created for m in self.members), default=0)
 
     def sources(self) -> set[str]:
-        return {src.id for m in self.members if (src := vols.source_of(m)) is not None}
+        return {src.id for m in self.members if (src := naming.source_of(m)) is not None}
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class Taken:
 
 
 def _size_of(lv: LogicalVolume) -> int:
-    raw = lv.tag_value(vols.TAG_GROUP_SIZE)
+    raw = lv.tag_value(naming.TAG_GROUP_SIZE)
     return int(raw) if raw and raw.isdigit() else 0
 
 
@@ -124,7 +123,7 @@ class GroupSnapshots:
         when no member exists."""
         lvs, _ = self.pools.scan()
         members = sorted((lv for pool, lv in lvs if pool is not None
-                          and vols.is_csi_snapshot(lv) and vols.group_of(lv) == group_id),
+                          and naming.is_csi_snapshot(lv) and naming.group_of(lv) == group_id),
                          key=lambda lv: lv.name)
         if not members:
             return None
@@ -139,7 +138,7 @@ class GroupSnapshots:
         together; NoRoom when a pool cannot take the snapshots; FormatTooNew,
         before anything is frozen or made, for a newer csi-local's source."""
         for _, lv in sources:
-            vols.check_format(lv)
+            naming.check_format(lv)
         plan = self._plan(sources)
         if len(plan) <= 1:
             # One member with writers is an instant by itself: LVM's own suspend.
@@ -149,10 +148,10 @@ class GroupSnapshots:
                 self.fs.sync(path)
             plan = []
         tags_for = {lv.name: [
-            *vols.new_lv_tags(vols.KIND_SNAPSHOT),
-            vols.Source(vols.SourceKind.VOLUME, lv.name).tag(),
-            f"{vols.TAG_GROUP}={group_id}",
-            f"{vols.TAG_GROUP_SIZE}={len(sources)}",
+            *naming.new_lv_tags(naming.KIND_SNAPSHOT),
+            naming.Source(naming.SourceKind.VOLUME, lv.name).tag(),
+            f"{naming.TAG_GROUP}={group_id}",
+            f"{naming.TAG_GROUP_SIZE}={len(sources)}",
             *carried_tags(CSI_TAGS, lv),
         ] for _, lv in sources}
         made: list[tuple[Pool, LogicalVolume]] = []
@@ -171,7 +170,7 @@ class GroupSnapshots:
                             window.freeze_all()
                             for pool, lv in sources:
                                 window.check()  # expired: no more snapshots after the thaw
-                                sid = vols.member_snapshot_id(group_id, lv.name)
+                                sid = naming.member_snapshot_id(group_id, lv.name)
                                 made.append((pool, pool.lvm.snapshot(
                                     lv.name, sid, tags_for[lv.name], writable_volume=False,
                                     read_back=False, size=lv.size)))
@@ -237,7 +236,7 @@ class GroupSnapshots:
         short is finished by the next. A member of a newer csi-local's format:
         FormatTooNew, and none removed."""
         for lv in group.members:
-            vols.check_format(lv)
+            naming.check_format(lv)
         for lv in group.members:
             pool = self.pools.of_lv(lv)
             if pool is not None:
@@ -266,7 +265,7 @@ class GroupSnapshots:
         group_id = entry.get("group_id")
         if not isinstance(group_id, str):
             return
-        group = self.find(group_id) if vols.is_group_id(group_id) else None
+        group = self.find(group_id) if naming.is_group_id(group_id) else None
         if group is not None and not group.complete:
             log.warning("deleting %d member(s) of group snapshot %s, whose take did "
                         "not finish", len(group.members), group_id)

@@ -43,7 +43,7 @@ from csi_local.storage.lvm import (
 )
 from csi_local.volumes import sizes
 from csi_local.volumes.device_classes import DeviceClass, DeviceClasses
-from csi_local.volumes.held_vgs import HeldVolumeGroups
+from csi_local.volumes.known_vgs import KnownVolumeGroups
 
 if TYPE_CHECKING:
     from csi_local.host.runner import Runner
@@ -166,8 +166,8 @@ class Pool:
         self.device_class = device_class or DeviceClass("default", lvm.vg, lvm.pool, ratio)
         # Set by Pools: where report(committed=True) reads without a process.
         self.committed: CommittedMetadata | None = None
-        # Set by Pools: the record of the VGs this node has held.
-        self.held_vgs: HeldVolumeGroups | None = None
+        # Set by Pools: the record of the VGs this node has had.
+        self.known_vgs: KnownVolumeGroups | None = None
 
     @property
     def class_name(self) -> str:
@@ -326,10 +326,10 @@ class Pool:
         fresh as an `lvs` then."""
         with self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout):
             report = self.report(committed=committed)
-            if self.held_vgs is not None:
+            if self.known_vgs is not None:
                 # Every volume and snapshot is made in here: its VG is on record
                 # before it holds one, so its absence is never taken for "never had".
-                self.held_vgs.add(self.lvm.vg)
+                self.known_vgs.add(self.lvm.vg)
             yield report
 
     def create_thin(self, report: VgReport, name: str, size: int,
@@ -369,7 +369,7 @@ class Pools:
     def __init__(self, classes: DeviceClasses, runner: Runner, locks: Locks,
                  policy: PoolPolicy | None = None,
                  committed: CommittedMetadata | None = None,
-                 held_vgs: HeldVolumeGroups | None = None) -> None:
+                 known_vgs: KnownVolumeGroups | None = None) -> None:
         self.classes = classes
         # All classes in one VG: one `lvs` of it answers for every class. Fixed
         # for the process, like the classes, so asked once (every create asks).
@@ -378,7 +378,7 @@ class Pools:
         # Where find_committed reads; None: it never answers (every lookup is an `lvs`).
         self.committed = committed
         # Which missing VGs may hold volumes; None: all of them.
-        self.held_vgs = held_vgs
+        self.known_vgs = known_vgs
         self._pools = {
             c.name: Pool(Lvm(runner, c.volume_group, c.thin_pool, c.lvcreate_args), locks,
                           c.overprovision_ratio, policy, device_class=c)
@@ -386,7 +386,7 @@ class Pools:
         }
         for pool in self._pools.values():
             pool.committed = committed
-            pool.held_vgs = held_vgs
+            pool.known_vgs = known_vgs
 
     @classmethod
     def of(cls, pool: Pool) -> Pools:
@@ -477,7 +477,7 @@ class Pools:
             found = [lv] if lv is not None else []
         else:
             found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
-        return found, self._held(missing)
+        return found, self._known(missing)
 
     def _owned(self, lvs: Iterable[LogicalVolume], names: Sequence[str]
                ) -> dict[str, tuple[Pool, LogicalVolume]]:
@@ -564,20 +564,20 @@ class Pools:
                 lvs, missing = [], [pool.lvm.vg]
         else:
             lvs, missing = list_vgs(self.runner, self.classes.volume_groups)
-        return [(self.of_lv(lv), lv) for lv in lvs], self._held(missing)
+        return [(self.of_lv(lv), lv) for lv in lvs], self._known(missing)
 
-    def _held(self, missing: list[str]) -> list[str]:
-        """The missing VGs that may hold volumes: those this node has held. A
+    def _known(self, missing: list[str]) -> list[str]:
+        """The missing VGs that may hold volumes: those this node has had. A
         pool the node never had holds none, so it fails no listing or lookup."""
-        return self.held_vgs.held(missing) if self.held_vgs is not None else missing
+        return self.known_vgs.known(missing) if self.known_vgs is not None else missing
 
     def note_volume_groups(self) -> None:
-        """Record which classes' VGs are here (at start; see HeldVolumeGroups)."""
-        if self.held_vgs is None:
+        """Record which classes' VGs are here (at start; see KnownVolumeGroups)."""
+        if self.known_vgs is None:
             return
         _, missing = self.read_thin_pools()
-        self.held_vgs.seed([vg for vg in self.classes.volume_groups if vg not in missing],
-                           missing)
+        self.known_vgs.seed([vg for vg in self.classes.volume_groups if vg not in missing],
+                            missing)
 
     def listing(self) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
         """scan(), for the calls that read many volumes but need neither

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from csi_local.host.kernel import Host
-from csi_local.storage import vg_text as lvm_metadata
+from csi_local.storage import vg_text
 from tests.unit.fakes.common import (
     DM_MAJOR,
     GiB,
@@ -318,7 +318,7 @@ class FakeLvm(Host):
     def _mda_free(fvg: FakeVg) -> int:
         """vg_mda_free as LVM reports it: what the largest text it writes
         leaves, in whole sectors."""
-        room = lvm_metadata.max_text_size(fvg.mda_size) - fvg.mda_text
+        room = vg_text.max_text_size(fvg.mda_size) - fvg.mda_text
         return max(0, room) // 512 * 512
 
     @staticmethod
@@ -482,7 +482,7 @@ class FakeLvm(Host):
         lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
                     pool_name, origin, content=content, readahead=readahead,
                     chunks=dict(src.chunks) if origin and src is not None else {})
-        text, limit = fvg.mda_text + lv_text(lv), lvm_metadata.max_text_size(fvg.mda_size)
+        text, limit = fvg.mda_text + lv_text(lv), vg_text.max_text_size(fvg.mda_size)
         if text > limit:  # as lvm2's _vg_write_raw refuses it, nothing made
             raise _Fail(5, f"  VG {fvg.name} 9 metadata on /dev/fake ({text} bytes) exceeds "
                            f"maximum metadata size ({limit} bytes)\n"

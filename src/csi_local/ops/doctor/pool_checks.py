@@ -133,8 +133,9 @@ def check_device_ids(lvm: Lvm, report: VgReport) -> Check:
 
 
 def check_metadata_snapshot(lvm: Lvm, state_dir: str) -> Check:
-    """Whether the pool holds a metadata snapshot, and whose (thinmeta's mark
-    in the state directory says which one csi-local reserved)."""
+    """Whether the pool holds a metadata snapshot, and whose (the mark
+    storage/thin_mappings.py keeps in the state directory says which one
+    csi-local reserved)."""
     label = "thin pool metadata snapshot"
     meta = ThinMetadata(lvm.runner, lvm.vg, lvm.pool, state_dir)
     try:

@@ -23,9 +23,8 @@ from csi_local.host.runner import Runner
 from csi_local.nodestate.state_file import STATE_FILE, parse
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, Lvm, MetadataArea, VgReport
-from csi_local.volumes import encryption
+from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as dhv_tags
-from csi_local.volumes import naming as volumes
 from csi_local.volumes.device_classes import (
     DeviceClass,
     DeviceClasses,
@@ -265,14 +264,14 @@ def read_state(state_dir: str) -> tuple[dict[str, VolumeRecord] | None, StateInf
 
 def _condition(lv: LogicalVolume, pool_lv: LogicalVolume | None, pool_name: str,
                fill_problem: str | None, metadata_problem: str | None = None) -> Condition:
-    if volumes.is_csi_snapshot(lv) and not lv.active:
+    if naming.is_csi_snapshot(lv) and not lv.active:
         # A snapshot is inactive by design (activation skip): its health is its pool's.
         lv = dataclasses.replace(lv, attr=lv.attr[:4] + "a" + lv.attr[5:])
-    return volumes.condition(lv, pool_lv, pool_name, fill_problem, metadata_problem)
+    return naming.condition(lv, pool_lv, pool_name, fill_problem, metadata_problem)
 
 
 def _source(lv: LogicalVolume) -> str | None:
-    src = volumes.source_of(lv)
+    src = naming.source_of(lv)
     return f"{src.kind}:{src.id}" if src else None
 
 
@@ -364,10 +363,10 @@ def _add_lv(status: Status, classes: DeviceClasses,
     pool = contexts.get((lv.vg, lv.pool)) or _PoolContext(
         f"{lv.vg}/{lv.pool}", report.find(lv.pool) if lv.pool else None)
     device_class = owner.name if owner is not None else None
-    if volumes.is_csi_volume(lv) or volumes.is_csi_snapshot(lv):
+    if naming.is_csi_volume(lv) or naming.is_csi_snapshot(lv):
         info = dataclasses.replace(
             _volume_info(lv, device_class, records, pool, age, orphan_age),
-            encrypted=volumes.TAG_ENCRYPTED in lv.tags, crypt_device=_crypt_device(host, lv))
+            encrypted=naming.TAG_ENCRYPTED in lv.tags, crypt_device=_crypt_device(host, lv))
         (status.volumes if info.kind == "volume" else status.snapshots).append(info)
         if info.possible_orphan:
             status.possible_orphans.append(Orphan(
@@ -411,7 +410,7 @@ def _pool_info(pool: Pool, report: VgReport) -> tuple[PoolInfo, LogicalVolume | 
 def _volume_info(lv: LogicalVolume, device_class: str | None,
                  records: dict[str, VolumeRecord] | None, pool: _PoolContext, age: int,
                  orphan_age: float) -> VolumeInfo:
-    kind = "volume" if volumes.is_csi_volume(lv) else "snapshot"
+    kind = "volume" if naming.is_csi_volume(lv) else "snapshot"
     rec = (records or {}).get(lv.name)
     staged = None
     published: list[Published] = []
@@ -425,15 +424,15 @@ def _volume_info(lv: LogicalVolume, device_class: str | None,
     return VolumeInfo(
         id=lv.name, kind=kind, device_class=device_class, size=lv.size,
         data_percent=lv.data_percent, active=lv.active, source=_source(lv),
-        co_names=volumes.co_names(lv), staged=staged, published=published,
+        co_names=naming.co_names(lv), staged=staged, published=published,
         condition=_condition(lv, pool.lv, pool.name, pool.fill, pool.metadata),
         created=lv.created,
         age_seconds=age, possible_orphan=orphan)
 
 
 def _stray_reason(lv: LogicalVolume) -> str:
-    kind = volumes.kind(lv)
-    if volumes.is_volume_id(lv.name) or volumes.is_snapshot_id(lv.name):
-        return (f"named like a CSI {'volume' if volumes.is_volume_id(lv.name) else 'snapshot'}"
-                f" but tagged {volumes.TAG_KIND}={kind or '(none)'}")
+    kind = naming.kind(lv)
+    if naming.is_volume_id(lv.name) or naming.is_snapshot_id(lv.name):
+        return (f"named like a CSI {'volume' if naming.is_volume_id(lv.name) else 'snapshot'}"
+                f" but tagged {naming.TAG_KIND}={kind or '(none)'}")
     return "carries csi-local tags but its name is not a CSI volume or snapshot ID"

@@ -1,4 +1,4 @@
-"""Which of the classes' volume groups this node has held: the one thing about a
+"""Which of the classes' volume groups this node has had: the one thing about a
 missing VG that LVM cannot say once the VG is gone.
 
 A class's VG that is missing may be one this node had (a disk detached, a VG
@@ -12,7 +12,7 @@ csi_local.host.atomic_files) before the first volume is made in a VG. Losing it 
 it is made again from LVM, the VGs that are there now, and, of those that are
 missing, the ones LVM keeps a metadata backup of (`backup/backup_dir`: LVM
 writes one for every VG this host changed and removes it on vgremove). When
-that cannot be read, every missing VG counts as held.
+that cannot be read, every missing VG counts as one it had.
 """
 
 from __future__ import annotations
@@ -27,22 +27,22 @@ from csi_local.host.atomic_files import write_atomic
 
 log = logging.getLogger(__name__)
 
-HELD_FILE = "volume-groups.json"
+KNOWN_VGS_FILE = "volume-groups.json"
 VERSION = 1
 
 
-class HeldVolumeGroups:
-    """The VGs this node has held, kept in `state_dir`.
+class KnownVolumeGroups:
+    """The VGs this node has had, kept in `state_dir`.
 
     `backup_dir`: where LVM keeps its metadata backups, None when LVM keeps none
     or it cannot be read; asked only when the record has to be made again.
     """
 
     def __init__(self, state_dir: str, backup_dir: Callable[[], str | None]) -> None:
-        self.path = os.path.join(state_dir, HELD_FILE)
+        self.path = os.path.join(state_dir, KNOWN_VGS_FILE)
         self._backup_dir = backup_dir
         self._lock = threading.Lock()
-        self._held: set[str] | None = self._load()
+        self._known: set[str] | None = self._load()
 
     def _load(self) -> set[str] | None:
         try:
@@ -59,8 +59,8 @@ class HeldVolumeGroups:
             return None
         return set(names)
 
-    def _write(self, held: set[str]) -> None:
-        text = json.dumps({"version": VERSION, "volume_groups": sorted(held)}) + "\n"
+    def _write(self, known: set[str]) -> None:
+        text = json.dumps({"version": VERSION, "volume_groups": sorted(known)}) + "\n"
         write_atomic(self.path, text)
 
     def seed(self, present: Iterable[str], missing: Iterable[str]) -> None:
@@ -68,16 +68,16 @@ class HeldVolumeGroups:
         LVM has a metadata backup of (all of them when that cannot be read)."""
         present, missing = set(present), set(missing)
         with self._lock:
-            if self._held is not None:
-                grown = self._held | present
-                if grown != self._held:
+            if self._known is not None:
+                grown = self._known | present
+                if grown != self._known:
                     self._write(grown)
-                    self._held = grown
+                    self._known = grown
                 return
             had, why = self._lvm_had(missing) if missing else (set(), "")
-            held = present | had
-            self._write(held)
-            self._held = held
+            known = present | had
+            self._write(known)
+            self._known = known
             if missing:
                 log.info("volume groups missing at start: %s; held by this node before "
                          "(%s): %s", ", ".join(sorted(missing)), why,
@@ -99,16 +99,16 @@ class HeldVolumeGroups:
 
     def add(self, vg: str) -> None:
         """Record `vg`, durably, before anything is made in it. A no-op when it is
-        known, and before seed(): until then every missing VG counts as held,
+        known, and before seed(): until then every missing VG counts as one it had,
         and seed() records every VG that is there."""
         with self._lock:
-            if self._held is None or vg in self._held:
+            if self._known is None or vg in self._known:
                 return
         self.seed([vg], [])
 
-    def held(self, missing: Iterable[str]) -> list[str]:
-        """Those of the `missing` VGs this node has held (all of them before seed())."""
+    def known(self, missing: Iterable[str]) -> list[str]:
+        """Those of the `missing` VGs this node has had (all of them before seed())."""
         with self._lock:
-            if self._held is None:
+            if self._known is None:
                 return list(missing)
-            return [vg for vg in missing if vg in self._held]
+            return [vg for vg in missing if vg in self._known]
