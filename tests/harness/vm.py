@@ -474,9 +474,10 @@ class VmRun:
         # that every Python start inside the (emulated, slow) VM can use it.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests",
                         "benchmarks"], cwd=REPO, check=False, capture_output=True)
-        # An hour a VM at most: well inside CI's 90 minutes with the host's tests,
-        # so that a hung test is reported as such rather than CI being killed.
-        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "3600"))
+        # 75 minutes a VM at most: the VMs boot as the session starts, so a
+        # hung test is reported as such inside CI's 90 minutes rather than CI
+        # being killed with no report.
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "4500"))
         started = time.monotonic()
         verbose = config.getoption("verbose") > 0
         waiting = list(guests)
