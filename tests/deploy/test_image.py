@@ -23,7 +23,7 @@ from csi_local.version import __version__
 from tests.deploy._deploy import REPO, container, generated_config_map, one
 from tests.deploy.conftest import require_as_root
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, pytest.mark.heavy_host]
 
 TAG = os.environ.get("CSI_LOCAL_TEST_IMAGE", "localhost/csi-local:test")
 STORAGE = ["--storage-driver", os.environ.get("PODMAN_STORAGE_DRIVER", "vfs")]

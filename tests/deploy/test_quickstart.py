@@ -84,6 +84,7 @@ def test_the_vm_kernels_never_go_into_the_host_s_boot() -> None:
     assert "/var/lib/csi-local-vm" in INSTALL_KERNEL.read_text()
 
 
+@pytest.mark.heavy_host
 def test_the_readme_s_first_command_works_in_a_fresh_clone(tmp_path: Path) -> None:
     require_as_root(("sudo", "git", "qemu-system-x86_64"),
                     "the quick start runs with sudo: LVM, loop devices, apt, qemu",

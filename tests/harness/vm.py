@@ -616,6 +616,9 @@ class VmItem(pytest.Item):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real LVM, mkfs and mount")
+    config.addinivalue_line(
+        "markers", "heavy_host: boots a VM or builds an image on the host; runs after the "
+        "integration VMs, never beside them")
 
 
 _VMRUN = pytest.StashKey[VmRun]()
@@ -640,9 +643,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             for marker in {m.name: m for m in item.iter_markers()}.values():
                 stand_in.add_marker(marker.name)
             items[index] = stand_in
-    # The stand-ins last: the host's own tests run while the VMs do.
-    items[:] = ([i for i in items if not isinstance(i, VmItem)]
-                + [i for i in items if isinstance(i, VmItem)])
+    # The host's light tests run while the VMs do, their stand-ins next. Host
+    # tests that boot a VM or build an image (`heavy_host`) come last: beside
+    # the test VMs, on two cores, they starved them until LVM commands hit
+    # their timeouts (an `lvs` of 1,100 LVs past 120 s, seen in a run).
+    def rank(item: pytest.Item) -> int:
+        if isinstance(item, VmItem):
+            return 1
+        return 2 if item.get_closest_marker("heavy_host") else 0
+
+    items.sort(key=rank)  # stable: each group keeps the collection's order
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,7 @@ def vm(disk: Path, *args: str) -> tuple[list[dict[str, Any]], str]:
     return lines, text
 
 
+@pytest.mark.heavy_host
 def test_an_encrypted_volume_survives_a_power_cut_and_restages() -> None:
     subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "compileall", "-q",
                     "src", "tests/powercut"], cwd=REPO, check=True)
