@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from csi_local.errors import CommandError
 from csi_local.host.runner import Result
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
+from tests.harness.vm import VM_THREAD
 from tests.unit.fakes.common import WholeOutputStreams
 
 
@@ -26,7 +28,18 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def refuse(*args: object, **kwargs: object) -> None:
         raise RealProcessForbidden(f"unit tests must not start processes: {args!r}")
 
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    # The test VMs boot in a thread of the harness's own while the unit tests
+    # run (tests/harness/vm.py): its processes are no unit test's, so the guard
+    # lets that one thread through. The patch is of the class, seen by every
+    # thread.
+    real_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == VM_THREAD:
+            return real_execute_child(self, *args, **kwargs)
+        refuse(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", execute_child)
     monkeypatch.setattr(os, "fork", refuse)
     monkeypatch.setattr(os, "execve", refuse)
     monkeypatch.setattr(os, "posix_spawn", refuse)
