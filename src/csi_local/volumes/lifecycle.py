@@ -57,6 +57,7 @@ from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, mapper_path
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
+from csi_local.storage.lv_devices import thin_mapped_sectors
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
 from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as hvn
@@ -280,7 +281,7 @@ class VolumeSteps:
         safer of what the plugins did (the host volume plugin formatted on its
         tag alone, the CSI node on its mark alone).
         """
-        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        mapped = thin_mapped_sectors(self.host, lv.vg, lv.name)
         if mapped == 0:
             return Freshness(fresh=True, empty=True)
         if mapped is None:
