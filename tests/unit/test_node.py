@@ -27,10 +27,10 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import status_of
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Usage
-from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, StateStore
 from csi_local.volumes import naming as vols
+from csi_local.volumes.lock_keys import pool_key, volume_key
 from tests.unit import table
 from tests.unit.servicers import (
     GiB,

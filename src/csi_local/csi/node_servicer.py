@@ -27,13 +27,13 @@ from csi_local.errors import VolumeGroupMissing
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, mapper_path
 from csi_local.host.kernel import Host
-from csi_local.host.locks import volume_key
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.nodestate.state_file import AccessType, Publish, Staging, VolumeRecord
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption
 from csi_local.volumes import naming as vols
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
