@@ -2,7 +2,7 @@
 
 Names and tags of CSI volumes and snapshots, device classes and their pools
 (room, admission, growth, the pool monitor), sizes, group snapshots,
-changed-block tracking, and the volume steps both the CSI and the host
-volume plugin take. Runs LVM only through storage/, and the host only
-through host/.
+changed-block tracking, the lock keys both plugins share, and the volume
+steps both the CSI and the host volume plugin take. Runs LVM only through
+storage/, and the host only through host/.
 """
