@@ -162,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
       help="seconds the RPCs still running at SIGTERM may take before the plugin stops; "
       "keep it below the CO's kill timeout (Nomad's kill_timeout, Kubernetes' "
       "terminationGracePeriodSeconds)")
+    e("--modify-validate-only", action=_EnvDefault, env="CSI_LOCAL_MODIFY_VALIDATE_ONLY",
+      nargs="?", const=True, default="false", type=_bool,
+      help="ControllerModifyVolume validates and records nothing (the central csi-resizer's "
+      "copy, which reaches no node's LVM); each node plugin applies the volume's "
+      "VolumeAttributesClass itself")
+    e("--qos-reconcile-interval", action=_EnvDefault, env="CSI_LOCAL_QOS_RECONCILE_INTERVAL",
+      default="10", type=float,
+      help="seconds between rereads of the published volumes' IO limits: the longest a "
+      "change takes to reach the workloads' io.max")
+    e("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
+      default="/sys/fs/cgroup", help="where the host's cgroup v2 hierarchy is mounted")
     e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
       help="serve Prometheus metrics at http://ADDRESS/metrics (host:port or :port); "
       "empty: off")
@@ -354,6 +365,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
             pool_monitor_interval=float(args.pool_monitor_interval),
             shutdown_grace=float(args.shutdown_grace),
             metrics_address=args.metrics_address,
+            modify_validate_only=_bool(args.modify_validate_only),
+            qos_reconcile_interval=float(args.qos_reconcile_interval),
+            cgroup_root=args.cgroup_root,
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
                           else args.backing_size),

@@ -76,7 +76,8 @@ class Node:
 
 def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float = 1.0,
               pool_size: int = 10 * GiB, node_expansion_only: bool = False,
-              policy: PoolPolicy | None = None, **host_args: Any) -> Node:
+              policy: PoolPolicy | None = None, modify_validate_only: bool = False,
+              **host_args: Any) -> Node:
     """A node whose VG `vg0` has a 10 GiB thin pool `pool0` (4 MiB extents)."""
     # mkfs.* presence is a property of the real machine; the fake has them all.
     monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
@@ -85,7 +86,8 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
     config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
                     volume_group=VG, thin_pool=POOL, state_dir=str(tmp_path / "state"),
                     lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
-                    node_expansion_only=node_expansion_only)
+                    node_expansion_only=node_expansion_only,
+                    modify_validate_only=modify_validate_only)
     lvm = Lvm(host, VG, POOL)
     locks = Locks(config.lock_dir, timeout=0.2)
     backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, ratio, policy)),
