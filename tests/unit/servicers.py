@@ -93,7 +93,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
     backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, ratio, policy)),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32))
+                      paginator=Paginator(b"k" * 32), cgroups=host)
     root = tmp_path / "co"
     root.mkdir()
     return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
@@ -137,7 +137,7 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
     backend = Backend(config=config, pools=Pools(config.classes, host, locks, policy),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32))
+                      paginator=Paginator(b"k" * 32), cgroups=host)
     root = tmp_path / "co"
     root.mkdir()
     return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
