@@ -309,6 +309,9 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
     status.add_argument("--orphan-age", default="1h", type=_duration,
                         help="a CSI volume neither staged nor published and older than this "
                         "is a possible orphan (90s, 30m, 1h, 2d)")
+    status.add_argument("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
+                        default="/sys/fs/cgroup",
+                        help="as serve's: where the published volumes' IO limits are read")
     doctor.add_argument("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR",
                         default=DEFAULT_LOCK_DIR, type=_directory("the lock directory"),
                         help="directory of the lock files")

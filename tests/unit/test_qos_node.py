@@ -13,11 +13,13 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.errors import CgroupError
 from csi_local.host.locks import volume_key
+from csi_local.ops.metrics import Metrics
+from csi_local.ops.status import collect_classes, render
 from csi_local.volumes import qos
 from csi_local.volumes import qos_enforcement as qe
 from csi_local.volumes.qos_enforcement import QosReconciler, Reason
 from tests.unit.fakehost import DM_MAJOR
-from tests.unit.servicers import Node, call
+from tests.unit.servicers import Node, call, make_node
 from tests.unit.test_node import (
     V,
     expect_ok,
@@ -216,3 +218,54 @@ def _key(vid: str) -> str:
 ])
 def test_workload_of(target: str, want: qe.Workload | None) -> None:
     assert qe.workload_of(target) == want
+
+
+def test_status_shows_configured_and_enforced_limits(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    n = make_node(tmp_path, monkeypatch)  # its state file written: status reads it
+    ready(n)
+    n.host.add_cgroup(SYSTEMD_BURSTABLE)
+    expect_ok(n.node.NodePublishVolume, publish(target=K8S_TARGET)(n))
+    expect_ok(n.node.NodePublishVolume, publish(target=NOMAD_TARGET)(n))  # no scope: not held
+    got = collect_classes(n.host, n.backend.config.classes, n.backend.config.state_dir,
+                          host=n.host, cgroups=n.host)
+    (v,) = got.volumes
+    assert v.io_limits == {"rbps": 1048576, "wiops": 100}
+    by_target = {p.target.removeprefix(str(n.root) + "/"): p.io_limits for p in v.published}
+    assert by_target == {K8S_TARGET: f"enforced on {SYSTEMD_BURSTABLE}",
+                         NOMAD_TARGET: f"not enforced: no cgroup of allocation {ALLOC} under "
+                                       "/sys/fs/cgroup"}
+    text = render(got)
+    assert "      IO limits: rbps=1048576, wiops=100" in text
+    assert f"        IO limits enforced on {SYSTEMD_BURSTABLE}" in text
+    # Status only reads: the limit a modify set is not written by it.
+    writes = len(n.host.cgroup_writes)
+    collect_classes(n.host, n.backend.config.classes, n.backend.config.state_dir,
+                    host=n.host, cgroups=n.host)
+    assert len(n.host.cgroup_writes) == writes
+
+
+def test_metrics_show_configured_and_enforced_limits(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    n = node(tmp_path, monkeypatch)
+    metrics = Metrics(node="node-1")
+    n.backend.qos.on_unenforced = metrics.qos_unenforced
+    metrics.watch_qos(n.backend.qos)
+    ready(n)
+    n.host.add_cgroup(SYSTEMD_BURSTABLE)
+    expect_ok(n.node.NodePublishVolume, publish(target=K8S_TARGET)(n))
+    expect_ok(n.node.NodePublishVolume, publish(target=NOMAD_TARGET)(n))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in metrics.own.collect() for s in f.samples
+               if "io_limit" in s.name or "qos" in s.name}
+    k8s, nomad = str(n.root / K8S_TARGET), str(n.root / NOMAD_TARGET)
+    assert samples[("csi_local_volume_io_limit", (("limit", "rbps"), ("volume_id", V)))] == \
+        1048576
+    assert samples[("csi_local_volume_io_limit", (("limit", "wiops"), ("volume_id", V)))] == 100
+    assert ("csi_local_volume_io_limit", (("limit", "wbps"), ("volume_id", V))) not in samples
+    assert samples[("csi_local_volume_io_limit_enforced",
+                    (("target", k8s), ("volume_id", V)))] == 1
+    assert samples[("csi_local_volume_io_limit_enforced",
+                    (("target", nomad), ("volume_id", V)))] == 0
+    assert samples[("csi_local_qos_unenforced_total", (("reason", "no_cgroup"),))] == 1
+    assert samples[("csi_local_qos_unenforced_total", (("reason", "cgroup_v1"),))] == 0
