@@ -171,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
       default="10", type=float,
       help="seconds between rereads of the published volumes' IO limits: the longest a "
       "change takes to reach the workloads' io.max")
+    e("--vac-sync-interval", action=_EnvDefault, env="CSI_LOCAL_VAC_SYNC_INTERVAL",
+      default="0", type=float,
+      help="Kubernetes: seconds between reads of this node's PVs' VolumeAttributesClasses, "
+      "applied to their IO limits (0: never; needs the ServiceAccount token)")
     e("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
       default="/sys/fs/cgroup", help="where the host's cgroup v2 hierarchy is mounted")
     e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
@@ -371,6 +375,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             modify_validate_only=_bool(args.modify_validate_only),
             qos_reconcile_interval=float(args.qos_reconcile_interval),
             cgroup_root=args.cgroup_root,
+            vac_sync_interval=float(args.vac_sync_interval),
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
                           else args.backing_size),
