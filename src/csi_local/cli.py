@@ -24,6 +24,7 @@ from csi_local.config import (
     absolute_path,
     parse_listen_address,
     parse_size,
+    seconds,
     socket_path,
 )
 from csi_local.host.filesystem_rules import SUPPORTED_FS as FS_TYPES
@@ -171,10 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
       default="10", type=float,
       help="seconds between rereads of the published volumes' IO limits: the longest a "
       "change takes to reach the workloads' io.max")
-    e("--vac-sync-interval", action=_EnvDefault, env="CSI_LOCAL_VAC_SYNC_INTERVAL",
-      default="0", type=float,
-      help="Kubernetes: seconds between reads of this node's PVs' VolumeAttributesClasses, "
-      "applied to their IO limits (0: never; needs the ServiceAccount token)")
     e("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
       default="/sys/fs/cgroup", help="where the host's cgroup v2 hierarchy is mounted")
     e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
@@ -189,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
                        default=DEFAULT_ENDPOINT, help="unix:///path/to/csi.sock")
     probe.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    vac = sub.add_parser("vac-sync", help="Kubernetes: carry the PVs' VolumeAttributesClasses "
+                         "to the node plugin's volumes (ControllerModifyVolume on its socket)")
+    vac.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
+                     default=DEFAULT_ENDPOINT, help="the node plugin's socket")
+    vac.add_argument("--driver-name", action=_EnvDefault, env="CSI_LOCAL_DRIVER_NAME",
+                     default=DEFAULT_DRIVER_NAME, help="the PVs' CSI driver")
+    vac.add_argument("--interval", action=_EnvDefault, env="CSI_LOCAL_VAC_SYNC_INTERVAL",
+                     default="30", type=float, help="seconds between passes over the PVs")
     _add_status_and_doctor(sub)
     return parser
 
@@ -375,7 +380,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
             modify_validate_only=_bool(args.modify_validate_only),
             qos_reconcile_interval=float(args.qos_reconcile_interval),
             cgroup_root=args.cgroup_root,
-            vac_sync_interval=float(args.vac_sync_interval),
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
                           else args.backing_size),
@@ -406,6 +410,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "probe":
         return _probe(args.endpoint, args.timeout)
+    if args.command == "vac-sync":
+        from csi_local.csi.vac_sync import InClusterApi, VacSync, socket_modify
+
+        setup_logging("info", "json")
+        try:
+            seconds(args.interval, "the interval")
+        except ConfigError as err:
+            parser.error(str(err))
+        VacSync(InClusterApi.from_environment(), args.driver_name,
+                socket_modify(args.endpoint), args.interval).run()
+        return 0
     if args.command == "status":
         from csi_local.ops import status
 

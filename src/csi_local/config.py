@@ -123,9 +123,6 @@ class Config:
     # the bound on how long a change takes to reach io.max (docs/qos.md).
     qos_reconcile_interval: float = 10.0
     cgroup_root: str = "/sys/fs/cgroup"  # where the cgroup v2 hierarchy is mounted
-    # Seconds between the node's reads of its PVs' VolumeAttributesClasses
-    # (csi/kube_vac.py); 0: never (outside Kubernetes, or without the RBAC).
-    vac_sync_interval: float = 0.0
 
     def __post_init__(self) -> None:
         socket_path(self.endpoint)
@@ -172,8 +169,6 @@ class Config:
         seconds(self.pool_monitor_interval, "the pool monitor interval")
         seconds(self.shutdown_grace, "the shutdown grace")
         seconds(self.qos_reconcile_interval, "the QoS reconcile interval")
-        if self.vac_sync_interval:
-            seconds(self.vac_sync_interval, "the VolumeAttributesClass sync interval")
         absolute_path(self.cgroup_root, "the cgroup root")
         if self.metrics_address:
             parse_listen_address(self.metrics_address)

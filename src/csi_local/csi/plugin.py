@@ -14,7 +14,6 @@ from csi_local.csi.controller_servicer import ControllerServicer
 from csi_local.csi.dependencies import Backend
 from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.csi.kube_vac import InClusterApi, VacSync
 from csi_local.csi.node_servicer import NodeServicer
 from csi_local.csi.pagination import Paginator
 from csi_local.csi.snapshot_metadata_servicer import SnapshotMetadataServicer
@@ -121,15 +120,6 @@ class CsiPlugin:
             metrics.watch_qos(self.backend.qos)
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
-        self.vac_sync: VacSync | None = None
-        if config.vac_sync_interval:
-            api = InClusterApi.from_environment()
-            if api is None:
-                log.warning("--vac-sync-interval is set, but there is no Kubernetes "
-                            "ServiceAccount here: VolumeAttributesClasses are not read")
-            else:
-                self.vac_sync = VacSync(api, config.driver_name, pools,
-                                        self.controller.volumes, config.vac_sync_interval)
         self.node = NodeServicer(self.backend)
         changed = ChangedBlocks(pools, locks, config.state_dir)
         # A metadata snapshot held by a reader that died with the last process
@@ -153,8 +143,6 @@ class CsiPlugin:
             monitor.start()
         # Its first round runs at once: limits changed while the plugin was down.
         self.qos_reconciler.start()
-        if self.vac_sync is not None:
-            self.vac_sync.start(then=self.qos_reconciler.round)
         # Serving already: the shell starts beside the first calls, not before.
         self.runner.start_shell()
         threading.Thread(target=self._warm, name="warm-listing", daemon=True).start()
@@ -173,7 +161,5 @@ class CsiPlugin:
         for monitor in self.monitors:
             monitor.stop()
         self.qos_reconciler.stop()
-        if self.vac_sync is not None:
-            self.vac_sync.stop()
         self.backend.state.close()
         self.runner.close()

@@ -237,7 +237,10 @@ class Provisioner:
         one reconcile interval (volumes/qos_enforcement.py). LvNotFound for a
         volume that is not there. The limits the volume has now."""
         with self.locks.hold(volume_key(volume_id)):
-            pool, lv = naming.get_volume(self.pools, volume_id)
+            # The committed metadata, when it answers: a repeat that changes
+            # nothing (the node's VolumeAttributesClass sync asks every
+            # round) starts no process.
+            pool, lv = naming.get_volume(self.pools, volume_id, committed=True)
             naming.check_format(lv)  # a newer csi-local's tags: not rewritten here
             limits = qos.limits_of(lv).merged(changes)
             add, delete = qos.tag_changes(lv, limits)
