@@ -486,10 +486,11 @@ class VmRun:
         # that every Python start inside the (emulated, slow) VM can use it.
         subprocess.run([sys.executable, "-m", "compileall", "-q", "src", "sanity", "tests",
                         "benchmarks"], cwd=REPO, check=False, capture_output=True)
-        # 75 minutes a VM at most: the VMs boot as the session starts, so a
-        # hung test is reported as such inside CI's 90 minutes rather than CI
-        # being killed with no report.
-        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "4500"))
+        # 70 minutes a VM at most: the VMs boot as the session starts and the
+        # heavy host tests (some 15 minutes) run after them, so a hung or slow
+        # shard is reported as such, with where the time went, inside CI's 90
+        # minutes rather than CI being killed with no report.
+        timeout = float(os.environ.get("CSI_LOCAL_VM_TIMEOUT", "4200"))
         started = time.monotonic()
         verbose = config.getoption("verbose") > 0
         waiting = list(guests)
