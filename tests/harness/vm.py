@@ -292,13 +292,12 @@ class Guest:
             vng, "-r", self.kernel, "--disable-kvm", "--user", "root", "--memory", memory,
             "--cpus", cpus, "--rwdir", str(self.workdir),
         ]
-        # The emulated CPU: virtme-ng's default (`-cpu max`) unless set. Under
-        # TCG a model without AVX measured faster for most of what the tests
-        # run (a probe VM beside a test run: `dd` of 2 GB from /dev/zero 13.5 s
-        # with max, 3.1 s with Westmere; Python work 21 s against 13.5 s;
-        # mkfs.ext4 + mkfs.xfs 3.7 s against 1.4 s), slower for AES-XTS
-        # writes (6.9 against 1.7 MiB/s). Not yet the default: the whole
-        # suite has not been measured with it.
+        # The emulated CPU: virtme-ng's default (`-cpu max`) unless set. A
+        # probe VM measured a model without AVX faster under TCG at single
+        # tools (`dd` of 2 GB from /dev/zero 13.5 s with max, 3.1 s with
+        # Westmere; mkfs 3.7 s against 1.4 s), but 21 of the suite's own tests
+        # took 595 s with Westmere against 379 s with max (some 475 s without
+        # each VM's first start, which the max figures do not hold): max stays.
         model = os.environ.get("CSI_LOCAL_VM_CPU_MODEL")
         if model:
             argv += [f"--qemu-opts=-cpu {model}"]
