@@ -83,8 +83,14 @@ class LoopVG:
         return sorted(x.strip() for x in out.split() if x.strip() and x.strip() != self.pool)
 
     def clean(self) -> None:
-        """Remove every LV but the pool (mounts must be gone first)."""
-        if self.lv_names():
+        """Remove every LV but the pool (mounts must be gone first). A device
+        stacked on one of them (a dm-crypt mapping a failed test left open) is
+        unmounted and removed first: else the lvremove fails, and so would
+        every later test's clean-up of this VG."""
+        names = self.lv_names()
+        if names:
+            for lv in names:
+                release_holders(dm_device(self.name, lv))
             run("lvremove", "--yes", "--select", f"lv_name!={self.pool}", self.name)
 
     def destroy(self) -> None:
@@ -93,6 +99,32 @@ class LoopVG:
         run("pvremove", "--yes", self.loop, check=False)
         run("losetup", "--detach", self.loop, check=False)
         self.image.unlink(missing_ok=True)
+
+
+def dm_device(vg: str, lv: str) -> str:
+    """The kernel's name (dm-N) of an active LV, or "" when it is not active."""
+    path = f"/dev/mapper/{vg.replace('-', '--')}-{lv.replace('-', '--')}"
+    return os.path.basename(os.path.realpath(path)) if os.path.exists(path) else ""
+
+
+def release_holders(device: str) -> None:
+    """Unmount and remove the device-mapper devices stacked on `device` (dm-N),
+    deepest first: what a test that failed half-way can leave open."""
+    if not device:
+        return
+    holders = Path(f"/sys/class/block/{device}/holders")
+    for holder in sorted(holders.iterdir()) if holders.is_dir() else []:
+        release_holders(holder.name)
+        name_file = holder / "dm" / "name"
+        if not name_file.exists():
+            continue
+        name = name_file.read_text().strip()
+        major, minor = (int(x) for x in (holder / "dev").read_text().split(":"))
+        for m in sorted(mounts.read_mounts(), key=lambda m: len(m.mount_point), reverse=True):
+            if (m.major, m.minor) == (major, minor) or m.source == f"/dev/mapper/{name}":
+                run("fsfreeze", "--unfreeze", m.mount_point, check=False)
+                run("umount", "-l", m.mount_point, check=False)
+        run("dmsetup", "remove", "--retry", name, check=False)
 
 
 def make_vg(size: int, *, scratch: Path, prefix: str, pool_percent: int = 80,
@@ -187,6 +219,8 @@ class PluginProcess:
     # A cgroup v2 directory the process joins before it runs the plugin: what
     # it and its children use is then charged there from their first page.
     cgroup: Path | None = None
+    # Added to the process's environment (a PATH with a test's command shims first).
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     channel: grpc.Channel | None = None
 
@@ -230,6 +264,7 @@ class PluginProcess:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
                                      stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **self.env} if self.env else None,
                                      preexec_fn=None if self.cgroup is None
                                      else _joiner(self.cgroup))
         log.close()

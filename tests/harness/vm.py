@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -241,6 +242,49 @@ def shard(nodeids: list[str], count: int, costs: Costs,
     return [sorted(g, key=nodeids.index) for g in groups if g]
 
 
+BUDGET_ENV = "CSI_LOCAL_VM_BUDGET"
+# The README's test command runs the integration tests whose measured costs
+# fit in this many seconds of VM time (both VMs together): some 45 minutes of
+# two VMs, so that CI ends well inside its 90 with the host's tests after them.
+# CSI_LOCAL_VM_BUDGET=full runs every one (CONTRIBUTING, "Deep runs").
+DEFAULT_BUDGET = 5400.0
+
+
+def budget_from_env() -> float | None:
+    """Seconds of VM time for the integration tests, or None: run them all."""
+    value = os.environ.get(BUDGET_ENV, "").strip().lower()
+    if value in ("full", "all", "0", "none"):
+        return None
+    return float(value) if value else DEFAULT_BUDGET
+
+
+def within_budget(nodeids: list[str], costs: Costs, budget: float,
+                  core: set[str]) -> tuple[list[str], list[str]]:
+    """(the tests to run, the tests left out): every `core` test, then the
+    others in order of their cost times their rank in their file by cost
+    (a file's cheapest counts once, its second twice, ...), each taken while
+    it fits. Cheap tests come first, so the most checks fit; the rank spreads
+    them over the files, so that no file's cheap tests crowd out another's
+    first one. The choice depends only on the tests and the committed cost
+    table."""
+    taken = [n for n in nodeids if n in core]
+    spent = sum(costs.of(n) for n in taken)
+    by_file: dict[str, list[str]] = {}
+    for n in nodeids:
+        if n not in core:
+            by_file.setdefault(n.split("::")[0], []).append(n)
+    weighted: list[tuple[float, str]] = []
+    for tests in by_file.values():
+        for rank, n in enumerate(sorted(tests, key=lambda n: (costs.of(n), n)), start=1):
+            weighted.append((costs.of(n) * rank, n))
+    chosen = set(taken)
+    for _, n in sorted(weighted):
+        if spent + costs.of(n) <= budget:
+            chosen.add(n)
+            spent += costs.of(n)
+    return [n for n in nodeids if n in chosen], [n for n in nodeids if n not in chosen]
+
+
 @dataclass
 class Guest:
     """One VM running one group of tests."""
@@ -306,8 +350,20 @@ class Guest:
             argv += ["--rodir", str(REPO)]
         argv += ["--", f"bash {work}/guest.sh"]
         with open(self.workdir / "console.log", "wb") as console:
+            # A session of its own: `kill` ends vng and the qemu it started
+            # together (killing vng alone left qemu running: a timed-out VM
+            # kept both cores busy beside the next one, seen in CI).
             self.proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL the VM: vng and everything in its session (qemu)."""
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def poll(self, deadline: float) -> tuple[bool, int | None]:
         """(finished, exit code); kills the VM once the deadline has passed."""
@@ -317,8 +373,7 @@ class Guest:
             return True, rc
         if time.monotonic() < deadline:
             return False, None
-        self.proc.kill()
-        self.proc.wait()
+        self.kill()
         return True, None
 
     def console(self) -> str:
@@ -433,7 +488,7 @@ class VmRun:
         """Kill what still runs (the session ended early)."""
         for g in self.guests:
             if g.proc is not None and g.proc.poll() is None:
-                g.proc.kill()
+                g.kill()
 
     def run(self, config: pytest.Config) -> None:
         """Boot the VMs once, for every selected test: the stock kernel's shards in
@@ -629,11 +684,15 @@ class VmItem(pytest.Item):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs real LVM, mkfs and mount")
     config.addinivalue_line(
+        "markers", "core: an integration test the README's command always runs, "
+        "whatever its cost (CSI_LOCAL_VM_BUDGET)")
+    config.addinivalue_line(
         "markers", "heavy_host: boots a VM or builds an image on the host; runs after the "
         "integration VMs, never beside them")
 
 
 _VMRUN = pytest.StashKey[VmRun]()
+_LEFT_OUT = pytest.StashKey[tuple[list[str], list[str], float, "Costs"]]()
 
 
 @pytest.hookimpl(trylast=True)
@@ -645,6 +704,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     integration = [i for i in items if i.get_closest_marker("integration")]
     if not integration:
         return
+    budget = budget_from_env()
+    # Only the whole suite is budgeted (the README's command: no paths given);
+    # tests named on the command line all run.
+    if budget is not None and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        costs = Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
+        core = {i.nodeid for i in integration if i.get_closest_marker("core")}
+        kept, left = within_budget([i.nodeid for i in integration], costs, budget, core)
+        if left:
+            out = set(left)
+            dropped = [i for i in items if i.nodeid in out]
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i.nodeid not in out]
+            integration = [i for i in integration if i.nodeid not in out]
+            config.stash[_LEFT_OUT] = (kept, left, budget, costs)
     vmrun = config.stash[_VMRUN] = VmRun([i.nodeid for i in integration])
     for index, item in enumerate(items):
         if item.get_closest_marker("integration"):
@@ -702,6 +775,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"tests: {host:.0f}s beside them; then {vmrun.wait_seconds:.0f}s waiting for the VMs")
     for line in vmrun.budget:
         terminalreporter.write_line(line)
+    left_out = config.stash.get(_LEFT_OUT, None)
+    if left_out is not None:
+        kept, left, budget, costs = left_out
+        by_file: dict[str, int] = {}
+        for n in left:
+            by_file[n.split("::")[0]] = by_file.get(n.split("::")[0], 0) + 1
+        terminalreporter.write_line(
+            f"integration tests within the budget of {budget:.0f}s of VM time "
+            f"({BUDGET_ENV}): {len(kept)} ({sum(costs.of(n) for n in kept):.0f}s measured); "
+            f"left to the full run ({BUDGET_ENV}=full, CONTRIBUTING \"Deep runs\"): "
+            f"{len(left)} ({sum(costs.of(n) for n in left):.0f}s)")
+        for path, count in sorted(by_file.items()):
+            terminalreporter.write_line(f"  left out: {count:3d} of {path}")
 
 
 def _update_costs(argv: list[str]) -> int:

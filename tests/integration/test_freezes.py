@@ -22,6 +22,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -117,6 +119,34 @@ def child_running(p: PluginProcess, *words: str) -> bool:
     return False
 
 
+def hold_read_back(p: PluginProcess, snap: str) -> None:
+    """Put an `lvs` first on the plugin's PATH that, the first time it is asked
+    about `snap` while a freeze journal exists (inside the window: the
+    read-back after lvcreate), marks `shims/holding` and waits until it is
+    killed; every other call is LVM's own `lvs`. Without it the kill raced a
+    snapshot that, on a quiet VM, was done before the test saw its read-back."""
+    shims = p.workdir / "shims"
+    shims.mkdir(parents=True, exist_ok=True)
+    real = shutil.which("lvs", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    assert real is not None
+    script = shims / "lvs"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"held={shlex.quote(str(shims / 'holding'))}\n"
+        f"journals={shlex.quote(str(p.workdir / 'locks' / 'freezes'))}\n"
+        'if [[ ! -e $held ]]; then\n'
+        '  for j in "$journals"/*; do\n'
+        '    [[ -e $j && $j != *.tmp.* ]] || continue\n'
+        '    for arg in "$@"; do\n'
+        f'      if [[ $arg == *{snap}* ]]; then : > "$held"; while :; do sleep 0.2; done; fi\n'
+        '    done\n'
+        '  done\n'
+        'fi\n'
+        f"exec {shlex.quote(real)} \"$@\"\n")
+    script.chmod(0o755)
+    p.env = {"PATH": f"{shims}:{os.environ.get('PATH', '')}"}
+
+
 def vg_lock(p: PluginProcess) -> int:
     """LVM's VG lock, held shared: lvcreate waits, reads pass."""
     fd = os.open(f"/run/lock/lvm/V_{p.vg.name}", os.O_RDWR | os.O_CREAT, 0o600)
@@ -146,7 +176,10 @@ def test_a_plugin_killed_during_a_snapshot_is_thawed_by_its_next_start(
     not yet; `journal`: killed as soon as the journal appears (the freeze just
     before or just after)."""
     shell = [] if step == "frozen" else ["--lvm-shell=false"]  # each command a process
-    plugin: PluginProcess = plugin_factory(*shell)
+    plugin: PluginProcess = plugin_factory(*shell, start=False)
+    if step == "made":
+        hold_read_back(plugin, naming.snapshot_id_for(f"frz-snap-{step}"))
+    plugin.start()
     vid, staging, probe = staged(plugin, f"frz-{step}")
     try:
         killed_and_started(plugin, step, vid, staging, probe)
@@ -166,11 +199,13 @@ def killed_and_started(plugin: PluginProcess, step: str, vid: str, staging: str,
             time.sleep(2)  # frozen while lvcreate waits
             assert taker.is_alive(), outcome
         elif step == "made":
-            # Inside the window, the only `lvs` naming the snapshot is its
-            # read-back after lvcreate.
-            wait_for("the read-back after lvcreate", lambda: bool(outcome) or (
-                bool(journals(plugin)) and child_running(plugin, "lvs", snap)))
+            # The read-back after lvcreate is held (hold_read_back): the kill
+            # comes with the snapshot cut and the file system still frozen,
+            # however fast lvcreate was.
+            held = plugin.workdir / "shims" / "holding"
+            wait_for("the read-back after lvcreate", lambda: bool(outcome) or held.exists())
             assert not outcome, outcome
+            assert child_running(plugin, "lvs", snap)
         else:
             wait_for("the journal", lambda: bool(journals(plugin)) or bool(outcome))
         kill_tree(plugin)

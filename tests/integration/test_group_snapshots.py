@@ -191,7 +191,10 @@ def test_freeze_window(roomy: PluginProcess, count: int) -> None:
         release(plugin, vid, staging, target)
 
 
-def test_group_lifecycle_and_errors(plugin: PluginProcess) -> None:
+def test_group_lifecycle_and_errors(roomy: PluginProcess) -> None:
+    # roomy: the default 10 s limit was passed once on a loaded CI host, and
+    # the limit has tests of its own.
+    plugin = roomy
     a, b = mounted(plugin, "life-a"), mounted(plugin, "life-b")
     group = take(plugin, "life", [a[0], b[0]])
     again = take(plugin, "life", [b[0], a[0]])

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# Upstream csi-sanity is the spec's own check: the README's command runs it
+# whatever the VM budget (tests/harness/vm.py, `core`).
+pytestmark = [pytest.mark.integration, pytest.mark.core]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,67 @@ def test_the_committed_cost_table_is_measured_seconds_of_integration_tests() -> 
     assert seconds, "tests/harness/vm_costs.json is missing or empty"
     assert all(n.startswith(("tests/integration/", "tests/sanity_selftest/")) for n in seconds)
     assert all(0 < s < 3600 for s in seconds.values())
+
+
+BUDGET_COSTS = {"t/a.py::cheap": 10.0, "t/a.py::mid": 40.0, "t/a.py::dear": 500.0,
+                "t/b.py::one": 60.0, "t/b.py::two": 70.0, "t/c.py::only": 300.0,
+                "t/d.py::sanity": 900.0}
+
+
+@pytest.mark.parametrize(("budget", "core", "kept"), [
+    # Everything fits: everything runs, in the collection's order.
+    (2000.0, set(), set(BUDGET_COSTS)),
+    # Cost times rank: a.py's second test counts 80, b.py's second 140.
+    (120.0, set(), {"t/a.py::cheap", "t/a.py::mid", "t/b.py::one"}),
+    # A test too dear for what is left leaves room for cheaper ones after it.
+    # (sanity, 900 at its turn, does not fit; a.py's dear, 500 and later, does).
+    (1000.0, set(), set(BUDGET_COSTS) - {"t/d.py::sanity"}),
+    # A core test runs whatever its cost, and counts against the budget.
+    (950.0, {"t/d.py::sanity"}, {"t/d.py::sanity", "t/a.py::cheap", "t/a.py::mid"}),
+    (100.0, {"t/d.py::sanity"}, {"t/d.py::sanity"}),
+])
+def test_the_readme_command_runs_the_tests_that_fit_its_vm_budget(
+        budget: float, core: set[str], kept: set[str]) -> None:
+    ids = list(BUDGET_COSTS)
+    run, left = vm.within_budget(ids, vm.Costs(dict(BUDGET_COSTS)), budget, core)
+    assert set(run) == kept
+    assert sorted(run + left) == sorted(ids)
+    assert run == [n for n in ids if n in run]  # the collection's order
+
+
+@pytest.mark.parametrize(("value", "budget"), [
+    ("", vm.DEFAULT_BUDGET), ("full", None), ("0", None), ("1200", 1200.0)])
+def test_the_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str,
+                                               budget: float | None) -> None:
+    monkeypatch.setenv(vm.BUDGET_ENV, value)
+    assert vm.budget_from_env() == budget
+
+
+def test_a_timed_out_vm_is_killed_with_everything_it_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vng runs qemu as its child: killing vng alone left qemu running. The
+    VM starts in a session of its own, and a timeout kills that whole group."""
+    started: dict[str, object] = {}
+    killed: list[tuple[int, int]] = []
+
+    class FakeVng:
+        pid = 4242
+
+        def __init__(self, argv: list[str], **kwargs: object) -> None:
+            started.update(kwargs)
+
+        def poll(self) -> int | None:
+            return None
+
+        def wait(self) -> int:
+            return -9
+
+    monkeypatch.setattr(subprocess, "Popen", FakeVng)
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: killed.append((pid, sig)))
+    guest = vm.Guest(0, ["tests/integration/test_x.py::t"], tmp_path, "kernel")
+    guest.start("vng", False, "1")
+    assert started.get("start_new_session") is True
+    assert guest.poll(deadline=time.monotonic() + 60) == (False, None)
+    assert killed == []
+    assert guest.poll(deadline=0.0) == (True, None)
+    assert killed == [(4242, signal.SIGKILL)]
