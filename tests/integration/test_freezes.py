@@ -253,6 +253,11 @@ def test_a_freeze_past_the_limit_thaws_at_the_limit_and_fails_unavailable(
         run("fsfreeze", "--unfreeze", staging, check=False)
     assert snap not in lv_names(plugin), "a snapshot cut after the thaw is left"
     assert journals(plugin) == []
+    # The retry, with a limit that an emulated lvcreate (seconds, more on a
+    # loaded host) does not pass: a 3 s one failed it again in a run.
+    plugin.stop()
+    plugin.extra_args = ["--group-freeze-timeout", "600"]
+    plugin.start()
     reply = plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
         name="frz-limit-snap", source_volume_id=vid), timeout=600)
     assert reply.snapshot.snapshot_id == snap
