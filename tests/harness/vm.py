@@ -690,6 +690,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "core: an integration test the README's command always runs, "
         "whatever its cost (CSI_LOCAL_VM_BUDGET)")
     config.addinivalue_line(
+        "markers", "deep: an integration test only the full run takes, whatever the VM "
+        "budget (it says why)")
+    config.addinivalue_line(
         "markers", "heavy_host: boots a VM or builds an image on the host; runs after the "
         "integration VMs, never beside them")
 
@@ -713,7 +716,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if budget is not None and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         costs = Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
         core = {i.nodeid for i in integration if i.get_closest_marker("core")}
-        kept, left = within_budget([i.nodeid for i in integration], costs, budget, core)
+        deep = {i.nodeid for i in integration if i.get_closest_marker("deep")}
+        kept, left = within_budget([i.nodeid for i in integration if i.nodeid not in deep],
+                                   costs, budget, core)
+        left += [i.nodeid for i in integration if i.nodeid in deep]
         if left:
             out = set(left)
             dropped = [i for i in items if i.nodeid in out]

@@ -1,0 +1,213 @@
+"""Upgrade and rollback between this version and two earlier ones, on real
+LVM: the same VG, state directory and lock directory, served in turn by an
+earlier version's code (its `src/`, taken from its commit with `git archive`)
+and by this one.
+
+Each earlier version makes volumes in every state a node holds (created only,
+staged, staged and published with data, raw block staged and published, a
+snapshot, a volume restored from it) and is killed (SIGKILL, with every
+process it started, as the end of its container does) during a stage. This
+version then finds every volume, finishes the killed stage on a retry,
+republishes idempotently, reads the data back, stages and publishes a volume
+the earlier one only created, makes one of its own, and is stopped (SIGTERM)
+during a CreateVolume. The earlier version, started again (the rollback),
+answers for all of them, converges on the interrupted create, and drains the
+node: every volume unpublished, unstaged and deleted, nothing left in the VG
+or mounted.
+
+The versions are milestones of CHANGELOG.md ("Milestones"). A clone without
+them (a shallow one) fails here, naming the fix; so the README's budgeted run
+leaves these to the full run (`deep`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from benchmarks.lab import SCRATCH, unmount_under
+from csi_local._gen import csi_pb2 as pb
+from csi_local.host import mounts
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, run
+from tests.integration.test_encryption import kill_tree
+from tests.integration.test_freezes import child_running, wait_for
+from tests.integration.test_node import create, publish, stage, unpublish, unstage
+
+# `deep`: the full run's (CONTRIBUTING, "Deep runs"), never the budgeted
+# README run: it needs the repository's history, which a CI clone may lack.
+pytestmark = [pytest.mark.integration, pytest.mark.deep]
+REPO = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+# Two earlier versions (CHANGELOG.md, "Milestones"): the base of [Unreleased]
+# (encryption at rest, the warmed listing), and the last main before encryption.
+EARLIER = ["271635e", "87e5bdb"]
+
+
+@pytest.fixture(scope="module")
+def trees() -> Iterator[dict[str, Path]]:
+    """Each earlier version's `src/`, unpacked under the scratch directory and
+    compiled once (the guest writes no bytecode of its own)."""
+    made: dict[str, Path] = {}
+    for commit in EARLIER:
+        proc = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "src"],
+                              capture_output=True, check=False, timeout=300)
+        if proc.returncode != 0:
+            pytest.fail(f"commit {commit} is not in this clone ({proc.stderr.decode().strip()}): "
+                        "the upgrade tests need the history (git fetch --unshallow)")
+        dest = SCRATCH / f"earlier-{commit}"
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            tar.extractall(dest, filter="data")
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest / "src")],
+                       check=False, capture_output=True, timeout=900)
+        made[commit] = dest / "src"
+    yield made
+    for dest in made.values():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(dest.parent)], check=False)
+
+
+def earlier_env(src: Path) -> dict[str, str]:
+    """The earlier version's package first on the path (before the editable
+    install of this one, whose finder Python asks after the path's)."""
+    return {"PYTHONPATH": str(src)}
+
+
+def runs_from(src: Path) -> str:
+    out = subprocess.run([sys.executable, "-c", "import csi_local; print(csi_local.__file__)"],
+                         env={**os.environ, **earlier_env(src)}, capture_output=True,
+                         text=True, check=True, timeout=300).stdout.strip()
+    return out
+
+
+def listed(p: PluginProcess) -> set[str]:
+    return {e.volume.volume_id for e in p.controller.ListVolumes(pb.ListVolumesRequest()).entries}
+
+
+def snapshots(p: PluginProcess) -> set[str]:
+    return {e.snapshot.snapshot_id
+            for e in p.controller.ListSnapshots(pb.ListSnapshotsRequest()).entries}
+
+
+def in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
+    """Call fn(*args) in a thread; its result or its RpcError in the list."""
+    outcome: list[Any] = []
+
+    def body() -> None:
+        try:
+            outcome.append(fn(*args))
+        except grpc.RpcError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("earlier", EARLIER)
+def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, Path],
+                                                  earlier: str) -> None:
+    src = trees[earlier]
+    assert runs_from(src).startswith(str(src)), "the earlier version's code is not what runs"
+    workdir = SCRATCH / f"up-{uuid.uuid4().hex[:8]}"
+    old = PluginProcess(vg=vg, workdir=workdir, env=earlier_env(src))
+    new = PluginProcess(vg=vg, workdir=workdir)
+    try:
+        upgrade_and_roll_back(old, new)
+    except BaseException:
+        print(f"--- the plugins' log (both versions) ---\n{old.log()[-30000:]}")
+        raise
+    finally:
+        for p in (old, new):
+            p.kill()
+        unmount_under(workdir)
+        run("rm", "-rf", "--one-file-system", str(workdir), check=False)
+
+
+def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess) -> None:
+    path = old.path
+    # The earlier version makes a volume in every state.
+    old.start()
+    idle = create(old, "up-idle")
+    staged, s_staged = create(old, "up-staged"), path("s-staged")
+    stage(old, staged, s_staged)
+    pub, s_pub, t_pub = create(old, "up-pub"), path("s-pub"), path("t-pub")
+    stage(old, pub, s_pub)
+    publish(old, pub, s_pub, t_pub)
+    Path(t_pub, "data").write_bytes(b"written by the earlier version\n")
+    os.sync()
+    blk, s_blk, t_blk = create(old, "up-blk", cap=block_cap()), path("s-blk"), path("t-blk")
+    stage(old, blk, s_blk, block_cap())
+    publish(old, blk, s_blk, t_blk, block_cap())
+    snap = old.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="up-snap", source_volume_id=pub), timeout=600).snapshot.snapshot_id
+    source = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(
+        snapshot_id=snap))
+    restored = old.controller.CreateVolume(pb.CreateVolumeRequest(
+        name="up-restored", capacity_range=pb.CapacityRange(required_bytes=32 * MiB),
+        volume_capabilities=[pb.VolumeCapability(
+            mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
+            access_mode=pb.VolumeCapability.AccessMode(
+                mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
+        volume_content_source=source)).volume.volume_id
+    # Killed during a stage: mkfs running, or as close to it as the stage came.
+    mid, s_mid = create(old, "up-mid"), path("s-mid")
+    taker, outcome = in_thread(stage, old, mid, s_mid)
+    wait_for("the stage's mkfs", lambda: bool(outcome) or child_running(old, "mkfs"), 120)
+    kill_tree(old)
+    taker.join(timeout=60)
+    made = {idle, staged, pub, blk, restored, mid}
+
+    # The upgrade: this version finds and finishes all of it.
+    new.start()
+    assert made <= listed(new)
+    assert snap in snapshots(new)
+    stage(new, mid, s_mid)
+    assert len(mounts.mounts_at(s_mid)) == 1
+    publish(new, pub, s_pub, t_pub)  # the kubelet's repeat: idempotent
+    assert Path(t_pub, "data").read_bytes() == b"written by the earlier version\n"
+    stats = new.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+        volume_id=pub, volume_path=t_pub))
+    assert any(u.total > 0 for u in stats.usage)
+    s_idle, t_idle = path("s-idle"), path("t-idle")
+    stage(new, idle, s_idle)
+    publish(new, idle, s_idle, t_idle)
+    own, s_own = create(new, "up-own"), path("s-own")
+    stage(new, own, s_own)
+    # Stopped (SIGTERM) while a CreateVolume runs.
+    creator, created = in_thread(create, new, "up-term")
+    time.sleep(0.3)
+    new.stop()
+    creator.join(timeout=120)
+
+    # The rollback: the earlier version answers for everything and drains the node.
+    old.start()
+    term = create(old, "up-term")  # converges whether or not the first one finished
+    if created and isinstance(created[0], str):
+        assert term == created[0]
+    every = made | {own, term}
+    assert every <= listed(old)
+    assert snap in snapshots(old)
+    for vid, staging, target in ((pub, s_pub, t_pub), (idle, s_idle, t_idle),
+                                 (blk, s_blk, t_blk)):
+        unpublish(old, vid, target)
+        unstage(old, vid, staging)
+    for vid, staging in ((staged, s_staged), (mid, s_mid), (own, s_own)):
+        unstage(old, vid, staging)
+    old.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap))
+    for vid in sorted(every):
+        old.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
+    assert old.vg.lv_names() == []
+    prefix = str(old.workdir) + "/"
+    assert [m.mount_point for m in mounts.read_mounts() if m.mount_point.startswith(prefix)] == []
