@@ -176,7 +176,11 @@ def test_a_plugin_killed_during_a_snapshot_is_thawed_by_its_next_start(
     not yet; `journal`: killed as soon as the journal appears (the freeze just
     before or just after)."""
     shell = [] if step == "frozen" else ["--lvm-shell=false"]  # each command a process
-    plugin: PluginProcess = plugin_factory(*shell, start=False)
+    # A limit far past these steps: the kill must come inside the window, not
+    # after the timer thawed it (a loaded emulated lvcreate passed the default
+    # 10 s in a CI run). The limit has a test of its own, below.
+    plugin: PluginProcess = plugin_factory(*shell, "--group-freeze-timeout", "600",
+                                           start=False)
     if step == "made":
         hold_read_back(plugin, naming.snapshot_id_for(f"frz-snap-{step}"))
     plugin.start()
