@@ -204,6 +204,12 @@ def load_costs(path: Path = COSTS_FILE) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.get("seconds", {}).items()}
 
 
+def committed_costs() -> Costs:
+    """The cost table the packing and the budget read (CSI_LOCAL_VM_COSTS, else
+    the committed one)."""
+    return Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -261,20 +267,21 @@ def budget_from_env() -> float | None:
     return float(value) if value else DEFAULT_BUDGET
 
 
-def within_budget(nodeids: list[str], costs: Costs, budget: float,
-                  core: set[str]) -> tuple[list[str], list[str]]:
-    """(the tests to run, the tests left out): every `core` test, then the
+def within_budget(nodeids: list[str], costs: Costs, budget: float, core: set[str],
+                  deep: frozenset[str] | set[str] = frozenset()
+                  ) -> tuple[list[str], list[str]]:
+    """(the tests to run, the tests left out): never a `deep` one, every `core` test, then the
     others in order of their cost times their rank in their file by cost
     (a file's cheapest counts once, its second twice, ...), each taken while
     it fits. Cheap tests come first, so the most checks fit; the rank spreads
     them over the files, so that no file's cheap tests crowd out another's
     first one. The choice depends only on the tests and the committed cost
     table."""
-    taken = [n for n in nodeids if n in core]
+    taken = [n for n in nodeids if n in core and n not in deep]
     spent = sum(costs.of(n) for n in taken)
     by_file: dict[str, list[str]] = {}
     for n in nodeids:
-        if n not in core:
+        if n not in core and n not in deep:
             by_file.setdefault(n.split("::")[0], []).append(n)
     weighted: list[tuple[float, str]] = []
     for tests in by_file.values():
@@ -508,7 +515,7 @@ class VmRun:
         cpus = os.environ.get("CSI_LOCAL_VM_CPUS", "1" if shards > 1 else "2")
         stock = [n for n in self.nodeids if not needs_newer_kernel(n)]
         newer = [n for n in self.nodeids if needs_newer_kernel(n)]
-        costs = Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
+        costs = committed_costs()
         kernels: dict[str, str] = {}
         for name, nodeids, find in (("stock", stock, find_kernel),
                                     ("newer", newer, find_newer_kernel)):
@@ -714,12 +721,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # Only the whole suite is budgeted (the README's command: no paths given);
     # tests named on the command line all run.
     if budget is not None and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
-        costs = Costs(load_costs(Path(os.environ.get(COSTS_ENV) or COSTS_FILE)))
+        costs = committed_costs()
         core = {i.nodeid for i in integration if i.get_closest_marker("core")}
         deep = {i.nodeid for i in integration if i.get_closest_marker("deep")}
-        kept, left = within_budget([i.nodeid for i in integration if i.nodeid not in deep],
-                                   costs, budget, core)
-        left += [i.nodeid for i in integration if i.nodeid in deep]
+        kept, left = within_budget([i.nodeid for i in integration], costs, budget, core, deep)
         if left:
             out = set(left)
             dropped = [i for i in items if i.nodeid in out]

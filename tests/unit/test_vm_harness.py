@@ -88,22 +88,25 @@ BUDGET_COSTS = {"t/a.py::cheap": 10.0, "t/a.py::mid": 40.0, "t/a.py::dear": 500.
                 "t/d.py::sanity": 900.0}
 
 
-@pytest.mark.parametrize(("budget", "core", "kept"), [
+@pytest.mark.parametrize(("budget", "core", "kept", "deep"), [
     # Everything fits: everything runs, in the collection's order.
-    (2000.0, set(), set(BUDGET_COSTS)),
+    (2000.0, set(), set(BUDGET_COSTS), set()),
     # Cost times rank: a.py's second test counts 80, b.py's second 140.
-    (120.0, set(), {"t/a.py::cheap", "t/a.py::mid", "t/b.py::one"}),
+    (120.0, set(), {"t/a.py::cheap", "t/a.py::mid", "t/b.py::one"}, set()),
     # A test too dear for what is left leaves room for cheaper ones after it.
     # (sanity, 900 at its turn, does not fit; a.py's dear, 500 and later, does).
-    (1000.0, set(), set(BUDGET_COSTS) - {"t/d.py::sanity"}),
+    (1000.0, set(), set(BUDGET_COSTS) - {"t/d.py::sanity"}, set()),
     # A core test runs whatever its cost, and counts against the budget.
-    (950.0, {"t/d.py::sanity"}, {"t/d.py::sanity", "t/a.py::cheap", "t/a.py::mid"}),
-    (100.0, {"t/d.py::sanity"}, {"t/d.py::sanity"}),
+    (950.0, {"t/d.py::sanity"}, {"t/d.py::sanity", "t/a.py::cheap", "t/a.py::mid"}, set()),
+    (100.0, {"t/d.py::sanity"}, {"t/d.py::sanity"}, set()),
+    # A deep test is left to the full run whatever the budget, core or not.
+    (2000.0, {"t/d.py::sanity"}, set(BUDGET_COSTS) - {"t/c.py::only", "t/d.py::sanity"},
+     {"t/c.py::only", "t/d.py::sanity"}),
 ])
 def test_the_readme_command_runs_the_tests_that_fit_its_vm_budget(
-        budget: float, core: set[str], kept: set[str]) -> None:
+        budget: float, core: set[str], kept: set[str], deep: set[str]) -> None:
     ids = list(BUDGET_COSTS)
-    run, left = vm.within_budget(ids, vm.Costs(dict(BUDGET_COSTS)), budget, core)
+    run, left = vm.within_budget(ids, vm.Costs(dict(BUDGET_COSTS)), budget, core, deep)
     assert set(run) == kept
     assert sorted(run + left) == sorted(ids)
     assert run == [n for n in ids if n in run]  # the collection's order
