@@ -597,6 +597,8 @@ class Bench:
             step(rpc, "publish", self.publish, volume_ids[name], staging, target)
 
         def rpc_down(name: str) -> None:
+            if name not in volume_ids:  # its create failed, counted in its wave
+                return
             staging, target = paths(name)
             step(rpc, "unpublish", self.unpublish, volume_ids[name], target)
             step(rpc, "unstage", self.unstage, volume_ids[name], staging)

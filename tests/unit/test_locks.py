@@ -87,6 +87,38 @@ def test_a_thread_waits_no_longer_than_its_timeout(tmp_path: Path) -> None:
     assert locks._queues == {}
 
 
+def test_a_wait_behind_a_moving_queue_outlasts_the_timeout(tmp_path: Path) -> None:
+    # A storm: each holder keeps the lock for 0.6 of the timeout, so the last
+    # in line waits several timeouts in all. It is served, as the queue moved
+    # within every timeout; only a queue that stands still gives LockBusy.
+    locks = Locks(str(tmp_path), timeout=0.5)
+    got: list[str] = []
+    busy: list[int] = []
+
+    def holder(i: int) -> None:
+        try:
+            with locks.hold("pool"):
+                time.sleep(0.3)
+                got.append(f"h{i}")
+        except LockBusy:
+            busy.append(i)
+
+    t0 = time.monotonic()
+    with locks.hold("pool"):
+        threads = _queue_up(locks, "pool", 5, holder)
+        time.sleep(0.3)
+    for t in threads:
+        t.join(20)
+    assert busy == [] and got == [f"h{i}" for i in range(5)]
+    assert time.monotonic() - t0 > 3 * 0.5  # the last waited past its timeout, served
+    with locks.hold("pool"):  # a queue that stands still gives up after one timeout
+        t1 = time.monotonic()
+        threads = _queue_up(locks, "pool", 1, holder)
+        threads[0].join(10)
+        assert busy == [0] and 0.4 < time.monotonic() - t1 < 3
+    assert locks._queues == {}
+
+
 def test_another_process_keeps_the_lock_and_is_waited_for(tmp_path: Path) -> None:
     locks = Locks(str(tmp_path))
     # Another open file description of the same lock file: what another

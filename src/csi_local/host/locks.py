@@ -4,8 +4,10 @@ Threads of one process queue for a key in the process first, first come,
 first served, and only the one at the head takes the flock: a thread that
 waits is woken when the lock is handed to it instead of polling, and none
 is overtaken by a thread that asked later (a create's wait for the pool's
-lock is bounded by the creates ahead of it). flock has no timeout, so it is
-polled (with a growing pause) only while another process holds it. Each
+lock is bounded by the creates ahead of it). A waiter gives up when the
+queue stands still for its timeout, not when the queue is merely long.
+flock has no timeout, so it is polled (with a growing pause) only while
+another process holds it. Each
 acquisition opens its own file description, so a holder excludes other
 processes just as it excludes other threads. The CSI plugin and the
 Nomad host volume plugin use the same directory and the same keys (defined
@@ -90,6 +92,7 @@ class _Queue:
         self.held = False
         self.waiters: deque[threading.Event] = deque()
         self.users = 0
+        self.moves = 0  # hand-overs so far: a wait gives up only when none came
 
 
 class Locks:
@@ -122,9 +125,9 @@ class Locks:
 
     @contextlib.contextmanager
     def hold(self, key: str, timeout: float | None = None) -> Iterator[None]:
-        """Hold the lock for `key`; LockBusy when it stays busy past the timeout."""
+        """Hold the lock for `key`; LockBusy when its queue in this process stands
+        still for the timeout, or another process holds it that long."""
         limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
         with self._guard:
             queue = self._queues.setdefault(key, _Queue())
             queue.users += 1
@@ -132,7 +135,7 @@ class Locks:
             if not self._enter(queue, max(limit, 0.0)):
                 raise LockBusy(f"an operation on {key!r} is already in progress")
             try:
-                with self._flock(key, deadline):
+                with self._flock(key, time.monotonic() + limit):
                     yield
             finally:
                 self._leave(queue)
@@ -144,9 +147,13 @@ class Locks:
 
     def _enter(self, queue: _Queue, timeout: float) -> bool:
         """Take `queue`'s turn: at once when no one holds or waits for it, else
-        after those that came first; False after `timeout` seconds. A waiter
-        that gives up (or is interrupted) leaves the queue and holds up no
-        one behind it; one handed the lock as it gave up passes it on."""
+        after those that came first; False once the queue has not moved for
+        `timeout` seconds (its holder kept it that long). A wait behind a
+        queue that moves is not cut short: in a storm of creates the pool's
+        lock passes every few seconds, and the last in line is served rather
+        than failed. A waiter that gives up (or is interrupted) leaves the
+        queue and holds up no one behind it; one handed the lock as it gave
+        up passes it on."""
         with self._guard:
             if not queue.held:  # then no one waits either
                 queue.held = True
@@ -155,9 +162,17 @@ class Locks:
                 return False
             turn = threading.Event()
             queue.waiters.append(turn)
+            seen = queue.moves
         try:
-            if turn.wait(timeout):
-                return True
+            while not turn.wait(timeout):
+                with self._guard:
+                    if turn.is_set():
+                        return True  # handed the lock as the wait ran out: it is ours
+                    if queue.moves == seen:  # stuck for `timeout`: give up
+                        queue.waiters.remove(turn)
+                        return False
+                    seen = queue.moves
+            return True
         except BaseException:
             with self._guard:
                 if not turn.is_set():
@@ -165,15 +180,11 @@ class Locks:
                     raise
             self._leave(queue)  # handed the lock just as it was interrupted
             raise
-        with self._guard:
-            if turn.is_set():
-                return True  # handed the lock as the wait ran out: it is ours
-            queue.waiters.remove(turn)
-            return False
 
     def _leave(self, queue: _Queue) -> None:
         """Hand `queue`'s lock to its first waiter, or free it."""
         with self._guard:
+            queue.moves += 1
             if queue.waiters:
                 queue.waiters.popleft().set()  # the holder now, still queue.held
             else:
