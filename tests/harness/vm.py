@@ -190,6 +190,11 @@ COSTS_OUT = Path("/var/tmp/csi-local-vm-costs.json")
 # Seconds from a VM's start to its first test (boot, modules, pytest's
 # collection), measured: a guest that queues behind another pays it again.
 BOOT_SECONDS = 90.0
+# The heavy host tests (`heavy_host`: the power cut's VM, the quick start's
+# fresh install, the image build), measured in the fresh-clone run of
+# 202b52c: 229 + 133 + 88 s and some 30 s of their fixtures. They take the
+# first VM slot that frees, so the shards are packed with this much on one.
+HEAVY_HOST_SECONDS = 480.0
 
 # Settings of the guest's tests that a caller may give on the host.
 FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED",
@@ -257,6 +262,11 @@ BUDGET_ENV = "CSI_LOCAL_VM_BUDGET"
 # slower machine. CSI_LOCAL_VM_BUDGET=full runs every one (CONTRIBUTING,
 # "Deep runs").
 DEFAULT_BUDGET = 4500.0
+
+
+def vm_slots() -> int:
+    """How many VMs run at once: one a core, two at most (CSI_LOCAL_VM_SHARDS)."""
+    return max(1, int(os.environ.get("CSI_LOCAL_VM_SHARDS", str(min(2, os.cpu_count() or 1)))))
 
 
 def budget_from_env() -> float | None:
@@ -449,6 +459,10 @@ class VmRun:
     messages: list[str] = field(default_factory=list)
     started_at: float = 0.0
     wait_seconds: float = 0.0  # the main thread's, once the host's tests were done
+    heavy_host: bool = False  # heavy host tests will take a VM slot as it frees
+    busy_slots: int = 0  # VMs running or queued, seen from the main thread
+    slots: int = 0
+    heavy_started: float | None = None  # seconds after the first boot
 
     def say(self, config: pytest.Config, text: str) -> None:
         """Say it now from the main thread; from the VMs' thread, keep it for
@@ -478,6 +492,8 @@ class VmRun:
                 self.error = f"the VM run failed: {err!r}"
 
         self.started_at = time.monotonic()
+        # Every slot counts as busy until the VMs' thread says otherwise.
+        self.slots = self.busy_slots = vm_slots()
         self.thread = threading.Thread(target=body, name=VM_THREAD, daemon=True)
         self.thread.start()
 
@@ -493,6 +509,22 @@ class VmRun:
                 self.flush(config)
             self.wait_seconds += time.monotonic() - waited
         self.flush(config)
+
+    def wait_for_slot(self, config: pytest.Config) -> None:
+        """Block until a VM slot is free (no VM queued, fewer running than
+        slots): a heavy host test then runs on the core a VM no longer uses,
+        never beside as many VMs as there are cores."""
+        waited = time.monotonic()
+        while (self.thread is not None and self.thread.is_alive()
+               and self.busy_slots >= self.slots > 0):
+            time.sleep(1.0)
+            self.flush(config)
+        self.wait_seconds += time.monotonic() - waited
+        if self.heavy_started is None and self.started_at:
+            self.heavy_started = time.monotonic() - self.started_at
+            if self.thread is not None and self.thread.is_alive():
+                self.say(config, f"\n[host] a VM slot is free after "
+                         f"{self.heavy_started:.0f}s: the heavy host tests start")
 
     def stop(self) -> None:
         """Kill what still runs (the session ended early)."""
@@ -510,8 +542,7 @@ class VmRun:
         except HarnessMissing as err:
             self.error = f"integration harness missing: {err}"
             return
-        shards = max(1, int(os.environ.get("CSI_LOCAL_VM_SHARDS",
-                                           str(min(2, os.cpu_count() or 1)))))
+        shards = vm_slots()
         cpus = os.environ.get("CSI_LOCAL_VM_CPUS", "1" if shards > 1 else "2")
         stock = [n for n in self.nodeids if not needs_newer_kernel(n)]
         newer = [n for n in self.nodeids if needs_newer_kernel(n)]
@@ -533,6 +564,13 @@ class VmRun:
         preload: list[float] = []
         if "newer" in kernels and "stock" in kernels:
             preload = [BOOT_SECONDS + sum(costs.of(n) for n in newer)]
+        if self.heavy_host and "stock" in kernels:
+            # The heavy host tests take the slot that frees first; with a guest
+            # of the newer kernel on one, they are the other's.
+            if len(preload) < shards:
+                preload.append(HEAVY_HOST_SECONDS)
+            else:
+                preload[-1] += HEAVY_HOST_SECONDS
         if "stock" in kernels:
             plan += [(kernels["stock"], g) for g in shard(stock, shards, costs, preload)]
         if "newer" in kernels:
@@ -562,6 +600,8 @@ class VmRun:
         codes: dict[int, int | None] = {}
         seconds: dict[int, float] = {}
 
+        self.slots = shards
+
         def start_waiting() -> None:
             while waiting and len(running) < shards:
                 g = waiting.pop(0)
@@ -570,6 +610,7 @@ class VmRun:
                 after = f" (after {g.started - started:.1f}s in the queue)" if codes else ""
                 self.say(config, f"\n[vm {g.index}] {os.path.basename(g.kernel)}: {len(g.nodeids)} "
                     f"integration test(s){after}; follow {g.workdir / 'pytest.log'}")
+            self.busy_slots = len(waiting) + len(running)
 
         start_waiting()
         for g in waiting:
@@ -584,6 +625,7 @@ class VmRun:
                     codes[g.index] = rc
                     seconds[g.index] = time.monotonic() - g.started
                     running.remove(g)
+            self.busy_slots = len(waiting) + len(running)
             time.sleep(0.5)
         self.total_seconds = time.monotonic() - started
         problems = []
@@ -700,8 +742,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "deep: an integration test only the full run takes, whatever the VM "
         "budget (it says why)")
     config.addinivalue_line(
-        "markers", "heavy_host: boots a VM or builds an image on the host; runs after the "
-        "integration VMs, never beside them")
+        "markers", "heavy_host: boots a VM or builds an image on the host; runs once a VM "
+        "slot is free, never beside as many VMs as there are cores")
 
 
 _VMRUN = pytest.StashKey[VmRun]()
@@ -732,7 +774,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             items[:] = [i for i in items if i.nodeid not in out]
             integration = [i for i in integration if i.nodeid not in out]
             config.stash[_LEFT_OUT] = (kept, left, budget, costs)
-    vmrun = config.stash[_VMRUN] = VmRun([i.nodeid for i in integration])
+    vmrun = config.stash[_VMRUN] = VmRun(
+        [i.nodeid for i in integration],
+        heavy_host=any(i.get_closest_marker("heavy_host") for i in items))
     for index, item in enumerate(items):
         if item.get_closest_marker("integration"):
             assert item.parent is not None, item.nodeid  # a test always has its module
@@ -742,14 +786,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             for marker in {m.name: m for m in item.iter_markers()}.values():
                 stand_in.add_marker(marker.name)
             items[index] = stand_in
-    # The host's light tests run while the VMs do, their stand-ins next. Host
-    # tests that boot a VM or build an image (`heavy_host`) come last: beside
-    # the test VMs, on two cores, they starved them until LVM commands hit
-    # their timeouts (an `lvs` of 1,100 LVs past 120 s, seen in a run).
+    # The host's light tests run while the VMs do; then the host tests that
+    # boot a VM or build an image (`heavy_host`), each once a VM slot is free
+    # (`pytest_runtest_setup`): beside as many test VMs as cores they starved
+    # them until LVM commands hit their timeouts (an `lvs` of 1,100 LVs past
+    # 120 s, seen in a run), and after every VM they left a core idle while
+    # the last shard ran. The stand-ins come last.
     def rank(item: pytest.Item) -> int:
         if isinstance(item, VmItem):
-            return 1
-        return 2 if item.get_closest_marker("heavy_host") else 0
+            return 2
+        return 1 if item.get_closest_marker("heavy_host") else 0
 
     items.sort(key=rank)  # stable: each group keeps the collection's order
 
@@ -759,6 +805,13 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     vmrun = session.config.stash.get(_VMRUN, None)
     if vmrun is not None and not session.config.option.collectonly:
         vmrun.start(session.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    vmrun = item.config.stash.get(_VMRUN, None)
+    if vmrun is not None and item.get_closest_marker("heavy_host"):
+        vmrun.wait_for_slot(item.config)
 
 
 @pytest.hookimpl(trylast=True)
@@ -780,13 +833,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if vmrun is None or not vmrun.started_at:
         return
     in_vm = set(vmrun.nodeids)
-    host = sum(r.duration for key in ("passed", "failed", "skipped", "error")
-               for r in terminalreporter.stats.get(key, [])
-               if getattr(r, "nodeid", in_vm) not in in_vm)
+    host = [r for key in ("passed", "failed", "skipped", "error")
+            for r in terminalreporter.stats.get(key, [])
+            if getattr(r, "nodeid", in_vm) not in in_vm]
+    heavy = sum(r.duration for r in host if "heavy_host" in getattr(r, "keywords", {}))
+    light = sum(r.duration for r in host) - heavy
     terminalreporter.write_sep("=", "where the time went")
+    heavy_part = (f"; the heavy host tests: {heavy:.0f}s, from {vmrun.heavy_started:.0f}s "
+                  f"after the first boot (a VM slot free)"
+                  if vmrun.heavy_started is not None else "")
     terminalreporter.write_line(
         f"VMs: {vmrun.total_seconds:.0f}s from the first boot to the last exit; the host's "
-        f"tests: {host:.0f}s beside them; then {vmrun.wait_seconds:.0f}s waiting for the VMs")
+        f"light tests: {light:.0f}s beside them{heavy_part}; in all "
+        f"{vmrun.wait_seconds:.0f}s waiting for VMs")
     for line in vmrun.budget:
         terminalreporter.write_line(line)
     left_out = config.stash.get(_LEFT_OUT, None)

@@ -148,3 +148,38 @@ def test_a_timed_out_vm_is_killed_with_everything_it_started(
     assert killed == []
     assert guest.poll(deadline=0.0) == (True, None)
     assert killed == [(4242, signal.SIGKILL)]
+
+
+def test_heavy_host_tests_wait_for_a_free_vm_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heavy host test (a VM of its own, an image build) starts once a VM
+    slot is free: not beside as many VMs as cores, and not after the last."""
+    import threading
+
+    run = vm.VmRun(["tests/integration/test_x.py::t"], heavy_host=True)
+    run.started_at = time.monotonic()
+    run.slots, run.busy_slots = 2, 2
+    done = threading.Event()
+    run.thread = threading.Thread(target=done.wait, args=(30,), daemon=True)
+    run.thread.start()
+    monkeypatch.setattr(vm, "say", lambda config, text: None)
+    waited: list[float] = []
+    t = threading.Thread(target=lambda: (run.wait_for_slot(object()),  # type: ignore[arg-type]
+                                         waited.append(time.monotonic())))
+    t.start()
+    time.sleep(1.5)
+    assert not waited  # both slots busy: it waits
+    freed = time.monotonic()
+    run.busy_slots = 1  # a VM finished and none is queued
+    t.join(10)
+    assert waited and waited[0] - freed < 3
+    assert run.heavy_started is not None
+    done.set()
+
+
+def test_the_heavy_host_tests_count_on_one_slot_when_shards_are_packed() -> None:
+    costs = vm.Costs({f"t/a.py::{i}": 100.0 for i in range(20)})
+    ids = list(costs.seconds)
+    first, second = vm.shard(ids, 2, costs, preload=[0.0, vm.HEAVY_HOST_SECONDS])
+    # The slot that runs the heavy host tests gets that much less VM work.
+    assert abs(100.0 * len(first) - (100.0 * len(second) + vm.HEAVY_HOST_SECONDS)) <= 100.0
+    assert len(first) > len(second)
