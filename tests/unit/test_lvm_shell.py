@@ -161,3 +161,39 @@ def test_a_closed_shell_never_starts_again(tmp_path: Path) -> None:
     assert shell.start() is False
     assert shell.run(["lvcreate", "-n", "x", "vg0"], ["/usr/sbin/lvcreate"], 5.0) is None
     assert shell.disabled == "closed" and shell.started == 0 and not profile_asked
+
+
+def test_creates_wait_for_a_busy_shell_and_the_others_run_as_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An lvcreate or lvextend holds its pool's lock, which every other create
+    waits for: it waits for the shell another command holds (up to
+    SHELL_WAIT) rather than start a slower process; an lvremove does not."""
+    import threading
+    import time
+
+    shell = lvm_shell.LvmShell({}, lambda: "/usr/sbin/lvm", lambda: "/nonexistent")
+    ran: list[str] = []
+    monkeypatch.setattr(shell, "_exchange",
+                        lambda text, name, deadline: ran.append(name))  # then: no shell
+    busy = threading.Event()
+
+    def other_command() -> None:
+        with shell._lock:
+            busy.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=other_command)
+    t.start()
+    busy.wait(5)
+    t0 = time.monotonic()
+    assert shell.run(["lvremove", "--yes", "vg0/x"], ["/usr/sbin/lvremove"], 5.0) is None
+    assert time.monotonic() - t0 < 0.3 and ran == []  # a process now
+    assert shell.run(["lvcreate", "--yes", "-n", "x", "vg0"], ["/usr/sbin/lvcreate"], 5.0) \
+        is None
+    assert time.monotonic() - t0 >= 0.4 and ran == ["lvcreate"]  # it waited, then had the shell
+    t.join(5)
+    monkeypatch.setattr(lvm_shell, "SHELL_WAIT", 0.1)
+    with shell._lock:  # a shell busy past SHELL_WAIT: a process after all
+        t1 = time.monotonic()
+        assert shell.run(["lvextend", "-L", "1g", "vg0/x"], ["/usr/sbin/lvextend"], 5.0) is None
+        assert 0.05 < time.monotonic() - t1 < 1.0 and ran == ["lvcreate"]
