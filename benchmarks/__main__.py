@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "parse of the VG can end)")
     parser.add_argument("--rounds", type=_positive, default=5,
                         help="rounds per latency figure; the median is shown (default 5)")
+    parser.add_argument("--qos-rounds", type=int, default=5,
+                        help="publishes into a pod's cgroup with and without IO limits, "
+                             "each (0: no IO limits section)")
     parser.add_argument("--encryption-rounds", type=int, default=3,
                         help="rounds of the encrypted volume section: stage, publish and dd "
                         "throughput beside the bare cryptsetup commands and a plain volume "
@@ -119,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
         idle_at=args.idle_at, scale_only=args.scale_only,
         encryption_rounds=max(0, args.encryption_rounds),
+        qos_rounds=max(0, args.qos_rounds),
         first_list_delay=max(0.0, args.first_list_delay),
         progress=None if args.quiet else (lambda s: print(f"bench: {s}", file=sys.stderr,
                                                            flush=True)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import platform
@@ -21,6 +22,7 @@ import threading
 import time
 import traceback
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -82,6 +84,7 @@ class Options:
     idle_at: int | None = None  # measure the idle cost at this scale (None: after the last)
     scale_only: bool = False  # no latency, exec count, concurrency or storm sections
     encryption_rounds: int = 3  # rounds of the encrypted volume section (0: none)
+    qos_rounds: int = 5  # publishes with and without IO limits, each (0: none)
     # Seconds between a scale point's last start and its first ListVolumes (0:
     # at once, the worst case; more: what the plugin's warm-up leaves of it).
     first_list_delay: float = 0.0
@@ -247,6 +250,9 @@ class Bench:
                     self.exec_counts()
                 with self.section("concurrency"):
                     self.concurrency()
+                if self.opts.qos_rounds:
+                    with self.section("IO limits"):
+                        self.qos()
                 if self.opts.storm:
                     with self.section("pod storm"):
                         self.storm()
@@ -534,6 +540,63 @@ class Bench:
                 f"which has {free >> 20} MiB free: give the VM more memory "
                 "(CSI_LOCAL_VM_MEMORY=4G scripts/vm-run ...) or a smaller --storm")
         self._storm(n)
+
+    def qos(self) -> None:
+        """NodePublishVolume and NodeUnpublishVolume of a volume with IO limits
+        into a pod whose cgroup is there (the limits written into its io.max,
+        then lifted), against the same of a volume without limits, alternated
+        round by round (docs/qos.md; goal: publish at most 1.1x)."""
+        root = Path("/sys/fs/cgroup")
+        if not (root / "cgroup.controllers").exists():
+            run("mount", "-t", "cgroup2", "none", str(root))
+        (root / "cgroup.subtree_control").write_text("+io")
+        uid = str(uuid.uuid4())
+        pod = root / "kubepods" / "burstable" / f"pod{uid}"
+        for step in (pod.parent.parent, pod.parent, pod):
+            step.mkdir(exist_ok=True)
+            if step != pod:
+                (step / "cgroup.subtree_control").write_text("+io")
+        times: dict[str, list[float]] = collections.defaultdict(list)
+        try:
+            with self.own_lab(1 << 30, "--cgroup-root", str(root)):
+                assert self.lab is not None
+                vids = {}
+                for kind, params in (("limits", {"writeBps": "100Mi", "readIops": "1000"}),
+                                     ("none", {})):
+                    reply = self.p().controller.CreateVolume(pb.CreateVolumeRequest(
+                        name=f"bench-qos-{kind}",
+                        capacity_range=pb.CapacityRange(required_bytes=VOLUME_BYTES),
+                        volume_capabilities=[_mount_cap()], parameters=params), timeout=600)
+                    vids[kind] = reply.volume.volume_id
+                    self.stage(vids[kind], os.path.join(self.lab.path(f"qos-{kind}"), "staging"))
+                for i in range(self.opts.qos_rounds):
+                    for kind in (("limits", "none") if i % 2 == 0 else ("none", "limits")):
+                        staging = os.path.join(self.lab.path(f"qos-{kind}"), "staging")
+                        target = os.path.join(
+                            self.lab.path(f"qos-{kind}-{i}"), "pods", uid, "volumes",
+                            "kubernetes.io~csi", f"pv-{kind}", "mount")
+                        times[f"publish {kind}"].append(
+                            timed(self.publish, vids[kind], staging, target))
+                        if kind == "limits":
+                            assert "wbps=104857600" in (pod / "io.max").read_text(), \
+                                "the limits were not written"
+                        times[f"unpublish {kind}"].append(
+                            timed(self.unpublish, vids[kind], target))
+                for kind, vid in vids.items():
+                    self.unstage(vid, os.path.join(self.lab.path(f"qos-{kind}"), "staging"))
+                    self.delete(vid)
+        finally:
+            for step in (pod, pod.parent, pod.parent.parent):
+                with contextlib.suppress(OSError):
+                    step.rmdir()
+        for op in ("publish", "unpublish"):
+            name = "NodePublishVolume" if op == "publish" else "NodeUnpublishVolume"
+            self.res.rows.append(Row(
+                f"{name} with IO limits", median(times[f"{op} limits"]),
+                median(times[f"{op} none"]), f"{name} without limits",
+                goal=1.1 if op == "publish" else None, samples=times[f"{op} limits"],
+                raw_samples=times[f"{op} none"],
+                note=f"{self.opts.qos_rounds} rounds, io.max of the pod's cgroup written"))
 
     @contextmanager
     def own_lab(self, vg_bytes: int, *plugin_args: str) -> Iterator[None]:

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="YAML mapping of CreateVolume parameters")
     p.add_argument("--snapshot-parameters", default="", metavar="FILE",
                    help="YAML mapping of CreateSnapshot parameters")
+    p.add_argument("--volume-mutable-parameters", default="", metavar="FILE",
+                   help="YAML mapping of mutable parameters (CreateVolume's "
+                   "mutable_parameters, ControllerModifyVolume); without it the "
+                   "ModifyVolume specs that need them skip")
     p.add_argument("--idempotency-repeats", type=int, default=3, metavar="N")
     p.add_argument("--rpc-timeout", type=float, default=120.0, metavar="SECONDS")
     p.add_argument("--cbt-granularity", default="1M", metavar="SIZE",
@@ -69,6 +73,7 @@ def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
         ("--expand-size", ns.expand_size),
         ("--volume-parameters", ns.volume_parameters),
         ("--snapshot-parameters", ns.snapshot_parameters),
+        ("--volume-mutable-parameters", ns.volume_mutable_parameters),
         ("--junit-xml", ns.junit_xml),
     ):
         if value:

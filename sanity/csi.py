@@ -44,6 +44,7 @@ class Config:
     fs_type: str
     volume_parameters: dict[str, str] = field(default_factory=dict)
     snapshot_parameters: dict[str, str] = field(default_factory=dict)
+    mutable_parameters: dict[str, str] = field(default_factory=dict)
     repeats: int = 3
     timeout: float = 120.0
     cbt_granularity: int = 1 << 20

@@ -50,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--fs-type", default="ext4", help="fs_type for mount volumes (default ext4)")
     g.addoption("--volume-parameters", default="",
                 help="YAML file with a mapping of CreateVolume parameters")
+    g.addoption("--volume-mutable-parameters", default="",
+                help="YAML file with a mapping of mutable parameters (CreateVolume's "
+                     "mutable_parameters and ControllerModifyVolume)")
     g.addoption("--snapshot-parameters", default="",
                 help="YAML file with a mapping of CreateSnapshot parameters")
     g.addoption("--idempotency-repeats", default=3, type=int,
@@ -130,6 +133,8 @@ def cfg(pytestconfig: pytest.Config) -> Iterator[Config]:
         fs_type=opt("fs_type"),
         volume_parameters=_load_params(opt("volume_parameters"), "--volume-parameters"),
         snapshot_parameters=_load_params(opt("snapshot_parameters"), "--snapshot-parameters"),
+        mutable_parameters=_load_params(opt("volume_mutable_parameters"),
+                                        "--volume-mutable-parameters"),
         repeats=opt("idempotency_repeats"),
         timeout=opt("rpc_timeout"),
         cbt_granularity=granularity,

@@ -227,6 +227,14 @@ job "csi-local" {
             source = "/var/lib/csi-local"
             target = "/var/lib/csi-local"
           }
+          # The host's cgroup v2 hierarchy, where a volume's IO limits go into
+          # its allocation's task scopes (docs/qos.md). The container's own
+          # /sys/fs/cgroup is its cgroup namespace's, which holds no task.
+          mount {
+            type   = "bind"
+            source = "/sys/fs/cgroup"
+            target = "/host/sys/fs/cgroup"
+          }
         }
 
         template {
@@ -251,6 +259,7 @@ job "csi-local" {
           CSI_LOCAL_DEFAULT_FS_TYPE     = "ext4"
           CSI_LOCAL_OVERPROVISION_RATIO = "1.0"
           CSI_LOCAL_COMMAND_TIMEOUT     = "120"
+          CSI_LOCAL_CGROUP_ROOT         = "/host/sys/fs/cgroup"
         }
 
         csi_plugin {

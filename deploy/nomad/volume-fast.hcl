@@ -37,6 +37,12 @@ topology_request {
 # no class). A restore (snapshot_id) or a clone (clone_id) stays there too:
 # its specification must name its source's class here, unless that is the
 # default class; another class is refused.
+#
+# IO limits (docs/qos.md): readBps and writeBps in bytes per second
+# (k, M, G, T or Ki, Mi, Gi, Ti), readIops and writeIops in operations per
+# second, enforced on the tasks of the allocations that use the volume.
 parameters {
   deviceClass = "fast"
+  writeBps    = "200Mi"
+  readIops    = "5000"
 }

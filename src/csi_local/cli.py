@@ -24,6 +24,7 @@ from csi_local.config import (
     absolute_path,
     parse_listen_address,
     parse_size,
+    seconds,
     socket_path,
 )
 from csi_local.host.filesystem_rules import SUPPORTED_FS as FS_TYPES
@@ -162,6 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
       help="seconds the RPCs still running at SIGTERM may take before the plugin stops; "
       "keep it below the CO's kill timeout (Nomad's kill_timeout, Kubernetes' "
       "terminationGracePeriodSeconds)")
+    e("--modify-validate-only", action=_EnvDefault, env="CSI_LOCAL_MODIFY_VALIDATE_ONLY",
+      nargs="?", const=True, default="false", type=_bool,
+      help="ControllerModifyVolume validates and records nothing (the central csi-resizer's "
+      "copy, which reaches no node's LVM); each node plugin applies the volume's "
+      "VolumeAttributesClass itself")
+    e("--qos-reconcile-interval", action=_EnvDefault, env="CSI_LOCAL_QOS_RECONCILE_INTERVAL",
+      default="10", type=float,
+      help="seconds between rereads of the published volumes' IO limits: the longest a "
+      "change takes to reach the workloads' io.max")
+    e("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
+      default="/sys/fs/cgroup", help="where the host's cgroup v2 hierarchy is mounted")
     e("--metrics-address", action=_EnvDefault, env="CSI_LOCAL_METRICS_ADDRESS", default="",
       help="serve Prometheus metrics at http://ADDRESS/metrics (host:port or :port); "
       "empty: off")
@@ -174,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
                        default=DEFAULT_ENDPOINT, help="unix:///path/to/csi.sock")
     probe.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    vac = sub.add_parser("vac-sync", help="Kubernetes: carry the PVs' VolumeAttributesClasses "
+                         "to the node plugin's volumes (ControllerModifyVolume on its socket)")
+    vac.add_argument("--endpoint", action=_EnvDefault, env="CSI_ENDPOINT",
+                     default=DEFAULT_ENDPOINT, help="the node plugin's socket")
+    vac.add_argument("--driver-name", action=_EnvDefault, env="CSI_LOCAL_DRIVER_NAME",
+                     default=DEFAULT_DRIVER_NAME, help="the PVs' CSI driver")
+    vac.add_argument("--interval", action=_EnvDefault, env="CSI_LOCAL_VAC_SYNC_INTERVAL",
+                     default="30", type=float, help="seconds between passes over the PVs")
     _add_status_and_doctor(sub)
     return parser
 
@@ -298,6 +318,9 @@ def _add_status_and_doctor(sub: argparse._SubParsersAction[argparse.ArgumentPars
     status.add_argument("--orphan-age", default="1h", type=_duration,
                         help="a CSI volume neither staged nor published and older than this "
                         "is a possible orphan (90s, 30m, 1h, 2d)")
+    status.add_argument("--cgroup-root", action=_EnvDefault, env="CSI_LOCAL_CGROUP_ROOT",
+                        default="/sys/fs/cgroup",
+                        help="as serve's: where the published volumes' IO limits are read")
     doctor.add_argument("--lock-dir", action=_EnvDefault, env="CSI_LOCAL_LOCK_DIR",
                         default=DEFAULT_LOCK_DIR, type=_directory("the lock directory"),
                         help="directory of the lock files")
@@ -354,6 +377,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
             pool_monitor_interval=float(args.pool_monitor_interval),
             shutdown_grace=float(args.shutdown_grace),
             metrics_address=args.metrics_address,
+            modify_validate_only=_bool(args.modify_validate_only),
+            qos_reconcile_interval=float(args.qos_reconcile_interval),
+            cgroup_root=args.cgroup_root,
             backing_file=args.backing_file,
             backing_size=(_size(args.backing_size) if isinstance(args.backing_size, str)
                           else args.backing_size),
@@ -384,6 +410,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "probe":
         return _probe(args.endpoint, args.timeout)
+    if args.command == "vac-sync":
+        from csi_local.csi.vac_sync import InClusterApi, VacSync, socket_modify
+
+        setup_logging("info", "json")
+        try:
+            seconds(args.interval, "the interval")
+        except ConfigError as err:
+            parser.error(str(err))
+        VacSync(InClusterApi.from_environment(), args.driver_name,
+                socket_modify(args.endpoint), args.interval).run()
+        return 0
     if args.command == "status":
         from csi_local.ops import status
 

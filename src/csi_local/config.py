@@ -116,6 +116,13 @@ class Config:
     pool_monitor_interval: float = 10.0
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     metrics_address: str = ""  # host:port or :port of the Prometheus endpoint; "": off
+    # Kubernetes' central csi-resizer copy: ControllerModifyVolume validates
+    # and records nothing; the node plugins converge (docs/qos.md).
+    modify_validate_only: bool = False
+    # Seconds between the node's rereads of its published volumes' IO limits:
+    # the bound on how long a change takes to reach io.max (docs/qos.md).
+    qos_reconcile_interval: float = 10.0
+    cgroup_root: str = "/sys/fs/cgroup"  # where the cgroup v2 hierarchy is mounted
 
     def __post_init__(self) -> None:
         socket_path(self.endpoint)
@@ -161,6 +168,8 @@ class Config:
             raise ConfigError(f"pool flags: {err}") from None
         seconds(self.pool_monitor_interval, "the pool monitor interval")
         seconds(self.shutdown_grace, "the shutdown grace")
+        seconds(self.qos_reconcile_interval, "the QoS reconcile interval")
+        absolute_path(self.cgroup_root, "the cgroup root")
         if self.metrics_address:
             parse_listen_address(self.metrics_address)
 

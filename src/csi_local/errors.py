@@ -274,3 +274,10 @@ class DmStatusUnusable(PoolUnusable):
 class DmReplyMalformed(StorageError):
     """The kernel's DM_TABLE_STATUS reply does not hold together (an offset
     past its end, a string without its NUL): a bug here or in the kernel."""
+
+
+class CgroupError(StorageError):
+    """A workload's cgroup file could not be written: the cgroup went (its
+    workload ended), or the io controller is not enabled for it. IO limits
+    never fail a mount: the node logs it and reports the limit not enforced
+    (docs/qos.md), so no RPC answers with it."""

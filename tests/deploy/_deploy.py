@@ -75,6 +75,15 @@ CONTAINER_LVM_CONF = REPO / "deploy" / "container" / "lvm.conf"
 DRIVER = "lvm.csi-local.dev"
 TOPOLOGY_KEY = "topology.lvm.csi-local.dev/node"
 PLUGIN_IMAGE_RE = re.compile(r"^(.*/)?csi-local:[\w.-]+$")
+# The plugin image's other command in the node pod (docs/qos.md): not
+# `csi-local serve`, so not a plugin invocation; checked on its own.
+VAC_SYNC_COMMAND = ["csi-local", "vac-sync"]
+
+
+def is_plugin(c: dict[str, Any]) -> bool:
+    """A container that runs the plugin (`csi-local serve`, the image's
+    ENTRYPOINT), not the image's vac-sync."""
+    return bool(PLUGIN_IMAGE_RE.match(c["image"])) and c.get("command") != VAC_SYNC_COMMAND
 # What the manifests call the plugin's image (what scripts/build-image makes
 # when told this name); base/kustomization.yaml's images entry gives its tag,
 # and an operator's own kustomization its registry.
@@ -220,7 +229,7 @@ def k8s_plugin_invocations() -> Iterator[PluginInvocation]:
             continue
         spec = doc["spec"] if doc["kind"] == "Pod" else pod_spec(doc)
         for c in spec.get("containers", []) + spec.get("initContainers", []):
-            if not PLUGIN_IMAGE_RE.match(c["image"]):
+            if not is_plugin(c):
                 continue
             inv = PluginInvocation(where=f"{path.name}:{doc['metadata']['name']}/{c['name']}")
             assert "command" not in c, "the image ENTRYPOINT (csi-local serve) must be used"

@@ -23,6 +23,7 @@ from tests.deploy._deploy import (
     CONFIG_MAP,
     DEVICE_CLASSES_DIR,
     DRIVER,
+    EXAMPLES_DIR,
     K8S_DIR,
     KUBELET_DIR_COMPONENT,
     PLUGIN_IMAGE_NAME,
@@ -35,6 +36,7 @@ from tests.deploy._deploy import (
     SNAPSHOTS_COMPONENT,
     SNAPSHOTS_DIR,
     TOPOLOGY_KEY,
+    VAC_SYNC_COMMAND,
     VARIANT_DIRS,
     all_docs,
     check_classes_shape,
@@ -44,6 +46,7 @@ from tests.deploy._deploy import (
     find,
     generated_config_map,
     image_repo,
+    is_plugin,
     kustomization,
     kustomize_docs,
     load_docs,
@@ -790,7 +793,7 @@ def test_sidecars_beside_a_privileged_plugin_are_privileged() -> None:
         if doc["kind"] not in ("DaemonSet", "Deployment"):
             continue
         containers = pod_spec(doc)["containers"]
-        plugins = [c for c in containers if PLUGIN_IMAGE_RE.match(c["image"])]
+        plugins = [c for c in containers if is_plugin(c)]
         assert len(plugins) == 1, doc["metadata"]["name"]
         plugin_privileged = plugins[0].get("securityContext", {}).get("privileged") is True
         for c in containers:
@@ -802,6 +805,7 @@ def test_sidecars_beside_a_privileged_plugin_are_privileged() -> None:
             checked.append((doc["metadata"]["name"], c["name"], privileged))
     assert ("csi-local-node", "csi-provisioner", True) in checked
     assert ("csi-local-node", "liveness-probe", True) in checked
+    assert ("csi-local-node", "vac-sync", True) in checked
     # both unprivileged: same SELinux type and level, nothing to widen
     assert ("csi-local-resizer", "csi-resizer", False) in checked
 
@@ -1494,7 +1498,8 @@ def test_documented_image_override(tmp_path: Path) -> None:
     wanted = f"{entry['newName']}:{entry['newTag']}"
     plugins = [c for w in _workloads(built) for c in pod_spec(w)["containers"]
                if PLUGIN_IMAGE_RE.match(c["image"])]
-    assert len(plugins) == 2 and {c["image"] for c in plugins} == {wanted}
+    # the two plugins and the node pod's vac-sync, the same image
+    assert len(plugins) == 3 and {c["image"] for c in plugins} == {wanted}
     for c in plugins:
         c["image"] = "?"
     shipped = kustomize_docs(K8S_DIR)
@@ -1537,7 +1542,8 @@ def test_liveness_timeouts_agree(directory: Path) -> None:
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The containers that call the API server (by image); every other one of the
 # pods talks to kubelet, to the plugin's socket, or to nothing.
-API_CALLERS = {"csi-provisioner", "csi-snapshotter", "csi-resizer", "csi-snapshot-metadata"}
+API_CALLERS = {"csi-provisioner", "csi-snapshotter", "csi-resizer", "csi-snapshot-metadata",
+               "vac-sync"}
 
 
 @pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
@@ -1552,11 +1558,13 @@ def test_api_credentials_only_where_the_api_is_called(directory: Path) -> None:
         assert spec.get("automountServiceAccountToken") is False, w["metadata"]["name"]
         for c in spec["containers"]:
             mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == SA_PATH]
-            calls = image_repo(c["image"]) in API_CALLERS
+            caller = ("vac-sync" if c.get("command") == VAC_SYNC_COMMAND
+                      else image_repo(c["image"]))
+            calls = caller in API_CALLERS
             assert bool(mounts) == calls, (w["metadata"]["name"], c["name"])
             if not mounts:
                 continue
-            seen.add(image_repo(c["image"]))
+            seen.add(caller)
             (m,) = mounts
             assert m.get("readOnly") is True and "subPath" not in m
             sources = _volume(w, m["name"])["projected"]["sources"]
@@ -1575,11 +1583,68 @@ def test_api_credentials_only_where_the_api_is_called(directory: Path) -> None:
 
 
 def test_the_plugin_never_holds_an_api_token() -> None:
-    """The plugin calls no Kubernetes API: nothing in it reads a token."""
+    """The plugin calls no Kubernetes API: nothing it runs reads a token. The
+    one reader is `csi-local vac-sync` (csi/vac_sync.py), a command of its own
+    in a container of its own (test_vac_sync_container), which only the
+    command line's vac-sync branch imports."""
     src = REPO / "src" / "csi_local"
+    reader = src / "csi" / "vac_sync.py"
     for path in src.rglob("*.py"):
         text = path.read_text()
+        if path == reader:
+            continue
         assert "serviceaccount" not in text and "kubernetes.default" not in text, path
+        if "vac_sync" in text:
+            assert path == src / "cli.py", path
+    cli = (src / "cli.py").read_text()
+    (branch,) = re.findall(r'if args.command == "vac-sync":\n(.*?)\n    if ', cli, re.S)
+    assert "csi_local.csi.vac_sync" in branch
+
+
+def test_vac_sync_container() -> None:
+    """The node pod's vac-sync: the plugin image's vac-sync command on the
+    plugin's socket, for the plugin's driver; it reads PVs and
+    VolumeAttributesClasses (read only), and the resizer's plugin copy
+    records nothing of a ControllerModifyVolume (docs/qos.md)."""
+    ds = one("DaemonSet", "csi-local-node")
+    c = container(ds, "vac-sync")
+    plugin = container(ds, "csi-local")
+    assert c["command"] == VAC_SYNC_COMMAND and "args" not in c
+    assert c["image"] == plugin["image"]
+    assert _env(c)["CSI_ENDPOINT"] == _env(plugin)["CSI_ENDPOINT"]
+    assert _env(c)["CSI_LOCAL_DRIVER_NAME"]["value"] == DRIVER
+    assert float(_env(c)["CSI_LOCAL_VAC_SYNC_INTERVAL"]["value"]) > 0
+    assert {m["name"] for m in c["volumeMounts"]} == {"plugin-dir", "kube-api-access"}
+    sa = pod_spec(ds)["serviceAccountName"]
+    granted = _granted(sa, ds["metadata"]["namespace"])
+    for resource in ("persistentvolumes", "volumeattributesclasses"):
+        group = "" if resource == "persistentvolumes" else "storage.k8s.io"
+        assert {(group, resource, v) for v in ("get", "list")} <= granted
+    assert ("storage.k8s.io", "volumeattributesclasses", "update") not in granted
+    resizer = one("Deployment", "csi-local-resizer")
+    assert _env(container(resizer, "csi-local"))["CSI_LOCAL_MODIFY_VALIDATE_ONLY"]["value"] \
+        == "true"
+    assert "--feature-gates=VolumeAttributesClass=true" in container(resizer, "csi-resizer")["args"]
+    assert "--feature-gates=VolumeAttributesClass=true" in \
+        container(ds, "csi-provisioner")["args"]
+    # the node plugin itself applies a ControllerModifyVolume
+    assert "CSI_LOCAL_MODIFY_VALIDATE_ONLY" not in _env(plugin)
+
+
+def test_example_volume_attributes_class() -> None:
+    """The example class: valid as storage.k8s.io/v1 from Kubernetes 1.34 on
+    and, with only its apiVersion changed, as v1beta1 at 1.31; for this
+    driver; its parameters what ControllerModifyVolume accepts."""
+    from csi_local.volumes import qos
+
+    (vac,) = load_docs(EXAMPLES_DIR / "qos" / "volumeattributesclass.yaml")
+    assert vac["driverName"] == DRIVER
+    for version in [v for v in K8S_VERSIONS if tuple(map(int, v.split("."))) >= (1, 34)]:
+        kubernetes_validate.validate(vac, version, strict=True)
+    kubernetes_validate.validate({**vac, "apiVersion": "storage.k8s.io/v1beta1"}, K8S_VERSION,
+                                 strict=True)
+    assert set(vac["parameters"]) <= set(qos.CSI_PARAMETERS)
+    assert all(qos.changes_from(vac["parameters"]).values())
 
 
 def test_resizer_pod_runs_without_privileges() -> None:

@@ -15,6 +15,7 @@ import hcl2
 import pytest
 
 from csi_local.dhv.request import parse_parameters
+from csi_local.volumes import qos
 from tests.deploy._deploy import (
     BASE_DIR,
     NOMAD_DIR,
@@ -361,10 +362,10 @@ def test_host_volume_uses_dhv_plugin() -> None:
 
 CLASSES_TOML = NOMAD_DIR / "classes.toml"
 # csi-local-dhv's parameters (docs/nomad-host-volumes.md) and the CSI plugin's
-# own CreateVolume parameter (others but csi.storage.k8s.io/* are refused)
+# own CreateVolume parameters (others but csi.storage.k8s.io/* are refused)
 DHV_PARAMETERS = {"fs_type", "mount_options", "source_volume", "source_snapshot",
                   "attachment_mode", "device_class"}
-CSI_PARAMETERS = {"deviceClass"}
+CSI_PARAMETERS = {"deviceClass", *qos.CSI_PARAMETERS}
 
 
 def _classes() -> dict[str, dict[str, Any]]:
@@ -399,6 +400,8 @@ def test_volume_parameters_are_the_plugins(path: Path) -> None:
 
 def test_device_class_examples() -> None:
     assert _parameters(NOMAD_DIR / "volume-fast.hcl")["deviceClass"] == "fast"
+    # its IO limits are values CreateVolume takes
+    assert all(qos.changes_from(_parameters(NOMAD_DIR / "volume-fast.hcl")).values())
     host = _parameters(NOMAD_DIR / "host-volume-fast.hcl")
     assert host["device_class"] == "fast"
     # otherwise as host-volume.hcl

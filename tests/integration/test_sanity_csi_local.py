@@ -44,6 +44,10 @@ def test_sanity_against_csi_local(access_type: str, plugin: Any) -> None:
     work = Path(plugin.workdir) / f"sanity-{access_type}"
     staging, mount = work / "staging", work / "mount"
     junit = work / "junit.xml"
+    work.mkdir(parents=True, exist_ok=True)
+    # IO limits (docs/qos.md) are the mutable parameters: the ModifyVolume specs run.
+    mutable = work / "mutable.yaml"
+    mutable.write_text('writeBps: "100Mi"\nreadIops: "1000"\n')
     cmd = [
         sys.executable, "-m", "sanity",
         "--endpoint", plugin.endpoint,
@@ -51,6 +55,7 @@ def test_sanity_against_csi_local(access_type: str, plugin: Any) -> None:
         "--volume-size", "64M", "--expand-size", "128M",
         "--staging-dir", str(staging), "--mount-dir", str(mount),
         "--junit-xml", str(junit),
+        "--volume-mutable-parameters", str(mutable),
     ]
     if access_type == "block":
         cmd += ["-m", "access_type"]
@@ -69,6 +74,10 @@ def test_sanity_against_csi_local(access_type: str, plugin: Any) -> None:
                if c.find("failure") is not None or c.find("error") is not None]
     assert proc.returncode == 0, f"sanity failed against csi-local: {failing}\n{output[-20000:]}"
     assert not failing
+    modify = [c for c in cases if "test_modify" in (c.get("classname") or "")]
+    assert len(modify) >= 8 and not [c.get("name") for c in modify
+                                     if c.find("skipped") is not None], \
+        "the ModifyVolume specs must run, not skip"
     least = 80 if access_type == "mount" else 20
     assert len(cases) >= least, f"only {len(cases)} sanity test cases ran"
     leftovers = _mounts_under(staging) + _mounts_under(mount)

@@ -26,6 +26,9 @@ that the suite sees both styles.
   group-not-idempotent  a repeated CreateVolumeGroupSnapshot makes a new group
   field-order           NodePublishVolume answers FAILED_PRECONDITION for a missing
                         staging_target_path before it checks volume_capability
+  modify-unknown        ControllerModifyVolume accepts a mutable parameter it does not know
+
+Its one mutable parameter (MODIFY_VOLUME) is ``tier``; it is only recorded.
 
 Run: fakeplugin.py --endpoint unix:///tmp/x.sock --workdir DIR [--break NAME]
 """
@@ -55,7 +58,8 @@ from csi_local._gen import csi_pb2, csi_pb2_grpc
 
 BREAKS = ("required-field", "retry-id", "leak-mount", "wrong-restore", "cbt-ignores-offset",
           "cbt-misses-range", "cbt-max-results", "cbt-delta-allocated", "group-not-idempotent",
-          "field-order")
+          "field-order", "modify-unknown")
+MUTABLE = frozenset({"tier"})
 DEFAULT_SIZE = 64 << 20
 CBT_BLOCK = 64 << 10
 CBT_RESULTS = 16  # tuples per message when max_results is 0: streams of several messages
@@ -227,7 +231,7 @@ class Identity(csi_pb2_grpc.IdentityServicer):
 
 CTRL_CAPS = ["CREATE_DELETE_VOLUME", "LIST_VOLUMES", "GET_CAPACITY", "CREATE_DELETE_SNAPSHOT",
              "LIST_SNAPSHOTS", "CLONE_VOLUME", "EXPAND_VOLUME", "GET_VOLUME", "GET_SNAPSHOT",
-             "SINGLE_NODE_MULTI_WRITER", "VOLUME_CONDITION"]
+             "SINGLE_NODE_MULTI_WRITER", "VOLUME_CONDITION", "MODIFY_VOLUME"]
 NODE_CAPS = ["STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS", "EXPAND_VOLUME",
              "SINGLE_NODE_MULTI_WRITER", "VOLUME_CONDITION"]
 
@@ -236,7 +240,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def __init__(self, s: State) -> None:
         self.s = s
 
-    # Not offered (no PUBLISH_UNPUBLISH_VOLUME or MODIFY_VOLUME capability):
+    # Not offered (no PUBLISH_UNPUBLISH_VOLUME capability):
     # UNIMPLEMENTED, as the generated base class answers, spelled out because
     # the typed stubs declare every method abstract.
     def ControllerPublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -245,8 +249,17 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def ControllerUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
         context.abort(Code.UNIMPLEMENTED, "ControllerUnpublishVolume is not supported")
 
-    def ControllerModifyVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(Code.UNIMPLEMENTED, "ControllerModifyVolume is not supported")
+    def _check_mutable(self, params: Any) -> None:
+        unknown = sorted(set(params) - MUTABLE)
+        if unknown and self.s.broken != "modify-unknown":
+            raise Abort(Code.INVALID_ARGUMENT, f"unknown mutable parameters: {unknown}")
+
+    @guarded
+    def ControllerModifyVolume(self, request: Any, context: Any) -> Any:
+        need(request.volume_id, "volume_id")
+        self._check_mutable(request.mutable_parameters)
+        self._vol(request.volume_id)
+        return csi_pb2.ControllerModifyVolumeResponse()
 
     def ControllerGetCapabilities(self, request: Any, context: Any) -> Any:
         t = csi_pb2.ControllerServiceCapability
@@ -274,6 +287,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
             need(len(request.volume_capabilities), "volume_capabilities")
         for cap in request.volume_capabilities:
             check_cap(cap)
+        self._check_mutable(request.mutable_parameters)
         req, lim = request.capacity_range.required_bytes, request.capacity_range.limit_bytes
         if req < 0 or lim < 0 or (lim and req > lim):
             raise Abort(Code.OUT_OF_RANGE, f"bad capacity range {req}..{lim}")

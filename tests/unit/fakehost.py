@@ -40,8 +40,9 @@ LVM commands, device-mapper's and the thin tools' view of a pool),
 devices.py (block devices, what is on them, mkfs & co., loop devices),
 mounts.py (the mount table, mount(8), umount(8), binds, freezes, the tools
 that grow a mounted file system), crypt.py (cryptsetup and dm-crypt
-devices). FakeHost composes them, holds their state and is the Runner: it
-dispatches each command to its part's simulation.
+devices), cgroups.py (the cgroup v2 hierarchy and io.max). FakeHost
+composes them, holds their state and is the Runner: it dispatches each
+command to its part's simulation.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from collections.abc import Callable, Sequence
 
 from csi_local.errors import CommandError
 from csi_local.host.runner import Result
+from tests.unit.fakes.cgroups import FakeCgroups
 from tests.unit.fakes.common import (
     DM_MAJOR,
     LOOP_MAJOR,
@@ -68,7 +70,7 @@ __all__ = ["DM_MAJOR", "LOOP_MAJOR", "Content", "FakeHost", "FakeLoop", "FakeLv"
            "GiB", "MiB", "lv_text"]
 
 
-class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, WholeOutputStreams):
+class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, FakeCgroups, WholeOutputStreams):
     """The host's LVM, devices and mounts in memory; also the Runner."""
 
     def __init__(self, vg: str = "vg0", pool: str = "pool0", pool_size: int = 10 * GiB,
@@ -104,6 +106,7 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, WholeOutputStreams):
         # Debian 12 (6.1) cannot nest LVM's lockfs suspend of a thin origin in
         # such a freeze; newer ones can (`nested_freeze`).
         self.frozen: set[tuple[int, int]] = set()
+        self.init_cgroups()
         self.nested_freeze = True
         self.add_vg(vg, pool=pool if with_pool else None, pool_size=pool_size, extent=extent,
                     vg_size=vg_size, present=with_vg)

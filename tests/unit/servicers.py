@@ -76,7 +76,8 @@ class Node:
 
 def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float = 1.0,
               pool_size: int = 10 * GiB, node_expansion_only: bool = False,
-              policy: PoolPolicy | None = None, **host_args: Any) -> Node:
+              policy: PoolPolicy | None = None, modify_validate_only: bool = False,
+              **host_args: Any) -> Node:
     """A node whose VG `vg0` has a 10 GiB thin pool `pool0` (4 MiB extents)."""
     # mkfs.* presence is a property of the real machine; the fake has them all.
     monkeypatch.setattr(fsrules, "mkfs_available", lambda fs: True)
@@ -85,13 +86,14 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
     config = Config(endpoint=f"unix://{tmp_path}/csi.sock", node_id="node-1",
                     volume_group=VG, thin_pool=POOL, state_dir=str(tmp_path / "state"),
                     lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
-                    node_expansion_only=node_expansion_only)
+                    node_expansion_only=node_expansion_only,
+                    modify_validate_only=modify_validate_only)
     lvm = Lvm(host, VG, POOL)
     locks = Locks(config.lock_dir, timeout=0.2)
     backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, ratio, policy)),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32))
+                      paginator=Paginator(b"k" * 32), cgroups=host)
     root = tmp_path / "co"
     root.mkdir()
     return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
@@ -135,7 +137,7 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
     backend = Backend(config=config, pools=Pools(config.classes, host, locks, policy),
                       fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32))
+                      paginator=Paginator(b"k" * 32), cgroups=host)
     root = tmp_path / "co"
     root.mkdir()
     return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)

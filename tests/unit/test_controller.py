@@ -1217,7 +1217,8 @@ def test_get_capacity_above_the_high_water_mark(tmp_path: Path,
 
 ALWAYS = {RPC.CREATE_DELETE_VOLUME, RPC.GET_CAPACITY, RPC.LIST_VOLUMES, RPC.GET_VOLUME,
           RPC.VOLUME_CONDITION, RPC.CREATE_DELETE_SNAPSHOT, RPC.LIST_SNAPSHOTS,
-          RPC.GET_SNAPSHOT, RPC.CLONE_VOLUME, RPC.SINGLE_NODE_MULTI_WRITER}
+          RPC.GET_SNAPSHOT, RPC.CLONE_VOLUME, RPC.SINGLE_NODE_MULTI_WRITER,
+          RPC.MODIFY_VOLUME}
 
 
 @pytest.mark.parametrize(("node_expansion_only", "expected"), [
@@ -1341,7 +1342,6 @@ def test_controller_expand_volume_grown_meanwhile(tmp_path: Path,
 @pytest.mark.parametrize(("rpc", "request_"), [
     ("ControllerPublishVolume", pb.ControllerPublishVolumeRequest(volume_id=V, node_id=NODE_ID)),
     ("ControllerUnpublishVolume", pb.ControllerUnpublishVolumeRequest(volume_id=V)),
-    ("ControllerModifyVolume", pb.ControllerModifyVolumeRequest(volume_id=V)),
 ])
 def test_unimplemented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rpc: str,
                        request_: Any) -> None:

@@ -168,7 +168,7 @@ REFUSED = [
     # A class's table.
     bad("unknown-class-key", one_class(*VG_POOL, "size = 3"), 4,
         "class 'fast': unknown key 'size' (known: volume_group, thin_pool, "
-        "overprovision_ratio, default_fs_type, lvcreate, encryption)"),
+        "overprovision_ratio, default_fs_type, lvcreate, encryption, qos)"),
     bad("unknown-class-key-second-class", toml('default = "a"', *TWO, "zero = true"), 8,
         "class 'b': unknown key 'zero'"),
     bad("missing-volume-group", one_class('thin_pool = "pool"'), 1,

@@ -36,6 +36,7 @@ from csi_local.errors import (
 )
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host import mounts
+from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
@@ -200,7 +201,8 @@ def _servicers(tmp_path: Path, runner: FakeRunner) -> tuple[ControllerServicer, 
     backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, 1.0)),
                       fs=Filesystems(runner, Host()), host=Host(),
                       state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32))
+                      paginator=Paginator(b"k" * 32),
+                      cgroups=Cgroups(str(tmp_path / "cgroup")))  # never the host's
     return ControllerServicer(backend), NodeServicer(backend)
 
 

@@ -124,7 +124,8 @@ def test_volumes_snapshots_and_where_they_are_used(node: Node) -> None:
     assert v["kind"] == "volume" and v["size"] == GiB and v["data_percent"] == 12.5
     assert v["co_names"] == {"pvc_name": "data", "pvc_namespace": "ns"}
     assert v["staged"] == {"path": staging, "access_type": "mount", "fs_type": "ext4"}
-    assert v["published"] == [{"target": target, "readonly": True}]
+    assert v["published"] == [{"target": target, "readonly": True, "io_limits": ""}]
+    assert v["io_limits"] == {}
     assert v["condition"] == {"abnormal": False, "message": "volume is healthy"}
     assert v["source"] is None and not v["possible_orphan"]
     assert by_id[restored]["source"] == f"snapshot:{snap}"

@@ -28,7 +28,7 @@ from csi_local.csi.rpc import (
 from csi_local.errors import VolumeGroupMissing
 from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.volumes import encryption, naming
+from csi_local.volumes import encryption, naming, qos
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool
@@ -110,7 +110,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         """The device class the parameters name (None: the default); INVALID_ARGUMENT
         for unknown parameters."""
         own = validation.parameters(parameters, (naming.DEVICE_CLASS_PARAMETER,
-                                                 encryption.PARAMETER))
+                                                 encryption.PARAMETER, *qos.CSI_PARAMETERS))
         return own.get(naming.DEVICE_CLASS_PARAMETER) or None
 
     # volumes -------------------------------------------------------------
@@ -128,9 +128,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             self.topology_key, self.node_id,
         )
         encrypted = validation.encryption_asked(request.parameters)
+        # A VolumeAttributesClass's limits (mutable_parameters) win over the
+        # StorageClass's, as the spec has it.
+        limits = {**validation.qos_changes(request.parameters),
+                  **validation.mutable_parameters(request.mutable_parameters)}
         source = self._requested_source(request)
         lv = self.volumes.create_volume(VolumeRequest(
-            name, asked, required, limit, source, request.parameters, fs_types, encrypted))
+            name, asked, required, limit, source, request.parameters, fs_types, encrypted,
+            limits))
         # Its content source is the request's: a new volume is tagged with it,
         # and an existing one is returned only when its tag names the same.
         return pb.CreateVolumeResponse(volume=self._volume_message(lv, source))
@@ -299,6 +304,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             RPC.CREATE_DELETE_VOLUME, RPC.GET_CAPACITY, RPC.LIST_VOLUMES, RPC.GET_VOLUME,
             RPC.VOLUME_CONDITION, RPC.CREATE_DELETE_SNAPSHOT, RPC.LIST_SNAPSHOTS,
             RPC.GET_SNAPSHOT, RPC.CLONE_VOLUME, RPC.SINGLE_NODE_MULTI_WRITER,
+            RPC.MODIFY_VOLUME,
         ]
         if not self.config.node_expansion_only:
             rpcs.append(RPC.EXPAND_VOLUME)
@@ -334,7 +340,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             capacity_bytes=lv.size, node_expansion_required=not block or encrypted
         )
 
-    # Local volumes need no attach, and there is nothing to modify.
+    # Local volumes need no attach.
 
     def ControllerPublishVolume(
         self, request: pb.ControllerPublishVolumeRequest, context: grpc.ServicerContext
@@ -349,7 +355,16 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ControllerModifyVolume(
         self, request: pb.ControllerModifyVolumeRequest, context: grpc.ServicerContext
     ) -> pb.ControllerModifyVolumeResponse:
-        raise Unimplemented("ControllerModifyVolume is not supported")
+        volume_id = validation.object_id(request.volume_id, "volume_id")
+        changes = validation.mutable_parameters(request.mutable_parameters)
+        if self.config.modify_validate_only:
+            # Kubernetes' central csi-resizer copy: it reaches no node's LVM.
+            # The node plugin that holds the volume reads the PV's
+            # VolumeAttributesClass itself and converges (docs/qos.md).
+            return pb.ControllerModifyVolumeResponse()
+        limits = self.volumes.modify_volume(volume_id, changes)
+        log.info("volume %s: IO limits now %s", volume_id, limits.describe())
+        return pb.ControllerModifyVolumeResponse()
 
     # snapshots -----------------------------------------------------------
 

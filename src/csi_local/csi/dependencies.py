@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from csi_local.config import Config
 from csi_local.csi.pagination import Paginator
+from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.pool import Pools
+from csi_local.volumes.qos_enforcement import QosEnforcer
 
 
 @dataclass
@@ -34,6 +36,16 @@ class Backend:
     # Told the reason ("key_refused", "key_missing", "mismatch", "error")
     # each time an encrypted volume's device fails to open: for the metrics.
     on_open_failure: Callable[[str], None] | None = None
+    # The host's cgroup v2 hierarchy, where IO limits are enforced (docs/qos.md).
+    cgroups: Cgroups = field(default_factory=Cgroups)
+    # Told the reason each time a publish's IO limits cannot be enforced.
+    on_qos_unenforced: Callable[[str], None] | None = None
+
+    @functools.cached_property
+    def qos(self) -> QosEnforcer:
+        """The one enforcer of this node's IO limits: the node servicer's
+        publishes and the reconcile loop share its last outcomes."""
+        return QosEnforcer(self.cgroups, self.host, self.on_qos_unenforced)
 
     @functools.cached_property
     def freezes(self) -> Freezes:

@@ -44,7 +44,7 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
             backend.pools, backend.locks, backend.fs, backend.host,
             VolumeSteps(backend.fs, backend.host, CSI_TAGS, backend.state,
                         on_open_failure=backend.on_open_failure),
-            backend.state)
+            backend.state, backend.qos)
 
     def _capability(self, cap: pb.VolumeCapability) -> validation.Capability:
         """The request's one capability. A file system it does not name is

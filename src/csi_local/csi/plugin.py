@@ -19,6 +19,7 @@ from csi_local.csi.pagination import Paginator
 from csi_local.csi.snapshot_metadata_servicer import SnapshotMetadataServicer
 from csi_local.errors import StorageError
 from csi_local.host.atomic_files import write_atomic
+from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
@@ -34,6 +35,7 @@ from csi_local.volumes.known_vgs import KnownVolumeGroups
 from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pools
 from csi_local.volumes.pool_monitor import PoolMonitor
+from csi_local.volumes.qos_enforcement import QosReconciler
 
 if TYPE_CHECKING:
     from csi_local.ops.metrics import Metrics
@@ -106,7 +108,16 @@ class CsiPlugin:
             fs=Filesystems(runner, host), host=host, state=state, locks=locks,
             paginator=Paginator(_token_key(config.state_dir)),
             on_open_failure=metrics.open_failed if metrics else None,
+            cgroups=Cgroups(config.cgroup_root),
+            on_qos_unenforced=metrics.qos_unenforced if metrics else None,
         )
+        # IO limits converge on the node: every published volume's tags reread
+        # from the committed metadata, its workloads' io.max rewritten where it
+        # differs (docs/qos.md).
+        self.qos_reconciler = QosReconciler(self.backend.qos, pools, locks, state.all,
+                                            config.qos_reconcile_interval)
+        if metrics is not None:
+            metrics.watch_qos(self.backend.qos)
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
@@ -130,6 +141,8 @@ class CsiPlugin:
         beside the first calls, none before them."""
         for monitor in self.monitors:
             monitor.start()
+        # Its first round runs at once: limits changed while the plugin was down.
+        self.qos_reconciler.start()
         # Serving already: the shell starts beside the first calls, not before.
         self.runner.start_shell()
         threading.Thread(target=self._warm, name="warm-listing", daemon=True).start()
@@ -147,5 +160,6 @@ class CsiPlugin:
     def close(self) -> None:
         for monitor in self.monitors:
             monitor.stop()
+        self.qos_reconciler.stop()
         self.backend.state.close()
         self.runner.close()

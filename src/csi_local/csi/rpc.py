@@ -144,6 +144,9 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.DeviceMapperMissing: "FAILED_PRECONDITION",
     errors.DmStatusUnusable: "FAILED_PRECONDITION",
     errors.DmReplyMalformed: "INTERNAL",
+    # Caught below the RPCs (IO limits never fail a publish): INTERNAL if one
+    # ever got this far.
+    errors.CgroupError: "INTERNAL",
 }
 
 # Where an RPC's error table says otherwise.

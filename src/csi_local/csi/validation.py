@@ -17,7 +17,7 @@ from csi_local.csi.rpc import InvalidArgument, ResourceExhausted
 from csi_local.errors import MountOptionError
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key
-from csi_local.volumes import encryption
+from csi_local.volumes import encryption, qos
 from csi_local.volumes.node_records import AccessType
 
 Mode = pb.VolumeCapability.AccessMode.Mode
@@ -170,6 +170,26 @@ def parameters(params: Mapping[str, str], allowed: Sequence[str] = ()) -> dict[s
         own[key] = value
     return own
 
+
+
+def mutable_parameters(params: Mapping[str, str]) -> dict[str, int | None]:
+    """A CreateVolume's or ControllerModifyVolume's mutable_parameters: the
+    IO limits they set ({io.max key: value, None for `max`}). Only the
+    limits can change after a volume is made: any other key, a CO's own
+    included, is INVALID_ARGUMENT naming it, and so is a bad value."""
+    for key in params:
+        if key not in qos.CSI_PARAMETERS:
+            raise InvalidArgument(
+                f"unknown mutable parameter {key!r} (mutable: {', '.join(qos.CSI_PARAMETERS)})")
+    return qos_changes(params)
+
+
+def qos_changes(params: Mapping[str, str]) -> dict[str, int | None]:
+    """The IO limits that parameters name; INVALID_ARGUMENT naming a bad one."""
+    try:
+        return qos.changes_from(params)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
 
 
 # The keys kubelet adds to NodePublishVolume's volume_context when the

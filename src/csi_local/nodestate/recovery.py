@@ -24,6 +24,9 @@ from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, naming
 from csi_local.volumes.node_records import (
+    K8S_BLOCK_PUBLISH,
+    K8S_PUBLISH,
+    NOMAD_PUBLISH,
     AccessType,
     Publish,
     Staging,
@@ -34,12 +37,10 @@ from csi_local.volumes.pool import Pools
 
 log = logging.getLogger(__name__)
 
-# kubelet (pkg/volume/csi): staging and publish paths of file-system volumes,
-# staging and publish paths of block volumes, and kubelet's own binds.
+# kubelet (pkg/volume/csi): staging paths of file-system and block volumes,
+# and kubelet's own binds; the publish paths are node_records'.
 _K8S_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/(?!volumeDevices/)[^/]+/[^/]+/globalmount\Z")
-_K8S_PUBLISH = re.compile(r"/pods/[^/]+/volumes/kubernetes\.io~csi/[^/]+/mount\Z")
 _K8S_BLOCK_STAGE = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/staging/[^/]+\Z")
-_K8S_BLOCK_PUBLISH = re.compile(r"/plugins/kubernetes\.io/csi/volumeDevices/publish/[^/]+/[^/]+\Z")
 # kubelet's own: the device bound under volumeDevices/<pv>/dev/<pod-uid>, the
 # pod's volumeDevices links, and subPath binds. Never a CO request to us.
 _K8S_OWN = re.compile(
@@ -47,11 +48,9 @@ _K8S_OWN = re.compile(
     r"|/pods/[^/]+/volumeDevices/"
     r"|/pods/[^/]+/volume-subpaths/"
 )
-# Nomad (client/pluginmanager/csimanager): <mount dir>/staging/[<namespace>/]<volume>/<usage>
-# and <mount dir>/per-alloc/<alloc id>/<volume>/<usage>.
+# Nomad (client/pluginmanager/csimanager): <mount dir>/staging/[<namespace>/]<volume>/<usage>.
 _NOMAD_STAGE = re.compile(
     r"/staging/(?:[^/]+/)?[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+\Z")
-_NOMAD_PUBLISH = re.compile(r"/per-alloc/[^/]+/[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+\Z")
 
 STAGING, PUBLISH, FOREIGN, UNKNOWN = "staging", "publish", "foreign", "unknown"
 
@@ -69,12 +68,12 @@ def classify(path: str, *, block_node: bool, volume_id: str) -> str:
             return STAGING  # our own shape (node_records.block_stage_file)
         if _K8S_BLOCK_STAGE.search(parent) or _NOMAD_STAGE.search(parent):
             return FOREIGN  # another file in a staging directory is not ours
-        if _K8S_BLOCK_PUBLISH.search(path) or _NOMAD_PUBLISH.search(path):
+        if K8S_BLOCK_PUBLISH.search(path) or NOMAD_PUBLISH.search(path):
             return PUBLISH
         return UNKNOWN
     if _K8S_STAGE.search(path) or _NOMAD_STAGE.search(path):
         return STAGING
-    if _K8S_PUBLISH.search(path) or _NOMAD_PUBLISH.search(path):
+    if K8S_PUBLISH.search(path) or NOMAD_PUBLISH.search(path):
         return PUBLISH
     return UNKNOWN
 

@@ -54,6 +54,7 @@ from csi_local.volumes import naming
 from csi_local.volumes.lifecycle import OPEN_FAILURE_REASONS
 from csi_local.volumes.pool import capacity_of
 from csi_local.volumes.pool_monitor import PoolMonitor, Reading
+from csi_local.volumes.qos_enforcement import QosEnforcer, Reason
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ class Metrics:
         # increase() an alert sees, not a series that appears (at 1) from none.
         for reason in OPEN_FAILURE_REASONS:
             self.open_failures.labels(reason=reason)
+        self.qos_unenforced_total = Counter(
+            "qos_unenforced", "Times a published volume's IO limits could not be enforced "
+            f"on its workload, by reason ({', '.join(Reason)}); the mount stands",
+            ["reason"], namespace=NAMESPACE, registry=r)
+        for qos_reason in Reason:
+            self.qos_unenforced_total.labels(reason=str(qos_reason))
         # No start time of its own: process_start_time_seconds (the process
         # collector's) says when the plugin started. The interpreter's version
         # beside the plugin's: the image's Python is Debian's, and changes
@@ -178,6 +185,17 @@ class Metrics:
         The reason only: never the volume's key, nor its secret's name."""
         self.open_failures.labels(reason=reason).inc()
 
+    def qos_unenforced(self, reason: str) -> None:
+        """For QosEnforcer: a publish whose IO limits did not reach its workload."""
+        self.qos_unenforced_total.labels(reason=reason).inc()
+
+    def watch_qos(self, enforcer: QosEnforcer) -> QosCollector:
+        """Export each publish's configured and enforced IO limits, from the
+        enforcer's last outcomes (no read at scrape time)."""
+        collector = QosCollector(enforcer)
+        self.own.register(collector)
+        return collector
+
     def watch(self, monitors: Sequence[PoolMonitor], max_age: float = MAX_AGE) -> PoolCollector:
         """Export the VGs, pools and volumes that `monitors` (one per device
         class) read, through one collector: the registry refuses a second one
@@ -189,6 +207,38 @@ class Metrics:
                 self.autoextends.labels(what=what, device_class=monitor.pool.class_name)
                 self.autoextend_bytes.labels(what=what, device_class=monitor.pool.class_name)
         return collector
+
+
+class QosCollector(Collector):
+    """csi_local_volume_io_limit: each published volume's configured limits
+    (one series per limit set, by io.max key: bytes or operations per
+    second); csi_local_volume_io_limit_enforced: 1 where a publish's workload
+    holds them, 0 where it does not (see the log, `csi-local status`)."""
+
+    def __init__(self, enforcer: QosEnforcer) -> None:
+        self.enforcer = enforcer
+
+    def collect(self) -> Iterator[Metric]:
+        limit = GaugeMetricFamily(
+            f"{NAMESPACE}_volume_io_limit", "A published volume's configured IO limit, by "
+            "io.max key (rbps, wbps: bytes/s; riops, wiops: operations/s)",
+            labels=["volume_id", "limit"])
+        enforced = GaugeMetricFamily(
+            f"{NAMESPACE}_volume_io_limit_enforced", "1 when a publish's workload cgroup "
+            "holds the volume's IO limits, 0 when they are not enforced",
+            labels=["volume_id", "target"])
+        seen: set[str] = set()
+        for (volume_id, target), outcome in sorted(self.enforcer.last.items()):
+            if not outcome.limits:
+                continue
+            if volume_id not in seen:
+                seen.add(volume_id)
+                for key, value in outcome.limits.items():
+                    if value is not None:
+                        limit.add_metric([volume_id, key], value)
+            enforced.add_metric([volume_id, target], 1.0 if outcome.enforced else 0.0)
+        yield limit
+        yield enforced
 
 
 VG_LABELS = ("volume_group",)

@@ -483,10 +483,17 @@ class Lvm:
         self.runner.run(["lvchange", *_tag_args(tags), f"{self.vg}/{check_name(name)}"])
 
     def delete_tags(self, name: str, tags: Sequence[str]) -> None:
+        self.change_tags(name, add=(), delete=tags)
+
+    def change_tags(self, name: str, *, add: Sequence[str], delete: Sequence[str]) -> None:
+        """Delete and add tags in one lvchange: one metadata commit, so that a
+        reader sees the tags as they were or as they are, never half-way."""
+        if not add and not delete:
+            return
         argv = ["lvchange"]
-        for tag in tags:
+        for tag in delete:
             argv += ["--deltag", check_tag(tag)]
-        self.runner.run([*argv, f"{self.vg}/{check_name(name)}"])
+        self.runner.run([*argv, *_tag_args(add), f"{self.vg}/{check_name(name)}"])
 
 
     # the demo backing (csi-local serve --backing-file) ------------------------

@@ -20,12 +20,13 @@ from typing import Any
 
 from csi_local.host.filesystem_rules import SUPPORTED_FS
 from csi_local.storage.lvm import check_name
+from csi_local.volumes import qos
 
 DEFAULT_CLASS = "default"  # the class the flags define
 # Shown in StorageClass parameters and Nomad volume specs: keep it plain.
 _CLASS_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _CLASS_KEYS = ("volume_group", "thin_pool", "overprovision_ratio", "default_fs_type",
-               "lvcreate", "encryption")
+               "lvcreate", "encryption", "qos")
 # Extra lvcreate options a class may carry: only what lvcreate accepts for a
 # thin volume and what cannot break the plugin's own handling of the LV.
 # Striping is not here: lvcreate refuses --stripes for a thin volume ("is
@@ -59,6 +60,10 @@ class DeviceClass:
     # The class's volumes are encrypted (LUKS2) unless a request says
     # `encryption: none` (docs/encryption.md).
     encrypted: bool = False
+    # The IO limits of the class's new volumes, unless a request says
+    # otherwise ([classes.NAME.qos]; docs/qos.md): written into each new
+    # volume's tags, so a later change of the file leaves existing volumes be.
+    qos: qos.Limits = qos.NO_LIMITS
 
     @property
     def pool_name(self) -> str:
@@ -253,8 +258,29 @@ def _parse_class(name: str, body: Mapping[str, Any], table: str,
     if encryption not in ("luks2", "none"):
         raise fail(f"class {name!r}: encryption must be \"luks2\" or \"none\"", table,
                    "encryption")
+    limits = _qos(name, body.get("qos", {}), f"{table}.qos", fail)
     return DeviceClass(name, names["volume_group"], names["thin_pool"], float(ratio),
-                       fs_type, args, encrypted=encryption == "luks2")
+                       fs_type, args, encrypted=encryption == "luks2", qos=limits)
+
+
+def _qos(name: str, body: object, table: str, fail: Any) -> qos.Limits:
+    """A class's default IO limits: read_bps, write_bps, read_iops and
+    write_iops, each a number or a string as the parameters take them."""
+    if not isinstance(body, dict):
+        raise fail(f"class {name!r}: qos must be a table", table.rpartition(".")[0], "qos")
+    for key in body:
+        if key not in qos.FILE_KEYS:
+            raise fail(f"class {name!r}: unknown qos key {key!r} (known: "
+                       f"{', '.join(qos.FILE_KEYS)})", table, key)
+    values: dict[str, int | None] = {}
+    for key, value in body.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise fail(f"class {name!r}: qos {key} must be a number or a string", table, key)
+        try:
+            values[qos.FILE_KEYS[key]] = qos.parse_value(key, qos.FILE_KEYS[key], str(value))
+        except ValueError as err:
+            raise fail(f"class {name!r}: qos: {err}", table, key) from None
+    return qos.NO_LIMITS.merged(values)
 
 
 def _lvcreate_args(name: str, body: object, table: str, fail: Any) -> tuple[str, ...]:

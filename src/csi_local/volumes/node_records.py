@@ -12,6 +12,7 @@ stores it.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -19,6 +20,18 @@ from enum import StrEnum
 # need (tests/unit/test_node_records.py checks them against the generated
 # stubs). 0 is no mode at all: a record rebuilt from the mount table.
 SINGLE_NODE_SINGLE_WRITER = 6
+
+# The publish (target) paths of the COs: what recovery attributes a mount by
+# (nodestate/recovery.py) and what names the workload whose cgroup gets a
+# volume's IO limits (volumes/qos_enforcement.py). kubelet (pkg/volume/csi):
+# a file system at <kubelet>/pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount,
+# a block device at <kubelet>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>.
+K8S_PUBLISH = re.compile(r"/pods/(?P<pod>[^/]+)/volumes/kubernetes\.io~csi/[^/]+/mount\Z")
+K8S_BLOCK_PUBLISH = re.compile(
+    r"/plugins/kubernetes\.io/csi/volumeDevices/publish/[^/]+/(?P<pod>[^/]+)\Z")
+# Nomad (client/pluginmanager/csimanager): <mount dir>/per-alloc/<alloc id>/<volume>/<usage>.
+NOMAD_PUBLISH = re.compile(
+    r"/per-alloc/(?P<alloc>[^/]+)/[^/]+/[a-z]+-(?:file-system|block-device)-[a-z-]+\Z")
 
 
 class AccessType(StrEnum):

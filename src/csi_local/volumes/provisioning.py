@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from csi_local.errors import (
@@ -32,7 +32,7 @@ from csi_local.errors import (
 )
 from csi_local.host.locks import Locks, volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import creation, encryption, naming, sizes
+from csi_local.volumes import creation, encryption, naming, qos, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
@@ -58,6 +58,9 @@ class VolumeRequest:
     # Whether the parameters ask for LUKS2 encryption; None: they do not
     # say, so the class's default (a new volume) or the source (a copy) does.
     encrypted: bool | None = None
+    # The IO limits the parameters and mutable parameters set ({io.max key:
+    # value, None lifting the class's default}), over the class's default.
+    qos: Mapping[str, int | None] = field(default_factory=dict)
 
 
 class UseRecords(Protocol):
@@ -196,8 +199,9 @@ class Provisioner:
             minimum = max(minimum, source_lv.size)
         size = sizes.size_for(req.required, req.limit, report.extent_size,
                               default=DEFAULT_SIZE, minimum=minimum)
+        limits = pool.device_class.qos.merged(req.qos)
         tags = [*naming.new_lv_tags(naming.KIND_VOLUME), f"{naming.TAG_SIZE}={size}",
-                *naming.co_name_tags(dict(req.parameters)), *encrypted]
+                *naming.co_name_tags(dict(req.parameters)), *encrypted, *qos.tags_of(limits)]
         if req.source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
             # device maps no block (see VolumeSteps.freshness).
@@ -225,6 +229,23 @@ class Provisioner:
                 found[0].lvm.remove(volume_id)  # VolumeInUse when it is open
                 if found[1].uuid:  # a mark left by a stage killed in its mkfs
                     self.records.clear_formatting(found[1].uuid)
+
+    def modify_volume(self, volume_id: str, changes: Mapping[str, int | None]) -> qos.Limits:
+        """Set the volume's IO limits that `changes` name (io.max keys; None
+        lifts one), the others kept: its tags changed in one lvchange. The
+        node that publishes it writes them into its workloads' io.max within
+        one reconcile interval (volumes/qos_enforcement.py). LvNotFound for a
+        volume that is not there. The limits the volume has now."""
+        with self.locks.hold(volume_key(volume_id)):
+            # The committed metadata, when it answers: a repeat that changes
+            # nothing (the node's VolumeAttributesClass sync asks every
+            # round) starts no process.
+            pool, lv = naming.get_volume(self.pools, volume_id, committed=True)
+            naming.check_format(lv)  # a newer csi-local's tags: not rewritten here
+            limits = qos.limits_of(lv).merged(changes)
+            add, delete = qos.tag_changes(lv, limits)
+            pool.lvm.change_tags(lv.name, add=add, delete=delete)
+            return limits
 
     # snapshots -----------------------------------------------------------
 

@@ -49,6 +49,7 @@ from csi_local.volumes.node_records import (
     writer_in_the_way,
 )
 from csi_local.volumes.pool import Pool, Pools
+from csi_local.volumes.qos_enforcement import QosEnforcer
 
 
 class StageRecords(Protocol):
@@ -117,19 +118,24 @@ class Stager:
     """The Node service's stage, publish, stats and expansion on this node."""
 
     def __init__(self, pools: Pools, locks: Locks, fs: Filesystems, host: Host,
-                 steps: VolumeSteps, records: StageRecords) -> None:
+                 steps: VolumeSteps, records: StageRecords,
+                 qos: QosEnforcer | None = None) -> None:
         self.pools = pools
         self.locks = locks
         self.fs = fs
         self.host = host
         self.steps = steps
         self.records = records
+        self.qos = qos  # IO limits on the workloads a publish is for (docs/qos.md)
 
     def _lock(self, volume_id: str) -> contextlib.AbstractContextManager[None]:
         return self.locks.hold(volume_key(volume_id))
 
-    def _find(self, volume_id: str) -> LogicalVolume | None:
-        found = self.pools.find(volume_id)
+    def _find(self, volume_id: str, *, committed: bool = False) -> LogicalVolume | None:
+        """The volume's LV; `committed`: from the committed metadata when it
+        answers (no process)."""
+        found = (self.pools.find_committed(volume_id) if committed else None
+                 ) or self.pools.find(volume_id)
         return found[1] if found is not None else None
 
     def _device_mounted_at(self, dev: TopDevice, path: str,
@@ -287,7 +293,8 @@ class Stager:
                 raise NotStaged(f"volume {volume_id} is not staged at {req.staging_path}")
             # Staged, but perhaps by a newer csi-local before a downgrade: its
             # tags, from the committed metadata (no process), say which format.
-            naming.check_format(naming.get_volume(self.pools, volume_id, committed=True)[1])
+            lv = naming.get_volume(self.pools, volume_id, committed=True)[1]
+            naming.check_format(lv)
             dev = self._staged_device(volume_id)
             if rec.staging.access_type != req.access_type:
                 raise AccessTypeMismatch(
@@ -334,6 +341,9 @@ class Stager:
                     raise
             elif have != want:
                 self.records.add_publish(volume_id, target, want)
+            if self.qos is not None:
+                # After the bind: the mount stands whatever the limits meet.
+                self.qos.apply(lv, target)
 
     def _publish_block(self, device: str, target: str, readonly: bool) -> None:
         if not readonly:
@@ -374,6 +384,9 @@ class Stager:
                     os.unlink(target)
             if target in rec.publishes:
                 self.records.remove_publish(volume_id, target)
+            if self.qos is not None and ours and naming.is_volume_id(volume_id):
+                self.qos.release(volume_id, target, [t for t in rec.publishes if t != target],
+                                 lambda: self._find(volume_id, committed=True))
 
     # stats and expansion ---------------------------------------------------
 

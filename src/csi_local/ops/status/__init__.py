@@ -27,6 +27,7 @@ import sys
 from typing import TextIO
 
 from csi_local.errors import StorageError
+from csi_local.host.cgroups import DEFAULT_ROOT, Cgroups
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.ops.status.collect import (
     DEFAULT_ORPHAN_AGE,
@@ -79,7 +80,8 @@ def run(runner: Runner, args: argparse.Namespace, *, out: TextIO = sys.stdout,
         return 2
     try:
         status = collect_classes(runner, classes, args.state_dir,
-                                 orphan_age=float(args.orphan_age), now=now)
+                                 orphan_age=float(args.orphan_age), now=now,
+                                 cgroups=Cgroups(getattr(args, "cgroup_root", DEFAULT_ROOT)))
     except StorageError as e:
         print(f"csi-local status: {e.message}", file=err)
         return 1

@@ -17,13 +17,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from csi_local.errors import FormatTooNew, LockDirError, StorageError
+from csi_local.host.cgroups import Cgroups
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
 from csi_local.host.runner import Runner
 from csi_local.nodestate.state_file import STATE_FILE, parse
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, Lvm, MetadataArea, VgReport
-from csi_local.volumes import encryption, naming
+from csi_local.volumes import encryption, naming, qos
 from csi_local.volumes import host_volume_names as dhv_tags
 from csi_local.volumes.device_classes import (
     DeviceClass,
@@ -35,6 +36,7 @@ from csi_local.volumes.host_volume_names import LV_PREFIX as DHV_PREFIX
 from csi_local.volumes.naming import Condition
 from csi_local.volumes.node_records import VolumeRecord
 from csi_local.volumes.pool import Pool, PoolPolicy, lvs_that_fit, metadata_area_problem
+from csi_local.volumes.qos_enforcement import QosEnforcer
 
 DEFAULT_ORPHAN_AGE = 3600.0
 ORPHAN_NOTE = ('"possible" means check with your CO: the node alone cannot tell whether a '
@@ -105,6 +107,9 @@ class Staged:
 class Published:
     target: str
     readonly: bool
+    # Its volume's IO limits on its workload, read from the cgroups now:
+    # "enforced on CGROUP", "not enforced: WHY", or "" when it has none.
+    io_limits: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ class VolumeInfo:
     possible_orphan: bool
     encrypted: bool = False  # LUKS2 (docs/encryption.md)
     crypt_device: str | None = None  # its dm-crypt device, while open
+    # Its configured IO limits ({io.max key: value}, the LV's tags; docs/qos.md).
+    io_limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -294,7 +301,8 @@ class _PoolContext:
 
 def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                     orphan_age: float = DEFAULT_ORPHAN_AGE,
-                    now: float | None = None, host: Host | None = None) -> Status:
+                    now: float | None = None, host: Host | None = None,
+                    cgroups: Cgroups | None = None) -> Status:
     """The node's status over every device class: one `vgs` and one `lvs` per
     VG. A VG that cannot be read is shown as its classes' error; when none
     can, its error is raised (VolumeGroupMissing or another StorageError)."""
@@ -340,9 +348,11 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                     [infos[c.name] for c in classes.classes], classes.source or None,
                     orphan_age_seconds=orphan_age)
     host = host if host is not None else Host()
+    enforcer = QosEnforcer(cgroups if cgroups is not None else Cgroups(), host)
     for report in reports:
         for lv in report.lvs:
-            _add_lv(status, classes, contexts, report, lv, records, orphan_age, now, host)
+            _add_lv(status, classes, contexts, report, lv, records, orphan_age, now, host,
+                    enforcer)
     return status
 
 
@@ -355,7 +365,7 @@ def _crypt_device(host: Host, lv: LogicalVolume) -> str | None:
 def _add_lv(status: Status, classes: DeviceClasses,
             contexts: dict[tuple[str, str], _PoolContext], report: VgReport,
             lv: LogicalVolume, records: dict[str, VolumeRecord] | None, orphan_age: float,
-            now: float, host: Host) -> None:
+            now: float, host: Host, enforcer: QosEnforcer) -> None:
     age = max(0, int(now) - lv.created) if lv.created else 0
     owner = classes.of_pool(lv.vg, lv.pool) if lv.pool else None
     # A thin LV of a pool that is no class's (a class taken out of the file)
@@ -364,9 +374,17 @@ def _add_lv(status: Status, classes: DeviceClasses,
         f"{lv.vg}/{lv.pool}", report.find(lv.pool) if lv.pool else None)
     device_class = owner.name if owner is not None else None
     if naming.is_csi_volume(lv) or naming.is_csi_snapshot(lv):
+        info = _volume_info(lv, device_class, records, pool, age, orphan_age)
+        limits = qos.limits_of(lv)
+        published = info.published
+        if limits:
+            # Read, never written: what the node plugin's last round left.
+            published = [dataclasses.replace(
+                p, io_limits=enforcer.check(lv, p.target).describe()) for p in published]
         info = dataclasses.replace(
-            _volume_info(lv, device_class, records, pool, age, orphan_age),
-            encrypted=naming.TAG_ENCRYPTED in lv.tags, crypt_device=_crypt_device(host, lv))
+            info, encrypted=naming.TAG_ENCRYPTED in lv.tags,
+            crypt_device=_crypt_device(host, lv), published=published,
+            io_limits={k: v for k, v in limits.items() if v is not None})
         (status.volumes if info.kind == "volume" else status.snapshots).append(info)
         if info.possible_orphan:
             status.possible_orphans.append(Orphan(

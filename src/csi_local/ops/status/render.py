@@ -144,8 +144,13 @@ def render(status: Status) -> str:
             if v.staged:
                 fs = f", {v.staged.fs_type}" if v.staged.fs_type else ""
                 out.append(f"      staged at {v.staged.path} ({v.staged.access_type}{fs})")
+            if v.io_limits:
+                limits = ", ".join(f"{k}={n}" for k, n in v.io_limits.items())
+                out.append(f"      IO limits: {limits}")
             for p in v.published:
                 out.append(f"      published at {p.target} ({'ro' if p.readonly else 'rw'})")
+                if p.io_limits:
+                    out.append(f"        IO limits {p.io_limits}")
             if v.possible_orphan:
                 out.append("      possible orphan: see below")
 
