@@ -68,7 +68,7 @@ def test_the_install_section_names_what_the_quickstart_installs() -> None:
 
 def test_the_install_section_says_root_time_memory_and_what_ci_run_is_for() -> None:
     text = " ".join(_install().split())
-    for needed in ("root", "minutes", "GiB of memory", "disposable machine", "an hour",
+    for needed in ("root", "minutes", "GiB of memory", "disposable machine", "40 minutes",
                    "/var/lib/csi-local-vm"):
         assert needed in text, needed
 

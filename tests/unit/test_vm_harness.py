@@ -163,8 +163,11 @@ def test_heavy_host_tests_wait_for_a_free_vm_slot(monkeypatch: pytest.MonkeyPatc
     run.thread.start()
     monkeypatch.setattr(vm, "say", lambda config, text: None)
     waited: list[float] = []
-    t = threading.Thread(target=lambda: (run.wait_for_slot(object()),  # type: ignore[arg-type]
-                                         waited.append(time.monotonic())))
+    def heavy_test() -> None:
+        run.wait_for_slot(object())  # type: ignore[arg-type]
+        waited.append(time.monotonic())
+
+    t = threading.Thread(target=heavy_test)
     t.start()
     time.sleep(1.5)
     assert not waited  # both slots busy: it waits
