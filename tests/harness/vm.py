@@ -463,7 +463,11 @@ class VmRun:
     heavy_host: bool = False  # heavy host tests will take a VM slot as it frees
     busy_slots: int = 0  # VMs running or queued, seen from the main thread
     slots: int = 0
-    heavy_started: float | None = None  # seconds after the first boot
+    # Seconds after the VMs' start: the host's light tests done, the heavy
+    # ones started and done (wall clock, for the summary).
+    light_done: float | None = None
+    heavy_started: float | None = None
+    heavy_done: float | None = None
 
     def say(self, config: pytest.Config, text: str) -> None:
         """Say it now from the main thread; from the VMs' thread, keep it for
@@ -500,6 +504,7 @@ class VmRun:
 
     def wait(self, config: pytest.Config) -> None:
         """Block until every VM has finished (running them here if no thread did)."""
+        self.mark_light_done()  # the stand-ins come after every host test
         if self.thread is None and not self.done:
             self.started_at = time.monotonic()
             self.run(config)
@@ -515,6 +520,7 @@ class VmRun:
         """Block until a VM slot is free (no VM queued, fewer running than
         slots): a heavy host test then runs on the core a VM no longer uses,
         never beside as many VMs as there are cores."""
+        self.mark_light_done()
         waited = time.monotonic()
         while (self.thread is not None and self.thread.is_alive()
                and self.busy_slots >= self.slots > 0):
@@ -526,6 +532,14 @@ class VmRun:
             if self.thread is not None and self.thread.is_alive():
                 self.say(config, f"\n[host] a VM slot is free after "
                          f"{self.heavy_started:.0f}s: the heavy host tests start")
+
+    def mark_light_done(self) -> None:
+        if self.light_done is None and self.started_at:
+            self.light_done = time.monotonic() - self.started_at
+
+    def mark_heavy_done(self) -> None:
+        if self.started_at:
+            self.heavy_done = time.monotonic() - self.started_at
 
     def stop(self) -> None:
         """Kill what still runs (the session ended early)."""
@@ -819,6 +833,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     vmrun = item.config.stash.get(_VMRUN, None)
     if vmrun is not None:
+        if item.get_closest_marker("heavy_host"):
+            vmrun.mark_heavy_done()
         vmrun.flush(item.config)
 
 
@@ -828,25 +844,27 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         vmrun.stop()
 
 
+def where_the_time_went(vmrun: VmRun) -> str:
+    """The session's first line of it, in wall-clock seconds after the VMs'
+    start: when the host's light tests were done, when the heavy ones ran."""
+    def at(mark: float | None) -> str:
+        return "?" if mark is None else f"{mark:.0f}s"
+
+    host = f"the host's light tests done at {at(vmrun.light_done)}"
+    if vmrun.heavy_started is not None:
+        host += (f", the heavy ones from {at(vmrun.heavy_started)} (a VM slot free) "
+                 f"to {at(vmrun.heavy_done)}")
+    return (f"VMs: {vmrun.total_seconds:.0f}s from the first boot to the last exit; "
+            f"{host}; in all {vmrun.wait_seconds:.0f}s waiting for VMs")
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Where the time went: the host's tests beside the VMs, and each VM."""
     vmrun = config.stash.get(_VMRUN, None)
     if vmrun is None or not vmrun.started_at:
         return
-    in_vm = set(vmrun.nodeids)
-    host = [r for key in ("passed", "failed", "skipped", "error")
-            for r in terminalreporter.stats.get(key, [])
-            if getattr(r, "nodeid", in_vm) not in in_vm]
-    heavy = sum(r.duration for r in host if "heavy_host" in getattr(r, "keywords", {}))
-    light = sum(r.duration for r in host) - heavy
     terminalreporter.write_sep("=", "where the time went")
-    heavy_part = (f"; the heavy host tests: {heavy:.0f}s, from {vmrun.heavy_started:.0f}s "
-                  f"after the first boot (a VM slot free)"
-                  if vmrun.heavy_started is not None else "")
-    terminalreporter.write_line(
-        f"VMs: {vmrun.total_seconds:.0f}s from the first boot to the last exit; the host's "
-        f"light tests: {light:.0f}s beside them{heavy_part}; in all "
-        f"{vmrun.wait_seconds:.0f}s waiting for VMs")
+    terminalreporter.write_line(where_the_time_went(vmrun))
     for line in vmrun.budget:
         terminalreporter.write_line(line)
     left_out = config.stash.get(_LEFT_OUT, None)

@@ -186,3 +186,18 @@ def test_the_heavy_host_tests_count_on_one_slot_when_shards_are_packed() -> None
     # The slot that runs the heavy host tests gets that much less VM work.
     assert abs(100.0 * len(first) - (100.0 * len(second) + vm.HEAVY_HOST_SECONDS)) <= 100.0
     assert len(first) > len(second)
+
+
+def test_where_the_time_went_says_when_the_host_tests_ran() -> None:
+    """The summary's first line is wall clock after the VMs' start: when the
+    light host tests were done and when the heavy ones ran, not the sum of
+    their call durations (which left out their fixtures and the wait)."""
+    run = vm.VmRun(["tests/integration/test_x.py::t"], heavy_host=True)
+    run.total_seconds, run.wait_seconds = 1807.0, 1055.0
+    run.light_done, run.heavy_started, run.heavy_done = 420.0, 1158.0, 1950.0
+    assert vm.where_the_time_went(run) == (
+        "VMs: 1807s from the first boot to the last exit; the host's light tests done at "
+        "420s, the heavy ones from 1158s (a VM slot free) to 1950s; in all 1055s waiting "
+        "for VMs")
+    run.heavy_started = run.heavy_done = None
+    assert "heavy" not in vm.where_the_time_went(run)
