@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from csi_local.errors import StorageError
 from csi_local.storage.lvm import Lvm, VgReport, VolumeGroup
+from csi_local.volumes.periodic import Periodic
 from csi_local.volumes.pool import Pool
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ class PoolMonitor:
         self.on_extend = on_extend  # (what: "data"|"metadata", bytes added), for metrics
         self._reading: Reading | None = None
         self._read_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._watch = Periodic(f"pool-monitor-{pool.class_name}", self.check, interval)
 
     def recent(self, max_age: float = 5.0) -> Reading | None:
         """The last reading if it is at most `max_age` seconds old, else None;
@@ -113,21 +113,8 @@ class PoolMonitor:
         """Start the periodic watch, when autoextend is on. Without autoextend
         nothing needs a periodic reading: metrics read on demand (`latest`),
         and every LVM call costs the node a process start."""
-        if self._thread is not None or not self.pool.policy.autoextend_threshold:
-            return
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"pool-monitor-{self.pool.class_name}")
-        self._thread.start()
+        if self.pool.policy.autoextend_threshold:
+            self._watch.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception:  # never let the watch die silently
-                log.exception("pool monitor round of class %s failed", self.pool.class_name)
-            self._stop.wait(self.interval)
+        self._watch.stop()

@@ -33,7 +33,6 @@ committed metadata (no process) and rewrites io.max where it differs.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,6 +49,7 @@ from csi_local.volumes.node_records import (
     NOMAD_PUBLISH,
     VolumeRecord,
 )
+from csi_local.volumes.periodic import Periodic
 from csi_local.volumes.pool import Pools
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,7 @@ class QosReconciler:
         self.locks = locks
         self.records = records
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("qos-reconcile", self.round, interval)
 
     def round(self) -> int:
         """One pass over the published volumes; how many io.max it checked."""
@@ -307,20 +306,7 @@ class QosReconciler:
         return checked
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, daemon=True, name="qos-reconcile")
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.round()
-            except Exception:  # never let the loop die silently
-                log.exception("QoS reconcile round failed")
-            self._stop.wait(self.interval)
+        self._loop.stop()
