@@ -52,16 +52,8 @@ class Aborted(RpcError):
     code = "ABORTED"
 
 
-class Unavailable(RpcError):
-    code = "UNAVAILABLE"
-
-
 class Unimplemented(RpcError):
     code = "UNIMPLEMENTED"
-
-
-class Internal(RpcError):
-    code = "INTERNAL"
 
 
 # The code of each storage error, whatever the RPC. The most specific class

@@ -139,12 +139,6 @@ def capability_problem(cap: pb.VolumeCapability, default_fs: str | None) -> str 
     return None
 
 
-def capabilities(caps: Sequence[pb.VolumeCapability], default_fs: str) -> list[Capability]:
-    if not caps:
-        raise InvalidArgument("volume_capabilities is required")
-    return [capability(c, default_fs) for c in caps]
-
-
 def requested_fs_types(caps: Sequence[pb.VolumeCapability]) -> tuple[str, ...]:
     """The file systems a CreateVolume's capabilities ask for, one per mount
     capability, "" where the class's default is meant (block capabilities ask

@@ -291,6 +291,3 @@ def parse_request(operation: str, env: Mapping[str, str], argv0: str = "") -> Re
 def ok_json(path: str, size: int) -> str:
     return json.dumps({"path": path, "bytes": size})
 
-
-def error_json(message: str) -> str:
-    return json.dumps({"error": message})

@@ -83,7 +83,6 @@ DM_TABLE_STATUS = _iowr(12, HEADER_SIZE)
 
 # Flags (dm-ioctl.h).
 DM_SUSPEND_FLAG = 1 << 1
-DM_STATUS_TABLE_FLAG = 1 << 4  # in: the table lines instead of the status; never set here
 DM_ACTIVE_PRESENT_FLAG = 1 << 5
 DM_BUFFER_FULL_FLAG = 1 << 8
 

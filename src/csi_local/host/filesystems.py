@@ -254,10 +254,6 @@ class Filesystems:
             available_inodes=st.f_favail,
         )
 
-    def fs_size(self, path: str) -> int:
-        st = os.statvfs(path)
-        return st.f_blocks * st.f_frsize
-
     def sync(self, mount_point: str) -> None:
         """syncfs: commit the file system's dirty data and journal (before a snapshot)."""
         self.runner.run(["sync", "--file-system", mount_point])
