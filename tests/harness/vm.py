@@ -72,8 +72,9 @@ NEWER_KERNEL_ENV = "CSI_LOCAL_VM_NEWER_KERNEL"
 BACKPORTS_MARK = "+deb"
 
 # Test files whose tests boot the newer kernel: LVM can snapshot a frozen file
-# system only there.
-NEWER_KERNEL_FILES = {"tests/integration/test_group_snapshots.py"}
+# system only there; and the lifecycle again, the newer end of the kernel range.
+NEWER_KERNEL_FILES = {"tests/integration/test_group_snapshots.py",
+                      "tests/integration/test_newer_kernel.py"}
 
 
 def _version_key(ver: str) -> list[tuple[int, int, str]]:

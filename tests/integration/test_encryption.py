@@ -23,7 +23,7 @@ from benchmarks.lab import copy_ranges
 from benchmarks.measure import rss_bytes
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
-from csi_local.host import device_mapper, mounts
+from csi_local.host import crypt, device_mapper, mounts
 from csi_local.volumes import encryption
 from tests.deploy._deploy import plugin_memory_limits
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, expect_code, mount_cap, run
@@ -168,6 +168,43 @@ def test_mount_volume_round_trip(plugin: PluginProcess, vg: LoopVG) -> None:
         assert not os.path.exists(mapper(copy))
     # The clone was made bigger than its source: its file system grew to it.
     unstage(plugin, vid, staging)
+
+
+def test_a_new_volume_holds_a_placeholder_header_until_its_first_stage(
+        plugin: PluginProcess, vg: LoopVG) -> None:
+    """From CreateVolume on, an encrypted volume's LV starts with a LUKS2
+    header that no key opens: a csi-local from before encryption (a
+    rollback) refuses to mkfs it, where its bare LV took a plain-text file
+    system (tests/integration/test_upgrades.py). Its first stage formats it
+    for real, and so does a restore's of a snapshot taken before then; once
+    staged it is never formatted again."""
+    vid = create(plugin, "enc-placeholder")
+    lv = f"/dev/{vg.name}/{vid}"
+    probe = run("blkid", "-p", "-o", "export", lv).stdout
+    assert "TYPE=crypto_LUKS" in probe and f"LABEL={crypt.PLACEHOLDER_LABEL}" in probe, probe
+    assert run("cryptsetup", "open", "--test-passphrase", "--key-file", "-", lv,
+               input=KEY, check=False).returncode == 2  # no keyslot takes the key
+    snap = plugin.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="enc-placeholder-snap", source_volume_id=vid)).snapshot.snapshot_id
+    restored = create(plugin, "enc-placeholder-restore", source=pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap)))
+    for each in (vid, restored):
+        staging = plugin.path(f"stage-{each}")
+        stage(plugin, each, staging)
+        with open(f"{staging}/data", "wb") as f:
+            f.write(PATTERN)
+            os.fsync(f.fileno())
+        unstage(plugin, each, staging)
+        dump = run("cryptsetup", "luksDump", f"/dev/{vg.name}/{each}").stdout
+        assert crypt.PLACEHOLDER_LABEL not in dump and "argon2id" in dump, dump
+        stage(plugin, each, staging)  # opened, never formatted again
+        with open(f"{staging}/data", "rb") as f:
+            assert f.read() == PATTERN
+        unstage(plugin, each, staging)
+        assert not lv_holds(vg, each, PATTERN[:4096])
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=restored))
+    plugin.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap))
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
 
 
 @pytest.mark.parametrize("fs_type", ["xfs", "btrfs"])

@@ -39,9 +39,11 @@ import pytest
 
 from benchmarks.lab import SCRATCH, unmount_under
 from csi_local._gen import csi_pb2 as pb
-from csi_local.host import mounts
+from csi_local.host import crypt, mounts
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, run
+from tests.integration.test_encryption import create as create_encrypted
 from tests.integration.test_encryption import kill_tree
+from tests.integration.test_encryption import stage as stage_encrypted
 from tests.integration.test_freezes import child_running, wait_for
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 
@@ -53,6 +55,8 @@ MiB = 1 << 20
 # Two earlier versions (CHANGELOG.md, "Milestones"): the base of [Unreleased]
 # (encryption at rest, the warmed listing), and the last main before encryption.
 EARLIER = ["271635e", "87e5bdb"]
+# The earlier versions that encrypt volumes (LUKS2, CHANGELOG "Milestones").
+ENCRYPTING = {"271635e"}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +128,7 @@ def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, P
     old = PluginProcess(vg=vg, workdir=workdir, env=earlier_env(src))
     new = PluginProcess(vg=vg, workdir=workdir)
     try:
-        upgrade_and_roll_back(old, new)
+        upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING)
     except BaseException:
         print(f"--- the plugins' log (both versions) ---\n{old.log()[-30000:]}")
         raise
@@ -135,10 +139,27 @@ def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, P
         run("rm", "-rf", "--one-file-system", str(workdir), check=False)
 
 
-def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess) -> None:
+def placeholder_intact(p: PluginProcess, vid: str) -> bool:
+    """Whether the volume's LV still starts with this version's placeholder
+    LUKS2 header (and so holds no file system of an earlier version's)."""
+    probe = run("blkid", "-p", "-o", "export", f"/dev/{p.vg.name}/{vid}", check=False).stdout
+    return "TYPE=crypto_LUKS" in probe and f"LABEL={crypt.PLACEHOLDER_LABEL}" in probe
+
+
+def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
+                          encrypting: bool) -> None:
     path = old.path
     # The earlier version makes a volume in every state.
     old.start()
+    made_encrypted: set[str] = set()
+    if encrypting:
+        # Encrypted, staged and published with data (kept through both moves).
+        enc, s_enc, t_enc = create_encrypted(old, "up-enc"), path("s-enc"), path("t-enc")
+        stage_encrypted(old, enc, s_enc)
+        publish(old, enc, s_enc, t_enc)
+        Path(t_enc, "data").write_bytes(b"encrypted by the earlier version\n")
+        os.sync()
+        made_encrypted.add(enc)
     idle = create(old, "up-idle")
     staged, s_staged = create(old, "up-staged"), path("s-staged")
     stage(old, staged, s_staged)
@@ -171,8 +192,15 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess) -> None:
 
     # The upgrade: this version finds and finishes all of it.
     new.start()
-    assert made <= listed(new)
+    assert made | made_encrypted <= listed(new)
     assert snap in snapshots(new)
+    if encrypting:
+        publish(new, enc, s_enc, t_enc)  # the kubelet's repeat: idempotent
+        assert Path(t_enc, "data").read_bytes() == b"encrypted by the earlier version\n"
+    # Encrypted, never staged: its placeholder header is all an earlier
+    # version finds on it (below).
+    unstaged_enc = create_encrypted(new, "up-enc-new")
+    assert placeholder_intact(new, unstaged_enc)
     stage(new, mid, s_mid)
     assert len(mounts.mounts_at(s_mid)) == 1
     publish(new, pub, s_pub, t_pub)  # the kubelet's repeat: idempotent
@@ -196,9 +224,27 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess) -> None:
     term = create(old, "up-term")  # converges whether or not the first one finished
     if created and isinstance(created[0], str):
         assert term == created[0]
-    every = made | {own, term}
+    every = made | made_encrypted | {own, term, unstaged_enc}
     assert every <= listed(old)
     assert snap in snapshots(old)
+    s_new_enc = path("s-enc-new")
+    # An earlier version that knows no encryption takes the volume for a
+    # plain one, and its mkfs meets the placeholder header: refused, nothing
+    # written (before the placeholder, the bare LV took a file system in
+    # plain text). One that encrypts finds a header its key does not open:
+    # refused too (UNAUTHENTICATED), nothing written.
+    with pytest.raises(grpc.RpcError) as refused:
+        if encrypting:
+            stage_encrypted(old, unstaged_enc, s_new_enc)
+        else:
+            stage(old, unstaged_enc, s_new_enc)
+    print(f"the earlier version's stage of a new encrypted volume: "
+          f"{refused.value.code().name}: {refused.value.details()}")
+    assert placeholder_intact(old, unstaged_enc)
+    assert len(mounts.mounts_at(s_new_enc)) == 0
+    if encrypting:
+        unpublish(old, enc, t_enc)
+        unstage(old, enc, s_enc)
     for vid, staging, target in ((pub, s_pub, t_pub), (idle, s_idle, t_idle),
                                  (blk, s_blk, t_blk)):
         unpublish(old, vid, target)

@@ -73,8 +73,17 @@ def spy_freezes(n: Node, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return frozen
 
 
+def is_placeholder(argv: tuple[str, ...]) -> bool:
+    return argv[1] == "luksFormat" and crypt.PLACEHOLDER_LABEL in argv
+
+
+def node_crypt(n: Node) -> list[tuple[str, ...]]:
+    """The cryptsetup commands run, but CreateVolume's placeholder headers'."""
+    return [c for c in n.host.commands("cryptsetup") if not is_placeholder(c)]
+
+
 def crypt_calls(n: Node, sub: str) -> list[tuple[str, ...]]:
-    return [c for c in n.host.commands("cryptsetup") if c[1] == sub]
+    return [c for c in node_crypt(n) if c[1] == sub]
 
 
 def top_source(n: Node, path: str) -> str:
@@ -91,14 +100,92 @@ def test_create_tags_an_encrypted_volume_and_refuses_other_values(n: Node) -> No
     assert code == "OK" and naming.TAG_ENCRYPTED not in n.host.lv(plain).tags
     code, msg = create(n, "pvc-bad", params={encryption.PARAMETER: "aes"})
     assert code == "INVALID_ARGUMENT" and "luks2" in msg
-    assert not n.host.commands("cryptsetup")  # nothing happens on the controller
+    # The plain volume's create ran no cryptsetup; the encrypted one's only
+    # wrote its placeholder header (the next test).
+    assert [is_placeholder(c) for c in n.host.commands("cryptsetup")] == [True]
+
+
+def test_create_gives_an_encrypted_volume_a_placeholder_header_that_no_key_opens(
+        n: Node) -> None:
+    """From CreateVolume on, a new encrypted volume holds a LUKS2 header
+    (labelled, its key random and kept nowhere): a version from before
+    encryption, which would take its bare LV for a plain volume and mkfs it,
+    refuses a device with a signature (the rollback test in
+    tests/integration/test_upgrades.py shows it). No tag, no LVM command
+    beyond lvcreate."""
+    _, vid = create(n)
+    lv = n.host.lv(vid)
+    luks = lv.content.luks
+    assert luks is not None and luks.label == crypt.PLACEHOLDER_LABEL
+    assert luks.key != SECRETS[encryption.SECRET_KEY].encode() and len(luks.key) == 32
+    (fmt,) = n.host.commands("cryptsetup")
+    assert "pbkdf2" in fmt and "argon2id" not in fmt  # no argon2 memory for a throwaway key
+    assert [c[0] for c in n.host.calls if c[0] in ("lvchange", "lvextend")] == []
+    # The first stage formats it for real, with no open tried on the
+    # placeholder, and changes nothing in LVM (no tag to drop).
+    assert stage(n, vid)[0] == "OK"
+    (real,) = crypt_calls(n, "luksFormat")
+    assert "argon2id" in real
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.key == SECRETS[encryption.SECRET_KEY].encode()
+    assert luks.label == ""
+    assert len(crypt_calls(n, "open")) == 1
+    assert [c[0] for c in n.host.calls if c[0] in ("lvchange", "lvextend")] == []
+    # Formatted for real: never again, whatever key comes.
+    unstage(n, vid)
+    assert stage(n, vid, {encryption.SECRET_KEY: "another"})[0] == "UNAUTHENTICATED"
+    assert len(crypt_calls(n, "luksFormat")) == 1
+
+
+def test_a_placeholder_with_data_written_past_it_is_never_formatted(n: Node) -> None:
+    """Handed out raw by a version from before encryption (its pod wrote in
+    plain text behind the header): the thin device maps more than the
+    placeholder wrote, so the stage refuses, and writes nothing."""
+    _, vid = create(n)
+    lv = n.host.lv(vid)
+    lv.chunks.update({c: 1000 + c for c in range(100, 120)})
+    code, msg = stage(n, vid)
+    assert code == "FAILED_PRECONDITION" and "placeholder" in str(msg)
+    assert not crypt_calls(n, "luksFormat") and not n.host.mappers
+
+
+def test_a_create_killed_before_its_placeholder_writes_it_on_the_retry(n: Node) -> None:
+    n.host.fail_next(["cryptsetup", "luksFormat"], timed_out=True)
+    code, _ = create(n)
+    assert code == "INTERNAL"
+    assert not [lv for lv in n.host.lvs.values() if lv.kind == "thin"]  # nothing half-made
+    # Killed between lvcreate and the header (the LV there, bare): the CO's
+    # retry writes it, as the volume maps no block.
+    _, vid = create(n)
+    lv = n.host.lv(vid)
+    lv.content = type(lv.content)()
+    code, again = create(n)
+    assert code == "OK" and again == vid
+    luks = n.host.lv(vid).content.luks
+    assert luks is not None and luks.label == crypt.PLACEHOLDER_LABEL
+    # A retry of a volume that holds its header writes nothing.
+    formats = len(n.host.commands("cryptsetup"))
+    assert create(n) == ("OK", vid)
+    assert len(n.host.commands("cryptsetup")) == formats
+
+
+def test_copies_of_a_volume_never_staged_format_at_their_first_stage(n: Node) -> None:
+    _, vid = create(n)
+    snap = call(n.controller.CreateSnapshot, pb.CreateSnapshotRequest(
+        name="snap-1", source_volume_id=vid))[1].snapshot.snapshot_id
+    code, restored = create(n, "pvc-restored", source=pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap)))
+    assert code == "OK"
+    assert stage(n, restored, path="stage-r")[0] == "OK"
+    assert n.host.lv(restored).content.luks.key == SECRETS[  # type: ignore[union-attr]
+        encryption.SECRET_KEY].encode()
 
 
 def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     _, vid = create(n)
     code, msg = stage(n, vid, secrets={})
     assert code == "INVALID_ARGUMENT" and encryption.SECRET_KEY in str(msg)
-    assert not n.host.commands("cryptsetup") and n.host.lv(vid).content.fs is None
+    assert not node_crypt(n) and n.host.lv(vid).content.luks.key != KEY.encode()  # type: ignore[union-attr]
     assert stage(n, vid)[0] == "OK"
     mapper = f"/dev/mapper/{encryption.mapper_name(vid)}"
     assert top_source(n, n.path("stage")) == mapper
@@ -111,10 +198,10 @@ def test_stage_formats_opens_and_mounts_the_dm_crypt_device(n: Node) -> None:
     assert not any("s3cret" in a for c in n.host.calls for a in c)
     # Staged again (a retry): nothing is opened or formatted again; the key
     # is still needed, and only its header is asked (--test-passphrase).
-    before = len(n.host.commands("cryptsetup"))
+    before = len(node_crypt(n))
     assert stage(n, vid, secrets={})[0] == "INVALID_ARGUMENT"
     assert stage(n, vid)[0] == "OK"
-    assert n.host.commands("cryptsetup")[before:] == [
+    assert node_crypt(n)[before:] == [
         ("cryptsetup", "open", "--test-passphrase", "--type", "luks2", "--key-file", "-",
          f"/dev/vg0/{vid}")]
     # Unstage closes the dm-crypt device; the LV is free again.
@@ -251,7 +338,9 @@ def test_a_failing_counter_never_hides_a_refused_key(n: Node) -> None:
 def test_an_encrypted_volume_that_holds_data_without_a_header_is_never_formatted(
         n: Node) -> None:
     _, vid = create(n)
-    n.host.set_content(vid, "ext4")  # written in plain text, somehow
+    # Handed out raw by a version from before encryption, and written in
+    # plain text over its placeholder header.
+    n.host.set_content(vid, "ext4")
     code, msg = stage(n, vid)
     assert code == "FAILED_PRECONDITION" and "no LUKS2 header" in str(msg)
     assert not crypt_calls(n, "luksFormat") and n.host.lv(vid).content.fs == "ext4"

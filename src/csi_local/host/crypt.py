@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import resource
+import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,6 +153,20 @@ class LuksSettings:
                 "--iter-time", str(self.iter_time_ms)]
 
 
+# The placeholder header CreateVolume writes on a new encrypted volume (see
+# Crypt.format_placeholder): its label names it for whoever lists the node's
+# devices (lsblk -f, blkid); its one keyslot takes a random key that nobody
+# keeps, so its KDF need not be costly: PBKDF2 at cryptsetup's minimum of 1000
+# iterations, no argon2 memory. Small metadata and keyslot areas (a 512-bit
+# key's keyslot takes 256,000 bytes) make luksFormat write 1 MiB, not 16.
+PLACEHOLDER_LABEL = "csi-local-unstaged"
+# What luksFormat writes of it: its metadata and keyslot areas, up to its
+# data offset (1 MiB, the alignment).
+PLACEHOLDER_BYTES = 1 << 20
+PLACEHOLDER_ARGV = ("--type", "luks2", "--label", PLACEHOLDER_LABEL, "--pbkdf", "pbkdf2",
+                    "--pbkdf-force-iterations", "1000", "--luks2-metadata-size", "16k",
+                    "--luks2-keyslots-size", "256k")
+
 # How every device is opened (Crypt.open says why), and the flag of these
 # its LUKS2 header keeps (--persistent, when it lacks it).
 OPEN_FLAGS = ("--allow-discards", "--disable-keyring")
@@ -226,6 +241,25 @@ def persistent_flags(device: str) -> frozenset[str] | None:
         else frozenset()
 
 
+def header_label(device: str) -> str | None:
+    """The label of `device`'s LUKS2 header (its binary part, bytes 24 to 72,
+    NUL-padded), read without a process; None when it has no LUKS2 header or
+    cannot be read."""
+    try:
+        f = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        binary = os.pread(f, 72, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(f)
+    if len(binary) < 72 or binary[:6] not in _LUKS2_MAGICS or binary[6:8] != b"\0\2":
+        return None
+    return binary[24:72].split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
 class Crypt:
     """cryptsetup's LUKS2 commands, each one process through the Runner.
 
@@ -265,6 +299,19 @@ class Crypt:
         prove first that it held nothing (volumes/lifecycle.py)."""
         self._derive(["cryptsetup", "luksFormat", "--batch-mode", *self.settings.argv(),
                       "--key-file", "-", device], key)
+
+    def format_placeholder(self, device: str) -> None:
+        """A LUKS2 header on the new, never staged `device` that no key
+        opens (its one keyslot's key is random and kept nowhere): what an
+        encrypted volume holds from CreateVolume until its first stage
+        formats it for real. It is there for csi-local versions that predate
+        encryption (a rollback): they take an encrypted volume for a plain
+        one, and would run mkfs on its bare LV, writing its data in
+        plaintext; every version refuses to format a device with a
+        signature. Destroys what the device held: callers prove first that
+        it held nothing (its thin device maps no block)."""
+        self.runner.run(["cryptsetup", "luksFormat", "--batch-mode", *PLACEHOLDER_ARGV,
+                         "--key-file", "-", device], input=secrets.token_bytes(32))
 
     def open(self, device: str, name: str, key: Key) -> str:
         """Open `device` as /dev/mapper/`name`; returns that path. KeyRefused

@@ -235,6 +235,25 @@ class Host:
                 continue
         return found
 
+    def luks_label(self, path: str) -> str | None:
+        """The label of the LUKS2 header on `path` (crypt.header_label); None
+        when there is none."""
+        from csi_local.host import crypt
+
+        return crypt.header_label(path)
+
+    def optimal_io_size(self, path: str) -> int:
+        """The block device's optimal I/O size in bytes, as the kernel
+        gives it (sysfs `queue/optimal_io_size`); a thin volume's is its
+        pool's chunk size. 0 when unknown."""
+        try:
+            rdev = os.stat(path).st_rdev
+            with open(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}/queue/"
+                      "optimal_io_size", encoding="ascii") as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return 0
+
     def device_size(self, path: str) -> int:
         """Bytes of the block device at `path`."""
         with open(path, "rb") as f:

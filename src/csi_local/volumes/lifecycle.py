@@ -34,6 +34,13 @@ Two rules the plugins once decided differently, decided here:
   and then the file system on its dm-crypt device with it. A volume with a
   header is opened, never formatted again; one that is to be encrypted, has
   no header and holds data is refused (EncryptionMismatch) without a write.
+  From CreateVolume to its first stage a new encrypted volume holds a
+  placeholder header that no key opens (written only while the volume maps
+  no block): csi-local versions from before encryption refuse to mkfs a
+  device with a signature, where a bare LV would have taken their
+  plain-text file system. Its first stage formats it for real while the
+  placeholder is all it holds (the header's label, and no block mapped past
+  the placeholder's chunks). See write_placeholder.
 """
 
 from __future__ import annotations
@@ -53,7 +60,14 @@ from csi_local.errors import (
     StorageError,
     VolumeTooSmall,
 )
-from csi_local.host.crypt import HEADER_BYTES, Crypt, Key, mapper_path
+from csi_local.host.crypt import (
+    HEADER_BYTES,
+    PLACEHOLDER_BYTES,
+    PLACEHOLDER_LABEL,
+    Crypt,
+    Key,
+    mapper_path,
+)
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
@@ -483,7 +497,19 @@ class VolumeSteps:
             return path, False
         key = self._need_key(lv, key)
         name = encryption.mapper_name(lv.name)
-        if self.crypt.is_luks(lv.path):
+        luks = self.crypt.is_luks(lv.path)
+        placeholder = luks and self.host.luks_label(lv.path) == PLACEHOLDER_LABEL
+        if placeholder and self._placeholder_only(lv):
+            # CreateVolume's placeholder header, nothing written past it: the
+            # volume was never handed out, and no key opens the placeholder.
+            path = self._format_and_open(lv, name, key, Freshness(fresh=True, empty=False))
+        elif placeholder:
+            raise EncryptionMismatch(
+                f"volume {lv.vg}/{lv.name} holds the placeholder LUKS2 header of a volume "
+                "never staged, and data written past it (handed out unencrypted, by a "
+                "csi-local from before encryption?); refusing to format it: its data is "
+                "left untouched")
+        elif luks:
             try:
                 path = self._open(lv, name, key)
             except (KeyRefused, CommandError):
@@ -506,6 +532,30 @@ class VolumeSteps:
             path = self._format_and_open(lv, name, key, fresh)
         self.host.wait_for_device(path)
         return path, True
+
+    def write_placeholder(self, lv: LogicalVolume) -> None:
+        """Give a new encrypted volume the placeholder LUKS2 header
+        (Crypt.format_placeholder) while its thin device maps no block (the
+        proof that it holds nothing; a retry finds the header there and
+        writes nothing). From CreateVolume on, no csi-local version takes it
+        for a plain volume to format; its first stage formats it for real
+        (_open_device, _placeholder_only)."""
+        if not self.is_encrypted(lv):
+            return
+        self.host.wait_for_device(lv.path)
+        if self.host.thin_mapped_sectors(lv.vg, lv.name) == 0:
+            self.crypt.format_placeholder(lv.path)
+
+    def _placeholder_only(self, lv: LogicalVolume) -> bool:
+        """Whether the volume, whose header's label says placeholder, holds
+        that header and nothing else: its thin device maps no block past the
+        chunks the placeholder wrote (the kernel's count, the same proof as
+        freshness()'s). A volume handed out raw by a version that knows no
+        encryption, and written, maps more."""
+        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        chunk = self.host.optimal_io_size(lv.path) or PLACEHOLDER_BYTES
+        reach = -(-PLACEHOLDER_BYTES // chunk) * chunk
+        return mapped is not None and 0 < mapped * 512 <= reach
 
     def _format_and_open(self, lv: LogicalVolume, name: str, key: Key,
                          fresh: Freshness) -> str:

@@ -171,6 +171,10 @@ class Provisioner:
         if lv.size < want:  # killed between snapshot and extend: finish the job
             pool.require_room(report, want - lv.size)
             lv = pool.lvm.extend_to(lv, want)
+        if self.steps.is_encrypted(lv) and naming.source_of(lv) is None:
+            # Killed before its placeholder header was written: written now
+            # (only while the volume maps no block).
+            self.steps.write_placeholder(pool.lvm.activate(lv))
         return lv
 
     def _differs(self, difference: Difference, name: str, lv: LogicalVolume, pool: Pool,
@@ -205,7 +209,15 @@ class Provisioner:
         if req.source is None or source_lv is None:
             # No "fresh" tag: the node formats a volume only while its thin
             # device maps no block (see VolumeSteps.freshness).
-            return pool.create_thin(report, volume_id, size, tags)
+            lv = pool.create_thin(report, volume_id, size, tags)
+            if encrypted:
+                # Its placeholder LUKS2 header (VolumeSteps.write_placeholder).
+                try:
+                    self.steps.write_placeholder(lv)
+                except BaseException:
+                    pool.lvm.remove(volume_id)
+                    raise
+            return lv
         # Tagged new-fsid and, when it outgrows its source, grow-fs by the clone step.
         return self.steps.clone(pool, report, source_lv, volume_id,
                                 [*tags, req.source.tag()], size)

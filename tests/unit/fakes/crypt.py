@@ -33,6 +33,7 @@ class Luks:
     data: Content = field(default_factory=Content)
     flags: set[str] = field(default_factory=set)  # persistent activation flags (--persistent)
     offset: int = HEADER  # where the data area starts
+    label: str = ""  # --label
 
 
 @dataclass
@@ -66,6 +67,16 @@ class FakeCrypt:
 
     def _chunk_of(self, lv: FakeLv) -> int:
         return self._pool_of(lv).chunk_size if lv.pool else 0
+
+    def luks_label(self, path: str) -> str | None:
+        dev = self._device(self._follow(path))
+        luks = dev.content.luks if dev is not None else None
+        return luks.label if luks is not None else None
+
+    def optimal_io_size(self, path: str) -> int:
+        """A thin LV's is its pool's chunk size, as dm-thin sets it."""
+        lv = self._active_lv(self._follow(path))
+        return self._chunk_of(lv) if lv is not None else 0
 
     def _active(self, name: str) -> FakeMapper:
         m = self.mappers.get(name)
@@ -116,7 +127,9 @@ class FakeCrypt:
         sub = argv[1]
         opts, pos = _options(argv[1:], {"--type", "--cipher", "--key-size", "--pbkdf",
                                         "--pbkdf-memory", "--pbkdf-parallel", "--iter-time",
-                                        "--key-file"}, {"--batch-mode", "--test-passphrase",
+                                        "--key-file", "--label", "--pbkdf-force-iterations",
+                                        "--luks2-metadata-size", "--luks2-keyslots-size"},
+                                       {"--batch-mode", "--test-passphrase",
                                                         "--allow-discards", "--persistent",
                                                         "--disable-keyring",
                                                         "--dump-json-metadata"})
@@ -140,7 +153,8 @@ class FakeCrypt:
             if self._is_open(f"/dev/dm-{lv.minor}") or self._crypt_holds(lv):
                 raise _Fail(5, f"Cannot format device {path} in use.\n")
             lv.content = Content("crypto_LUKS", f"luks-{lv.name}", 0, written=True,
-                                 luks=Luks(stdin, offset=luks_offset(self._chunk_of(lv))))
+                                 luks=Luks(stdin, offset=luks_offset(self._chunk_of(lv)),
+                                           label=opts.get("--label", [""])[0]))
             return ""
         if sub == "open" and "--test-passphrase" in opts:
             # Only the keyslots are asked: nothing is opened, and an open
