@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from csi_local.errors import CommandError
+from csi_local.host import stopwatch
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.runner import ProcessRunner, resolve
 
@@ -319,13 +320,15 @@ class LvmShell:
         started = time.monotonic()
         if argv[0] in WAITS_FOR_SHELL:
             taken = self._lock.acquire(timeout=max(0.0, min(timeout, SHELL_WAIT)))
+            stopwatch.note(f"{argv[0]} shell wait", time.monotonic() - started)
         else:
             taken = self._lock.acquire(blocking=False)
         if not taken:
             return None
         try:
             try:
-                found = self._exchange(text, argv[0], started + timeout)
+                with stopwatch.phase(f"{argv[0]} in shell"):
+                    found = self._exchange(text, argv[0], started + timeout)
             except _Lost as lost:
                 self._drop(kill=True)
                 note = f"timed out after {timeout:.0f}s" if lost.timed_out else lost.why
@@ -406,6 +409,7 @@ class LvmShell:
             log.warning("the lvm shell had exited (%s); starting another",
                         self._shell.proc.returncode)
             self._drop(kill=False)
+        starting = time.monotonic()
         try:
             ensure_profile(self._profile_dir())
             shell = _Shell(self._exe(), self._env)
@@ -413,6 +417,7 @@ class LvmShell:
             return self._disable(f"cannot start it: {err}")
         try:
             doc, _out, err_text = shell.exchange("version", "version", deadline)
+            stopwatch.note("lvm shell start", time.monotonic() - starting)
             code, _o, msgs = outcome(["version"], doc)
         except (_Lost, ValueError) as lost:
             shell.close(kill=True)
