@@ -83,6 +83,7 @@ class Options:
     # plugin's breakdown of it (its debug log: run the plugin with
     # --log-level debug for that).
     storm_slowest: int = 0
+    storm_bare: bool = True  # False: the plugin's side alone (a diagnosis; no ratios)
     idle_seconds: float = 300.0  # per idle case (0: none)
     scrape_interval: float = 15.0
     idle_at: int | None = None  # measure the idle cost at this scale (None: after the last)
@@ -697,11 +698,14 @@ class Bench:
         first = [f"storm-a{i}" for i in range(n)]
         second = [f"storm-b{i}" for i in range(n)]
         lab = (STORM_VG_BYTES, "--overprovision-ratio", "10")
-        with self.own_lab(*lab):
-            raw_walls = (wave("bare commands up", [(raw_up, x) for x in first]),
-                         wave("bare commands up and down",
-                              [(raw_up, x) for x in second] + [(raw_down, x) for x in first]))
-            wave("bare commands down (not counted)", [(raw_down, x) for x in second])
+        raw_walls: tuple[float | None, float | None] = (None, None)
+        if self.opts.storm_bare:
+            with self.own_lab(*lab):
+                raw_walls = (wave("bare commands up", [(raw_up, x) for x in first]),
+                             wave("bare commands up and down",
+                                  [(raw_up, x) for x in second]
+                                  + [(raw_down, x) for x in first]))
+                wave("bare commands down (not counted)", [(raw_down, x) for x in second])
         with self.own_lab(*lab):
             # A node's plugin meets a storm long after its start: what a start
             # does after its first Probe (the lvm shell, the warm-up's parse)
