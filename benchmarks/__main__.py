@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storm-workers", type=_positive, default=10,
                         help="concurrent CreateVolume/DeleteVolume calls in the storm: "
                         "external-provisioner's --worker-threads in deploy/ (default 10)")
+    parser.add_argument("--storm-slowest", type=int, default=0, metavar="N",
+                        help="print the storm's N slowest CreateVolume calls, each with the "
+                        "plugin's breakdown of its time (needs the plugin's debug log: add "
+                        "-- --log-level debug)")
+    parser.add_argument("--storm-no-bare", action="store_true",
+                        help="the storm's plugin side alone, without the bare commands' (to "
+                        "look at the plugin's times; no ratios)")
     parser.add_argument("--idle-seconds", type=float, default=300.0,
                         help="seconds to count the programs an idle plugin starts, in each "
                         "of three cases (default 300; 0: none)")
@@ -119,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         startup_rounds=args.startup_rounds or min(args.rounds, 3),
         import_rounds=min(args.rounds, 3), plugin_args=list(args.plugin_args),
         storm=max(0, args.storm), storm_workers=args.storm_workers,
+        storm_slowest=max(0, args.storm_slowest), storm_bare=not args.storm_no_bare,
         idle_seconds=max(0.0, args.idle_seconds), scrape_interval=args.scrape_interval,
         idle_at=args.idle_at, scale_only=args.scale_only,
         encryption_rounds=max(0, args.encryption_rounds),

@@ -79,6 +79,11 @@ class Options:
     progress: Callable[[str], None] | None = None
     storm: int = 50  # PVCs in the pod storm (0: none)
     storm_workers: int = 10  # external-provisioner's --worker-threads in deploy/
+    # Print the storm's this many slowest CreateVolume calls, each with the
+    # plugin's breakdown of it (its debug log: run the plugin with
+    # --log-level debug for that).
+    storm_slowest: int = 0
+    storm_bare: bool = True  # False: the plugin's side alone (a diagnosis; no ratios)
     idle_seconds: float = 300.0  # per idle case (0: none)
     scrape_interval: float = 15.0
     idle_at: int | None = None  # measure the idle cost at this scale (None: after the last)
@@ -650,12 +655,16 @@ class Bench:
             with provisioner:
                 step(raw, "delete", run, "lvremove", "--yes", f"{self.vg}/{name}")
 
+        creates: list[tuple[float, str, float]] = []  # (seconds, PVC, start in the storm)
+        storm_start = time.perf_counter()
+
         def rpc_up(name: str) -> None:
             staging, target = paths(name)
             with provisioner:
                 t0 = time.perf_counter()
                 volume_ids[name] = self.create(name)
                 rpc["create"].append(time.perf_counter() - t0)
+                creates.append((rpc["create"][-1], name, t0 - storm_start))
             step(rpc, "stage", self.stage, volume_ids[name], staging)
             step(rpc, "publish", self.publish, volume_ids[name], staging, target)
 
@@ -689,11 +698,14 @@ class Bench:
         first = [f"storm-a{i}" for i in range(n)]
         second = [f"storm-b{i}" for i in range(n)]
         lab = (STORM_VG_BYTES, "--overprovision-ratio", "10")
-        with self.own_lab(*lab):
-            raw_walls = (wave("bare commands up", [(raw_up, x) for x in first]),
-                         wave("bare commands up and down",
-                              [(raw_up, x) for x in second] + [(raw_down, x) for x in first]))
-            wave("bare commands down (not counted)", [(raw_down, x) for x in second])
+        raw_walls: tuple[float | None, float | None] = (None, None)
+        if self.opts.storm_bare:
+            with self.own_lab(*lab):
+                raw_walls = (wave("bare commands up", [(raw_up, x) for x in first]),
+                             wave("bare commands up and down",
+                                  [(raw_up, x) for x in second]
+                                  + [(raw_down, x) for x in first]))
+                wave("bare commands down (not counted)", [(raw_down, x) for x in second])
         with self.own_lab(*lab):
             # A node's plugin meets a storm long after its start: what a start
             # does after its first Probe (the lvm shell, the warm-up's parse)
@@ -703,6 +715,8 @@ class Bench:
                          wave("RPCs up and down",
                               [(rpc_up, x) for x in second] + [(rpc_down, x) for x in first]))
             wave("RPCs down (not counted)", [(rpc_down, x) for x in second])
+            if self.opts.storm_slowest:
+                self._slowest_creates(creates, volume_ids)
         self.res.errors += [f"pod storm: {f}" for f in failures]
         workers = f"{self.opts.storm_workers} provisioner workers"
         self.res.rows += [
@@ -724,6 +738,30 @@ class Bench:
                     f"pod storm {op} p{q}", percentile(rpc[key], q), percentile(raw[key], q),
                     f"{label} p{q}", samples=rpc[key], raw_samples=raw[key],
                     note=f"{len(rpc[key])} calls in the storm"))
+
+    def _slowest_creates(self, creates: list[tuple[float, str, float]],
+                         volume_ids: dict[str, str]) -> None:
+        """Say the storm's slowest creates, each with where the plugin says its
+        time went (its "CreateVolume ID: ..." debug line), so that a slow
+        tail can be told from the CO's side (the gRPC queue: the client's
+        time less the plugin's) and from the plugin's (its locks, the shell)."""
+        assert self.plugin is not None
+        try:
+            lines = self.plugin.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        by_id: dict[str, str] = {}
+        for line in lines:
+            _, sep, rest = line.partition("CreateVolume ")
+            vid, colon, breakdown = rest.partition(": ")
+            if sep and colon and breakdown[:1].isdigit():
+                by_id[vid] = breakdown
+        self.say(f"  the {self.opts.storm_slowest} slowest of {len(creates)} creates "
+                 "(client's seconds, started at second N of the storm: the plugin's)")
+        for seconds, name, start in sorted(creates, reverse=True)[:self.opts.storm_slowest]:
+            vid = volume_ids.get(name, "")
+            self.say(f"    {name} {seconds:.2f}s at {start:.1f}s: "
+                     f"{by_id.get(vid, 'no breakdown logged')}")
 
     def idle(self) -> None:
         """What a plugin that serves nothing costs: the programs it (and its

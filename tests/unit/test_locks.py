@@ -292,3 +292,44 @@ def test_no_wake_up_is_lost_under_stress(tmp_path: Path) -> None:
     assert failures == [] and overlaps == []
     assert all(served)
     assert locks._queues == {}
+
+
+def test_a_turn_lock_serves_its_waiters_in_the_order_they_came() -> None:
+    """TurnLock (the lvm shell's): a release hands the lock to the oldest
+    waiter, and a thread that only tries it while someone waits is refused,
+    however often it tries (a plain lock lets such a thread in first)."""
+    lock = locks_mod.TurnLock()
+    assert lock.acquire(1.0)
+    order: list[int] = []
+    threads = []
+
+    def take(i: int) -> None:
+        assert lock.acquire(10.0)
+        order.append(i)
+        time.sleep(0.01)
+        lock.release()
+
+    for i in range(5):
+        t = threading.Thread(target=take, args=(i,))
+        t.start()
+        threads.append(t)
+        _wait_for(lambda n=i + 1: len(lock._waiters) == n, f"{i + 1} waiters")
+    tried = [lock.try_acquire() for _ in range(100)]
+    lock.release()
+    for t in threads:
+        t.join(5)
+    assert order == [0, 1, 2, 3, 4] and not any(tried)
+    assert lock.try_acquire()  # free, no one waits: taken at once
+    lock.release()
+    with pytest.raises(RuntimeError):
+        lock.release()
+
+
+def test_a_turn_lock_waiter_that_gives_up_holds_up_no_one() -> None:
+    lock = locks_mod.TurnLock()
+    with lock:
+        t0 = time.monotonic()
+        assert not lock.acquire(0.1)
+        assert 0.05 < time.monotonic() - t0 < 2.0 and not lock._waiters
+    assert lock.acquire(0) and not lock.acquire(0)
+    lock.release()

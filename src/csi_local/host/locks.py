@@ -95,6 +95,69 @@ class _Queue:
         self.moves = 0  # hand-overs so far: a wait gives up only when none came
 
 
+class TurnLock:
+    """A lock of one process's threads that serves its waiters first come,
+    first served: a release hands it to the oldest waiter, whom no thread
+    that asks later overtakes. A plain threading.Lock wakes a waiter on
+    release but lets any thread that asks before the waiter runs take it
+    first, again and again: a waiter can be passed over for as long as
+    others keep asking (the lvm shell's, where the commands that only try
+    it kept an lvcreate, and the pool lock it held, waiting)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Event] = deque()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take the lock after those that asked first; False when it has not
+        come within `timeout` seconds (None: wait for it)."""
+        with self._guard:
+            if not self._held:  # then no one waits either
+                self._held = True
+                return True
+            if timeout is not None and timeout <= 0:
+                return False
+            turn = threading.Event()
+            self._waiters.append(turn)
+        try:
+            if turn.wait(timeout):
+                return True
+            with self._guard:
+                if turn.is_set():
+                    return True  # handed the lock as the wait ran out: it is ours
+                self._waiters.remove(turn)
+                return False
+        except BaseException:
+            with self._guard:
+                if not turn.is_set():
+                    self._waiters.remove(turn)
+                    raise
+            self.release()  # handed the lock just as it was interrupted
+            raise
+
+    def try_acquire(self) -> bool:
+        """Take the lock only when it is free, and so no one waits for it."""
+        return self.acquire(0)
+
+    def release(self) -> None:
+        """Hand the lock to the oldest waiter, or free it."""
+        with self._guard:
+            if not self._held:
+                raise RuntimeError("release of a TurnLock that is not held")
+            if self._waiters:
+                self._waiters.popleft().set()  # the holder now: still held
+            else:
+                self._held = False
+
+    def __enter__(self) -> TurnLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
 class Locks:
     def __init__(self, directory: str = DEFAULT_LOCK_DIR, timeout: float = 120.0) -> None:
         self.directory = directory

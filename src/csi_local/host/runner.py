@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from csi_local.errors import CommandError
+from csi_local.host import stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +347,7 @@ class ProcessRunner:
         # binary mode, and the output is decoded as text mode would.
         binary = isinstance(input, bytes)
         text: dict[str, str] = {} if binary else {"encoding": "utf-8", "errors": "replace"}
+        spawned = time.monotonic()  # after any wait for a busy shell (noted there)
         try:
             proc = subprocess.Popen(
                 full, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
@@ -366,6 +368,7 @@ class ProcessRunner:
             _WATCHDOG.release(deadline)
         if binary:
             stdout, stderr = _decoded(stdout), _decoded(stderr)
+        stopwatch.note(f"{os.path.basename(exe)} process", time.monotonic() - spawned)
         if deadline.fired:
             raise _timed_out(full, stdout, stderr, limit)
         code = proc.returncode

@@ -28,7 +28,8 @@ What runs as a process instead (`line` says None):
 - any command but lvcreate and lvextend while the shell is busy with another:
   commands on other VGs go on in parallel, as before. An lvcreate or lvextend
   (under its pool's lock, which the pool's other creates wait for) waits for
-  the shell instead, up to SHELL_WAIT;
+  the shell instead, up to SHELL_WAIT, first come, first served: a command
+  that only tries the shell does not take it while one waits;
 - everything, once the shell could not start (no profile directory that can
   be written, an lvm built without its shell).
 
@@ -48,13 +49,14 @@ import re
 import selectors
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from csi_local.errors import CommandError
+from csi_local.host import stopwatch
 from csi_local.host.atomic_files import write_atomic
+from csi_local.host.locks import TurnLock
 from csi_local.host.runner import ProcessRunner, resolve
 
 log = logging.getLogger(__name__)
@@ -294,7 +296,10 @@ class LvmShell:
         self._env = dict(env)
         self._exe = exe
         self._profile_dir = profile_dir
-        self._lock = threading.Lock()
+        # First come, first served: an lvcreate that waits for the shell is
+        # not passed over by the commands that only try it (a removal, a tag
+        # change), each of which a plain lock's release may let in first.
+        self._lock = TurnLock()
         self._shell: _Shell | None = None
         self.disabled: str | None = None  # why the shell is not used
         self.ran = 0  # commands it ran to their end
@@ -319,13 +324,15 @@ class LvmShell:
         started = time.monotonic()
         if argv[0] in WAITS_FOR_SHELL:
             taken = self._lock.acquire(timeout=max(0.0, min(timeout, SHELL_WAIT)))
+            stopwatch.note(f"{argv[0]} shell wait", time.monotonic() - started)
         else:
-            taken = self._lock.acquire(blocking=False)
+            taken = self._lock.try_acquire()
         if not taken:
             return None
         try:
             try:
-                found = self._exchange(text, argv[0], started + timeout)
+                with stopwatch.phase(f"{argv[0]} in shell"):
+                    found = self._exchange(text, argv[0], started + timeout)
             except _Lost as lost:
                 self._drop(kill=True)
                 note = f"timed out after {timeout:.0f}s" if lost.timed_out else lost.why
@@ -406,6 +413,7 @@ class LvmShell:
             log.warning("the lvm shell had exited (%s); starting another",
                         self._shell.proc.returncode)
             self._drop(kill=False)
+        starting = time.monotonic()
         try:
             ensure_profile(self._profile_dir())
             shell = _Shell(self._exe(), self._env)
@@ -413,6 +421,7 @@ class LvmShell:
             return self._disable(f"cannot start it: {err}")
         try:
             doc, _out, err_text = shell.exchange("version", "version", deadline)
+            stopwatch.note("lvm shell start", time.monotonic() - starting)
             code, _o, msgs = outcome(["version"], doc)
         except (_Lost, ValueError) as lost:
             shell.close(kill=True)

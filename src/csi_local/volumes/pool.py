@@ -30,6 +30,7 @@ from csi_local.errors import (
     UnknownDeviceClass,
     VolumeGroupMissing,
 )
+from csi_local.host import stopwatch
 from csi_local.host.locks import Locks, pool_key
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import (
@@ -324,8 +325,12 @@ class Pool:
         overtaken by another create, in this process or the other plugin.
         `committed`: see report(); read after the lock is taken, it is as
         fresh as an `lvs` then."""
-        with self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout):
-            report = self.report(committed=committed)
+        with contextlib.ExitStack() as stack:
+            with stopwatch.phase("pool lock"):
+                stack.enter_context(
+                    self.locks.hold(pool_key(self.lvm.vg, self.lvm.pool), timeout=timeout))
+            with stopwatch.phase("report"):
+                report = self.report(committed=committed)
             if self.known_vgs is not None:
                 # Every volume and snapshot is made in here: its VG is on record
                 # before it holds one, so its absence is never taken for "never had".
