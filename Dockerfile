@@ -57,7 +57,7 @@ FROM ${BASE}
 # (tests/deploy/test_version.py; scripts/build-image passes it too), the source
 # and revision come from scripts/build-image (the git remote without
 # credentials, and the commit).
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0
 ARG SOURCE=""
 ARG REVISION=""
 LABEL org.opencontainers.image.title="csi-local" \

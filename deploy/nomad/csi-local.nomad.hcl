@@ -36,15 +36,15 @@ variable "nodes" {
   description = "node.unique.name of every client that runs the plugin"
 }
 
-# The image scripts/build-image -t localhost/csi-local:0.1.0 makes, by the
+# The image scripts/build-image -t localhost/csi-local:0.2.0 makes, by the
 # same name as deploy/kubernetes/base/kustomization.yaml's images entry. Fully
 # qualified: the docker driver takes a name without a registry for one on
-# docker.io (csi-local:0.1.0 is docker.io/library/csi-local:0.1.0), finds no
+# docker.io (csi-local:0.2.0 is docker.io/library/csi-local:0.2.0), finds no
 # such image among those loaded on the client and pulls it, which fails; an
 # image that `docker load` put there under this name is used as it is.
 variable "image" {
   type    = string
-  default = "localhost/csi-local:0.1.0"
+  default = "localhost/csi-local:0.2.0"
 }
 
 variable "volume_group" {

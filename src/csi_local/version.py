@@ -14,4 +14,4 @@ editable install's metadata keeps the version of its last `pip install`
 after a bump, so it would print an old version in a checkout.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

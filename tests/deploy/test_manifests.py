@@ -1460,7 +1460,7 @@ def test_top_level_kustomization_installs_the_base() -> None:
 @pytest.mark.parametrize("directory", ALL_RENDERINGS, ids=lambda d: d.name)
 def test_plugin_image_is_a_pullable_reference(directory: Path) -> None:
     """The plugin image of every rendering names its registry and a tag: an
-    unqualified `csi-local:0.1.0` is looked for on docker.io (ErrImagePull).
+    unqualified `csi-local:0.2.0` is looked for on docker.io (ErrImagePull).
     The manifests name it only by the kustomize images entry's name."""
     images = {c["image"] for w in _workloads(kustomize_docs(directory))
               for c in pod_spec(w)["containers"] if PLUGIN_IMAGE_RE.match(c["image"])}

@@ -257,7 +257,7 @@ def test_plugin_job_needs_a_docker_that_allows_its_task() -> None:
 def test_plugin_image_is_the_kubernetes_one() -> None:
     """The job's default image is the one the Kubernetes manifests run (the
     kustomize images entry: its name and tag), named with its registry: the
-    docker driver takes `csi-local:0.1.0` for docker.io/library/csi-local and
+    docker driver takes `csi-local:0.2.0` for docker.io/library/csi-local and
     pulls it, which fails. The docs' and README's commands build and load
     that same image."""
     path = NOMAD_DIR / "csi-local.nomad.hcl"
@@ -274,7 +274,7 @@ def test_plugin_image_is_the_kubernetes_one() -> None:
         commands = "".join(re.findall(r"```sh\n(.*?)```", text, re.S))
         named = set(re.findall(r"[\w./-]*csi-local:[\w.-]+", commands))
         # a registry of the operator's own, passed with -var image=...
-        assert named <= {image, "registry.example.com/csi-local:0.1.0"}, (where, named)
+        assert named <= {image, "registry.example.com/csi-local:0.2.0"}, (where, named)
     assert f"podman --storage-driver vfs save -o csi-local.tar {image}" in docs
 
 
