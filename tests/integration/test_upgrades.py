@@ -22,6 +22,7 @@ leaves these to the full run (`deep`).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -30,7 +31,7 @@ import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,19 @@ def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, P
     workdir = SCRATCH / f"up-{uuid.uuid4().hex[:8]}"
     old = PluginProcess(vg=vg, workdir=workdir, env=earlier_env(src))
     new = PluginProcess(vg=vg, workdir=workdir)
-    try:
+    with both_versions(old, new, workdir):
         upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING)
+
+
+@contextlib.contextmanager
+def both_versions(old: PluginProcess, new: PluginProcess, workdir: Path,
+                  cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Run the block with the earlier version and this one sharing
+    `workdir`; on a failure print their log (one file: both append to it);
+    then kill both, unmount what is left under `workdir`, run `cleanup` and
+    remove `workdir`."""
+    try:
+        yield
     except BaseException:
         print(f"--- the plugins' log (both versions) ---\n{old.log()[-30000:]}")
         raise
@@ -136,6 +148,8 @@ def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, P
         for p in (old, new):
             p.kill()
         unmount_under(workdir)
+        if cleanup is not None:
+            cleanup()
         run("rm", "-rf", "--one-file-system", str(workdir), check=False)
 
 

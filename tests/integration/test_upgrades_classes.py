@@ -57,6 +57,7 @@ from tests.integration.test_encryption import kill_tree
 from tests.integration.test_node import publish, stage, unpublish, unstage
 from tests.integration.test_upgrades import (  # noqa: F401 - `trees` is a fixture
     EARLIER,
+    both_versions,
     earlier_env,
     listed,
     runs_from,
@@ -174,17 +175,8 @@ def test_device_classes_survive_upgrade_and_rollback(
     old = PluginProcess(vg=pools.fast, workdir=workdir, config_file=config,
                         env=earlier_env(src))
     new = PluginProcess(vg=pools.fast, workdir=workdir, config_file=config)
-    try:
+    with both_versions(old, new, workdir, cleanup=pools.empty):
         classes_upgrade_and_roll_back(pools, old, new)
-    except BaseException:
-        print(f"--- the plugins' log (both versions) ---\n{old.log()[-30000:]}")
-        raise
-    finally:
-        for p in (old, new):
-            p.kill()
-        unmount_under(workdir)
-        pools.empty()
-        run("rm", "-rf", "--one-file-system", str(workdir), check=False)
 
 
 def classes_upgrade_and_roll_back(pools: Pools, old: PluginProcess,
