@@ -56,7 +56,7 @@ from tests.integration.dhvkit import Dhv, Result, failed, mounted_device, new_id
 from tests.integration.test_encryption import kill_tree
 from tests.integration.test_node import publish, stage, unpublish, unstage
 from tests.integration.test_upgrades import (  # noqa: F401 - `trees` is a fixture
-    EARLIER,
+    WITH_CLASSES,
     both_versions,
     earlier_env,
     listed,
@@ -65,8 +65,8 @@ from tests.integration.test_upgrades import (  # noqa: F401 - `trees` is a fixtu
     trees,
 )
 
-# `deep` for test_upgrades.py's reason: the earlier versions come from the
-# repository's history, which a CI clone may lack.
+# `deep`: some 100 to 1,500 s each (CONTRIBUTING, "Deep runs"); the earlier
+# versions come from the repository's history, as test_upgrades.py's do.
 pytestmark = [pytest.mark.integration, pytest.mark.deep]
 MiB = 1 << 20
 
@@ -164,7 +164,7 @@ def mounted_under(workdir: Path) -> list[str]:
     return [m.mount_point for m in mounts.read_mounts() if m.mount_point.startswith(prefix)]
 
 
-@pytest.mark.parametrize("earlier", EARLIER)
+@pytest.mark.parametrize("earlier", WITH_CLASSES)
 def test_device_classes_survive_upgrade_and_rollback(
         pools: Pools, trees: dict[str, Path],  # noqa: F811 - the fixture imported above
         earlier: str) -> None:
@@ -339,7 +339,7 @@ def old_install(src: Path, dhv: Dhv, classes_file: Path) -> None:
     assert json.loads(proc.stdout)["plugin"] == dhv.exe
 
 
-@pytest.mark.parametrize("earlier", EARLIER)
+@pytest.mark.parametrize("earlier", WITH_CLASSES)
 def test_host_volume_survives_upgrade_and_rollback(
         pools: Pools, trees: dict[str, Path],  # noqa: F811 - the fixture imported above
         earlier: str) -> None:

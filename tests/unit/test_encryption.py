@@ -169,6 +169,20 @@ def test_a_create_killed_before_its_placeholder_writes_it_on_the_retry(n: Node) 
     assert len(n.host.commands("cryptsetup")) == formats
 
 
+def test_a_volume_whose_mapping_cannot_be_read_gets_no_placeholder_and_says_so(
+        n: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing proves such a device empty, so no header is written blind;
+    the volume is made and stages as before, and the log says what it lacks."""
+    monkeypatch.setattr(n.host, "thin_mapped_sectors", lambda vg, lv: None)
+    with caplog.at_level("WARNING"):
+        code, vid = create(n)
+    assert code == "OK"
+    assert n.host.lv(vid).content.luks is None
+    assert not n.host.commands("cryptsetup")
+    assert any("no placeholder LUKS2 header" in r.getMessage() and vid in r.getMessage()
+               for r in caplog.records)
+
+
 def test_copies_of_a_volume_never_staged_format_at_their_first_stage(n: Node) -> None:
     _, vid = create(n)
     snap = call(n.controller.CreateSnapshot, pb.CreateSnapshotRequest(

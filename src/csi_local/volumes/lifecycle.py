@@ -543,8 +543,16 @@ class VolumeSteps:
         if not self.is_encrypted(lv):
             return
         self.host.wait_for_device(lv.path)
-        if self.host.thin_mapped_sectors(lv.vg, lv.name) == 0:
+        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        if mapped == 0:
             self.crypt.format_placeholder(lv.path)
+        elif mapped is None:
+            # Not written blind: without the kernel's count nothing proves the
+            # device holds nothing. The volume works as before; what it lacks
+            # is the guard against a rollback to a version before encryption.
+            log.warning("volume %s/%s: cannot read how much of it is mapped, so it gets no "
+                        "placeholder LUKS2 header (docs/on-disk-format.md, \"Rolling back past "
+                        "encryption\")", lv.vg, lv.name)
 
     def _placeholder_only(self, lv: LogicalVolume) -> bool:
         """Whether the volume, whose header's label says placeholder, holds
