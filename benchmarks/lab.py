@@ -216,6 +216,8 @@ class PluginProcess:
     config_file: Path | None = None
     log_level: str | None = "debug"  # None: the plugin's default
     python_args: list[str] = field(default_factory=list)  # e.g. ["-m", "cProfile", ...]
+    # Another interpreter (an earlier version's venv) instead of this one's.
+    python: str | None = None
     # A cgroup v2 directory the process joins before it runs the plugin: what
     # it and its children use is then charged there from their first page.
     cgroup: Path | None = None
@@ -247,7 +249,7 @@ class PluginProcess:
 
     def argv(self) -> list[str]:
         return [
-            sys.executable, *self.python_args, "-m", "csi_local", "serve",
+            self.python or sys.executable, *self.python_args, "-m", "csi_local", "serve",
             "--endpoint", self.endpoint, "--node-id", self.node_id,
             *(["--config", str(self.config_file)] if self.config_file is not None
               else ["--volume-group", self.vg.name, "--thin-pool", self.vg.pool]),

@@ -1,7 +1,8 @@
-"""Upgrade and rollback between this version and two earlier ones, on real
+"""Upgrade and rollback between this version and four earlier ones, on real
 LVM: the same VG, state directory and lock directory, served in turn by an
-earlier version's code (its `src/`, taken from its commit with `git archive`)
-and by this one.
+earlier version, installed from its commit into a venv of its own
+(scripts/earlier-versions; tests/integration/earlier.py lists them), and by
+this one.
 
 Each earlier version makes volumes in every state a node holds (created only,
 staged, staged and published with data, raw block staged and published, a
@@ -11,29 +12,26 @@ then SIGKILL of it and every process it started when the grace runs out. This
 version then finds every volume, converges on the create and finishes the
 stage on their retries, republishes idempotently, reads the data back, stages
 and publishes a volume the earlier one only created, makes one of its own, and
-is stopped (SIGTERM) during a CreateVolume. The earlier version, started again (the rollback),
-answers for all of them, converges on the interrupted create, and drains the
-node: every volume unpublished, unstaged and deleted, nothing left in the VG
-or mounted.
+is stopped (SIGTERM) during a CreateVolume. The earlier version, started again
+(the rollback), answers for all of them, converges on the interrupted create,
+and drains the node: every volume unpublished, unstaged and deleted, nothing
+left in the VG or mounted.
 
-The versions are milestones of CHANGELOG.md ("Pre-release milestones"), one
-of them from before encryption and device classes. The README's command runs
-these tests when the clone holds those commits (`.ci/run` deepens a shallow
-clone first); a clone without them leaves them to the deep run, and the run's
-summary counts them there.
+The versions are the last release and milestones of CHANGELOG.md
+("Pre-release milestones"), one of them from before encryption and device
+classes. The README's command runs these tests when their venvs are built
+(`.ci/run` builds them); without them they are the deep run's, and the run's
+summary counts them there. Run alone, the tests fail naming the script.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
-import tarfile
 import threading
 import time
 import uuid
@@ -48,23 +46,22 @@ from benchmarks.lab import SCRATCH, unmount_under
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import crypt, mounts
 from tests.integration.conftest import LoopVG, PluginProcess, block_cap, run
+from tests.integration.earlier import (
+    EARLIER,
+    ENCRYPTING,
+    PLACEHOLDERS,
+    VENVS,
+    installed,
+    python_of,
+    venv_of,
+)
 from tests.integration.test_encryption import create as create_encrypted
 from tests.integration.test_encryption import kill_commands
 from tests.integration.test_encryption import stage as stage_encrypted
 from tests.integration.test_freezes import child_running, wait_for
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 
-REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-# Three earlier versions (CHANGELOG.md, "Pre-release milestones"): the base of
-# 0.2.0's round (encryption at rest, the warmed listing), the last main before
-# encryption, and main before device classes, group snapshots, the lvm shell
-# and the committed-metadata reads (every lvcreate a process of its own).
-EARLIER = ["271635e", "87e5bdb", "667ac4e"]
-# The earlier versions that encrypt volumes (LUKS2), and those that know
-# device classes (`--config`; test_upgrades_classes.py).
-ENCRYPTING = {"271635e"}
-WITH_CLASSES = ["271635e", "87e5bdb"]
 # What a DaemonSet's rolling update gives the old pod between SIGTERM and
 # SIGKILL is its terminationGracePeriodSeconds (60 s as shipped). Here it is
 # shorter than the work in flight, so that the SIGKILL lands mid-work: the
@@ -72,55 +69,26 @@ WITH_CLASSES = ["271635e", "87e5bdb"]
 GRACE = 2.0
 
 
-def has_history() -> bool:
-    """Whether this clone holds every earlier version's commit."""
-    git = shutil.which("git")
-    return git is not None and all(
-        subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{c}^{{commit}}"],
-                       capture_output=True, check=False, timeout=60).returncode == 0
-        for c in EARLIER)
-
-
-# In the README's command (`core`) when the history is here; without it the
+# In the README's command (`core`) when the venvs are built; without them the
 # deep run's, counted in the summary's "left to the deep run".
 pytestmark = [pytest.mark.integration,
-              pytest.mark.core if has_history() else pytest.mark.deep]
+              pytest.mark.core if all(map(installed, EARLIER)) else pytest.mark.deep]
 
 
 @pytest.fixture(scope="module")
-def trees() -> Iterator[dict[str, Path]]:
-    """Each earlier version's `src/`, unpacked under the scratch directory and
-    compiled once (the guest writes no bytecode of its own)."""
-    made: dict[str, Path] = {}
-    for commit in EARLIER:
-        proc = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "src"],
-                              capture_output=True, check=False, timeout=300)
-        if proc.returncode != 0:
-            pytest.fail(f"commit {commit} is not in this clone ({proc.stderr.decode().strip()}): "
-                        "the upgrade tests need the history (git fetch --unshallow)")
-        dest = SCRATCH / f"earlier-{commit}"
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
-            tar.extractall(dest, filter="data")
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest / "src")],
-                       check=False, capture_output=True, timeout=900)
-        made[commit] = dest / "src"
-    yield made
-    for dest in made.values():
-        subprocess.run(["rm", "-rf", "--one-file-system", str(dest.parent)], check=False)
+def pythons() -> dict[str, str]:
+    """Each earlier version's interpreter: its venv's python."""
+    missing = [c for c in EARLIER if not installed(c)]
+    if missing:
+        pytest.fail(f"no venv for {', '.join(missing)} under {VENVS}: build them on the host "
+                    "with scripts/earlier-versions (it needs the repository's history and PyPI)")
+    return {c: str(python_of(c)) for c in EARLIER}
 
 
-def earlier_env(src: Path) -> dict[str, str]:
-    """The earlier version's package first on the path (before the editable
-    install of this one, whose finder Python asks after the path's)."""
-    return {"PYTHONPATH": str(src)}
-
-
-def runs_from(src: Path) -> str:
-    out = subprocess.run([sys.executable, "-c", "import csi_local; print(csi_local.__file__)"],
-                         env={**os.environ, **earlier_env(src)}, capture_output=True,
-                         text=True, check=True, timeout=300).stdout.strip()
-    return out
+def runs_from(python: str) -> str:
+    """Where `python`'s csi_local comes from (its venv, not this checkout)."""
+    return subprocess.run([python, "-I", "-c", "import csi_local; print(csi_local.__file__)"],
+                          capture_output=True, text=True, check=True, timeout=300).stdout.strip()
 
 
 def listed(p: PluginProcess) -> set[str]:
@@ -157,16 +125,19 @@ def in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
 
 
 @pytest.mark.parametrize("earlier", EARLIER)
-def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, trees: dict[str, Path],
+def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, pythons: dict[str, str],
                                                   earlier: str) -> None:
-    src = trees[earlier]
-    assert runs_from(src).startswith(str(src)), "the earlier version's code is not what runs"
+    python = pythons[earlier]
+    assert runs_from(python).startswith(str(venv_of(earlier))), \
+        "the earlier version's code is not what runs"
     workdir = SCRATCH / f"up-{uuid.uuid4().hex[:8]}"
-    old = PluginProcess(vg=vg, workdir=workdir,
-                        env={**earlier_env(src), **slow_mkfs_path(workdir)})
+    # -I: the venv's package only, whatever PYTHONPATH or the working directory hold.
+    old = PluginProcess(vg=vg, workdir=workdir, python=python, python_args=["-I"],
+                        env=slow_mkfs_path(workdir))
     new = PluginProcess(vg=vg, workdir=workdir)
     with both_versions(old, new, workdir):
-        upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING)
+        upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING,
+                              placeholders=earlier in PLACEHOLDERS)
 
 
 @contextlib.contextmanager
@@ -254,7 +225,7 @@ def placeholder_intact(p: PluginProcess, vid: str) -> bool:
 
 
 def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
-                          encrypting: bool) -> None:
+                          encrypting: bool, placeholders: bool) -> None:
     path = old.path
     # The earlier version makes a volume in every state.
     old.start()
@@ -351,20 +322,29 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     assert every <= listed(old)
     assert snap in snapshots(old)
     s_new_enc = path("s-enc-new")
-    # An earlier version that knows no encryption takes the volume for a
-    # plain one, and its mkfs meets the placeholder header: refused, nothing
-    # written (before the placeholder, the bare LV took a file system in
-    # plain text). One that encrypts finds a header its key does not open:
-    # refused too (UNAUTHENTICATED), nothing written.
-    with pytest.raises(grpc.RpcError) as refused:
-        if encrypting:
-            stage_encrypted(old, unstaged_enc, s_new_enc)
-        else:
-            stage(old, unstaged_enc, s_new_enc)
-    print(f"the earlier version's stage of a new encrypted volume: "
-          f"{refused.value.code().name}: {refused.value.details()}")
-    assert placeholder_intact(old, unstaged_enc)
-    assert len(mounts.mounts_at(s_new_enc)) == 0
+    if placeholders:
+        # A version that writes the placeholder header formats it for real at
+        # the first stage, as this one does.
+        stage_encrypted(old, unstaged_enc, s_new_enc)
+        assert not placeholder_intact(old, unstaged_enc)
+        assert len(mounts.mounts_at(s_new_enc)) == 1
+        unstage(old, unstaged_enc, s_new_enc)
+    else:
+        # An earlier version that knows no encryption takes the volume for a
+        # plain one, and its mkfs meets the placeholder header: refused,
+        # nothing written (before the placeholder, the bare LV took a file
+        # system in plain text). One that encrypts but knows no placeholder
+        # finds a header its key does not open: refused too
+        # (UNAUTHENTICATED), nothing written.
+        with pytest.raises(grpc.RpcError) as refused:
+            if encrypting:
+                stage_encrypted(old, unstaged_enc, s_new_enc)
+            else:
+                stage(old, unstaged_enc, s_new_enc)
+        print(f"the earlier version's stage of a new encrypted volume: "
+              f"{refused.value.code().name}: {refused.value.details()}")
+        assert placeholder_intact(old, unstaged_enc)
+        assert len(mounts.mounts_at(s_new_enc)) == 0
     if encrypting:
         unpublish(old, enc, t_enc)
         unstage(old, enc, s_enc)

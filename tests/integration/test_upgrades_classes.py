@@ -1,7 +1,8 @@
 """Upgrade and rollback of what tests/integration/test_upgrades.py leaves out:
 device classes and the Nomad host volume plugin. The same method: an earlier
-version's `src/` (a CHANGELOG.md milestone, `git archive`) and this version
-in turn over the same VGs, state directory and lock directory.
+version, installed from its commit into a venv of its own
+(scripts/earlier-versions), and this version in turn over the same VGs, state
+directory and lock directory.
 
 - Device classes. A plugin configured with two classes on two VGs (`fast`,
   the default, and `big`, over-provisioned 2x so the classes' capacities
@@ -22,13 +23,14 @@ in turn over the same VGs, state directory and lock directory.
   upgrade does, finds it: Nomad's repeated create converges on the same path
   with the data, a larger one grows it, and it deletes it. The earlier
   version, installed again (the rollback), converges on and deletes one this
-  version made. The installed executable runs `python -I` (PYTHONPATH
-  ignored), so the earlier version's requests run its `main` from its own
-  tree, with Nomad's environment and the executable's path as argv[0] (the
-  plugin finds its configuration by that name), and each such run first
-  checks that the package it imported is the earlier tree's.
+  version made. The earlier version's requests run its `main` with its
+  venv's python (`-I`: PYTHONPATH ignored), Nomad's environment and the
+  executable's path as argv[0] (the plugin finds its configuration by that
+  name), and each such run first checks that the package it imported is the
+  venv's.
 
-The versions and why these tests are `deep` are test_upgrades.py's.
+The versions are tests/integration/earlier.py's (those that know device
+classes).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,16 +54,15 @@ from csi_local.host import mounts
 from tests.dhvharness import reply
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
 from tests.integration.dhvkit import Dhv, Result, failed, mounted_device, new_id, ok
+from tests.integration.earlier import WITH_CLASSES, venv_of
 from tests.integration.test_encryption import kill_tree
 from tests.integration.test_node import publish, stage, unpublish, unstage
-from tests.integration.test_upgrades import (  # noqa: F401 - `trees` is a fixture
-    WITH_CLASSES,
+from tests.integration.test_upgrades import (  # noqa: F401 - `pythons` is a fixture
     both_versions,
-    earlier_env,
     listed,
+    pythons,
     runs_from,
     snapshots,
-    trees,
 )
 
 # `deep`: some 100 to 1,500 s each (CONTRIBUTING, "Deep runs"); the earlier
@@ -166,14 +166,15 @@ def mounted_under(workdir: Path) -> list[str]:
 
 @pytest.mark.parametrize("earlier", WITH_CLASSES)
 def test_device_classes_survive_upgrade_and_rollback(
-        pools: Pools, trees: dict[str, Path],  # noqa: F811 - the fixture imported above
+        pools: Pools, pythons: dict[str, str],  # noqa: F811 - the fixture imported above
         earlier: str) -> None:
-    src = trees[earlier]
-    assert runs_from(src).startswith(str(src)), "the earlier version's code is not what runs"
+    python = pythons[earlier]
+    assert runs_from(python).startswith(str(venv_of(earlier))), \
+        "the earlier version's code is not what runs"
     workdir = SCRATCH / f"upc-{uuid.uuid4().hex[:8]}"
     config = pools.config(workdir)
     old = PluginProcess(vg=pools.fast, workdir=workdir, config_file=config,
-                        env=earlier_env(src))
+                        python=python, python_args=["-I"])
     new = PluginProcess(vg=pools.fast, workdir=workdir, config_file=config)
     with both_versions(old, new, workdir, cleanup=pools.empty):
         classes_upgrade_and_roll_back(pools, old, new)
@@ -299,36 +300,42 @@ def classes_upgrade_and_roll_back(pools: Pools, old: PluginProcess,
 # The earlier version's `csi-local-dhv` as Nomad would run its executable:
 # argv = [the executable's path, operation, ...] (the plugin finds its
 # configuration by the executable's directory and name), the environment
-# given, and its own tree first on the path; `-I` as the executable's `#!`
-# line has it. The import is checked before anything runs.
+# given, its venv's python with `-I` as the executable's `#!` line has it.
+# The import is checked before anything runs.
 OLD_DHV = """\
 import sys
 from pathlib import Path
-src = sys.argv.pop(1)
-sys.path.insert(0, src)
+venv = sys.argv.pop(1)
 import csi_local
-if not Path(csi_local.__file__).is_relative_to(src):
-    sys.exit(f"csi_local imported from {csi_local.__file__}, not the earlier tree {src}")
+if not Path(csi_local.__file__).is_relative_to(venv):
+    sys.exit(f"csi_local imported from {csi_local.__file__}, not the earlier venv {venv}")
 from csi_local.dhv import main
 sys.argv[0] = sys.argv.pop(1)
 sys.exit(main())
 """
 
 
-def old_dhv(src: Path, dhv: Dhv, op: str, *args: str,
+@dataclass(frozen=True)
+class Earlier:
+    """An earlier version: its venv and that venv's python."""
+    venv: Path
+    python: str
+
+
+def old_dhv(src: Earlier, dhv: Dhv, op: str, *args: str,
             env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-c", OLD_DHV, str(src), dhv.exe, op, *args],
+    return subprocess.run([src.python, "-I", "-c", OLD_DHV, str(src.venv), dhv.exe, op, *args],
                           env=env, capture_output=True, text=True, check=False, timeout=900)
 
 
-def old_call(src: Path, dhv: Dhv, op: str, vid: str, **kw: Any) -> Result:
+def old_call(src: Earlier, dhv: Dhv, op: str, vid: str, **kw: Any) -> Result:
     """A create or delete by the earlier version, with Nomad's variables."""
     proc = old_dhv(src, dhv, op, env=dhv.env(op, vid, **kw))
-    assert "not the earlier tree" not in proc.stderr, proc.stderr
+    assert "not the earlier venv" not in proc.stderr, proc.stderr
     return reply(proc.returncode, proc.stdout, proc.stderr)
 
 
-def old_install(src: Path, dhv: Dhv, classes_file: Path) -> None:
+def old_install(src: Earlier, dhv: Dhv, classes_file: Path) -> None:
     """The earlier version's `csi-local-dhv install`: its own configuration
     (it knows no caller_deadline_seconds; its timeout_seconds goes up to an
     hour, as the emulated VM needs)."""
@@ -341,9 +348,9 @@ def old_install(src: Path, dhv: Dhv, classes_file: Path) -> None:
 
 @pytest.mark.parametrize("earlier", WITH_CLASSES)
 def test_host_volume_survives_upgrade_and_rollback(
-        pools: Pools, trees: dict[str, Path],  # noqa: F811 - the fixture imported above
+        pools: Pools, pythons: dict[str, str],  # noqa: F811 - the fixture imported above
         earlier: str) -> None:
-    src = trees[earlier]
+    src = Earlier(venv_of(earlier), pythons[earlier])
     workdir = SCRATCH / f"upd-{uuid.uuid4().hex[:8]}"
     dhv = Dhv(vg=pools.fast, workdir=workdir)
     try:
@@ -354,7 +361,7 @@ def test_host_volume_survives_upgrade_and_rollback(
         run("rm", "-rf", "--one-file-system", str(workdir), check=False)
 
 
-def host_volume_upgrade_and_roll_back(pools: Pools, src: Path, dhv: Dhv,
+def host_volume_upgrade_and_roll_back(pools: Pools, src: Earlier, dhv: Dhv,
                                       classes_file: Path) -> None:
     big = {"device_class": "big"}
     # The earlier version makes a host volume in the `big` class, with data.
