@@ -199,7 +199,8 @@ HEAVY_HOST_SECONDS = 480.0
 
 # Settings of the guest's tests that a caller may give on the host.
 FORWARDED_ENV = ("CSI_LOCAL_CBT_BENCH_MIB", "CSI_LOCAL_WALK_STEPS", "CSI_LOCAL_WALK_SEED",
-                 "CSI_LOCAL_WALK_PROGRESS", "CSI_LOCAL_LVM_ROOTS", "CSI_LOCAL_VERSIONS_STEPS")
+                 "CSI_LOCAL_WALK_PROGRESS", "CSI_LOCAL_LVM_ROOTS", "CSI_LOCAL_VERSIONS_STEPS",
+                 "CSI_LOCAL_EARLIER")
 
 
 def load_costs(path: Path = COSTS_FILE) -> dict[str, float]:
