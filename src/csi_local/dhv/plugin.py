@@ -41,6 +41,7 @@ from csi_local.dhv.request import (
     snapshot_lv_name,
 )
 from csi_local.errors import (
+    AmbiguousName,
     Difference,
     SizeOutOfRange,
     SourceMismatch,
@@ -54,7 +55,7 @@ from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
-from csi_local.volumes import creation, encryption, sizes
+from csi_local.volumes import creation, encryption, placement, sizes
 from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT, Freezes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
@@ -176,32 +177,44 @@ class HostVolumePlugin:
         """The pool to make the volume in, and the volume's LV if it exists in
         another class's volume group than that pool's.
 
-        With one class, its pool (its report, read under the pool lock, says
-        all). With several, one `lvs` over the classes' volume groups first: a
-        volume made earlier is where it is, whatever its parameters say now
-        (Nomad repeats the create at every client start), and a clone goes
-        to its source's class, the only pool a thin snapshot of it can be in.
-        A volume group that is missing may hold the volume, or its source:
-        nothing is made until it is back."""
-        if len(self.pools) == 1:
+        The placement rule the CSI plugin shares (volumes/placement.py): with
+        the classes in one VG and no source, that pool's report (read under
+        its lock) sees every LV of the name. Otherwise one `lvs` over the
+        classes' volume groups first: a volume made earlier is where it is,
+        whatever its parameters say now (Nomad repeats the create at every
+        client start); a name with LVs in two volume groups is neither used
+        nor made again; a volume group that is missing may hold the volume,
+        so nothing is made until it is back; and a clone goes to its source's
+        class, the only pool a thin snapshot of it can be in."""
+        if not placement.needs_read(self.pools, params.source is not None):
             return asked, None
-        lvs, missing = self.pools.scan()
-        mine = [(p, lv) for p, lv in lvs if lv.name == req.lv_name]
-        if len(mine) > 1:
+        if params.source is None:
+            seen = placement.read(self.pools, [req.lv_name])
+        else:  # a source may be named by its name, which only the tags say
+            seen = placement.Seen(*self.pools.scan())
+        try:
+            found = placement.existing(seen, req.lv_name)
+        except AmbiguousName as err:
             raise DhvError(f"volume {req.volume_id} has an LV in several volume groups ("
-                           f"{', '.join(f'{lv.vg}/{lv.name}' for _, lv in mine)}); "
-                           "leaving them alone")
-        if mine:
-            owner, lv = mine[0]
-            return owner or asked, lv
-        if missing:
+                           f"{', '.join(err.lvs)}); leaving them alone: remove or rename "
+                           "the ones that are not the volume") from None
+        except VolumeGroupMissing:
             raise VolumeGroupMissing(
-                f"volume group {', '.join(missing)} not found: volume {req.volume_id} "
-                "(or its source) may be there, so nothing is made until it is back")
+                f"volume group {', '.join(seen.missing)} not found: volume {req.volume_id} "
+                "(or its source) may be there, so nothing is made until it is back") from None
+        if found is not None:
+            owner, lv = found
+            return owner or asked, lv
         if params.source is None:
             return asked, None
         kind, ref = params.source
-        source = self._find_source([lv for _, lv in lvs], kind, ref, req.namespace)
+        source = self._find_source([lv for _, lv in seen.lvs], kind, ref, req.namespace)
+        try:
+            placement.only(seen, source.name)
+        except AmbiguousName as err:
+            raise DhvError(f"source_{kind} {ref!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); nothing is made from it: remove or "
+                           "rename the ones that are not the source") from None
         return self.pools.pool_of_copy(source, params.device_class, f"source_{kind} {ref!r}",
                                        DEVICE_CLASS), None
 

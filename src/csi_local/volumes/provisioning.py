@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from csi_local.errors import (
+    AmbiguousName,
     Difference,
     LvNotFound,
     NameTaken,
@@ -34,7 +35,7 @@ from csi_local.errors import (
 from csi_local.host import stopwatch
 from csi_local.host.locks import Locks, volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import creation, encryption, naming, qos, sizes
+from csi_local.volumes import creation, encryption, naming, placement, qos, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
@@ -119,35 +120,52 @@ class Provisioner:
                 stack.enter_context(self.locks.hold(volume_key(source.id)))
             # With several classes the volume (a retry) or its source may be in
             # another VG than the chosen pool's, and a source names the class
-            # when the request names none: one `lvs` over the classes' VGs first.
-            # Both are under their locks, so this stays true. A missing VG other
-            # than the chosen pool's does not stop a new volume (its own pool's
-            # report fails if it is its VG), but a source that may be in it does.
-            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
-            if not self.pools.single_vg or (source is not None and len(self.pools) > 1):
-                names = [volume_id] if source is None else [volume_id, source.id]
-                elsewhere = self.pools.locate(
-                    *names, required=[] if source is None else [source.id])
-                if source is not None and asked is None and source.id in elsewhere:
+            # when the request names none: one `lvs` over the classes' VGs first,
+            # placed by the rule both front ends share (volumes/placement.py: a
+            # name in two VGs, or nowhere while a VG that may hold it is missing,
+            # is refused). Both are under their locks, so this stays true.
+            found: tuple[Pool | None, LogicalVolume] | None = None
+            found_source: tuple[Pool | None, LogicalVolume] | None = None
+            if placement.needs_read(self.pools, source is not None):
+                seen = placement.read(
+                    self.pools, [volume_id] if source is None else [volume_id, source.id])
+                try:
+                    found = placement.existing(seen, volume_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"volume {req.name!r} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the volume is unknown, so none is "
+                        "used; remove or rename the others", err.lvs) from None
+                if source is not None:
+                    try:
+                        found_source = placement.only(seen, source.id)
+                    except AmbiguousName as err:
+                        raise AmbiguousName(
+                            f"{source.kind} {source.id} has LVs in several volume groups ("
+                            f"{', '.join(err.lvs)}): which is the source is unknown, so "
+                            "nothing is made from it; remove or rename the others",
+                            err.lvs) from None
+                if asked is None and found_source is not None and found_source[0] is not None:
                     # A restore or clone stays in its source's class.
-                    pool = elsewhere[source.id][0]
+                    pool = found_source[0]
                     minimum = sizes.minimum_size(req.fs_types, pool.default_fs_type)
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
             # Without a source no volume's device is acted on: the committed
             # metadata and the pool's status answer without a process.
             report = stack.enter_context(pool.reserved(committed=source is None))
-            existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
+            existing = report.find(volume_id) or (found[1] if found else None)
             if existing is not None:
                 return self._reuse(pool, report, existing, req, minimum)
             source_lv = None
             if source is not None:
                 source_lv = (report.find(source.id)
-                             or elsewhere.get(source.id, (pool, None))[1])
+                             or (found_source[1] if found_source else None))
                 if source_lv is None or not naming.is_source(source_lv, source):
                     raise LvNotFound(f"{source.kind} {source.id!r} not found")
                 naming.check_format(source_lv)  # a newer csi-local's: not copied
-                # With no class asked, `pool` is the source's (located above).
+                # With no class asked, `pool` is the source's (placed above); a
+                # source in no class of this node is refused here, not "not found".
                 self.pools.pool_of_copy(source_lv, asked or pool.class_name,
                                         f"{source.kind} {source.id}",
                                         naming.DEVICE_CLASS_PARAMETER)
