@@ -491,7 +491,7 @@ class HostVolumePlugin:
         # The volume's lock: not while its first create formats it, nor while
         # delete takes it down. The snapshot's: one create of a name at a time.
         with self._hold(lv_name), self._hold(snap_lv):
-            pool, existing = self._locate_snapshot(snap_lv, lv_name)
+            pool, existing, located = self._locate_snapshot(snap_lv, lv_name, volume_id, name)
             if existing is not None:
                 _check_snapshot(existing, name)
                 if existing.tag_value(TAG_SOURCE) != f"volume:{volume_id}":
@@ -503,17 +503,18 @@ class HostVolumePlugin:
                                         DEVICE_CLASS)
                 return existing
             with pool.reserved(self._lock_timeout()) as report:
-                volume = report.find(lv_name)
+                volume = report.find(lv_name) or located
                 if volume is None or volume.tag_value(TAG_KIND) != KIND_VOLUME \
-                        or volume.tag_value(TAG_ID) != volume_id \
-                        or self.pools.of_lv(volume) is not pool:
+                        or volume.tag_value(TAG_ID) != volume_id:
                     raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
                 check_format(volume)
                 if TAG_FRESH in volume.tags:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
-                self.pools.pool_of_copy(volume, device_class, f"host volume {volume_id!r}",
-                                        DEVICE_CLASS)
+                # One in no class of this node is refused here, not "not found".
+                if self.pools.pool_of_copy(volume, device_class, f"host volume {volume_id!r}",
+                                           DEVICE_CLASS) is not pool:
+                    raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
                 snap = self.steps.snapshot(pool, report, volume, snap_lv, tags)
@@ -521,24 +522,39 @@ class HostVolumePlugin:
                  snap.vg, snap.name, pool.class_name)
         return snap
 
-    def _locate_snapshot(self, snap_lv: str,
-                         lv_name: str) -> tuple[Pool, LogicalVolume | None]:
-        """The pool a snapshot of the volume `lv_name` is (or would be) in, and
-        the snapshot's LV if it exists. With several classes, one `lvs` over
-        their volume groups; a missing one may hold either: an error then."""
-        if len(self.pools) == 1:
-            pool = self.pools.default
-            return pool, pool.lvm.find(snap_lv)
-        lvs, missing = self.pools.scan()
-        snap = next(((p, lv) for p, lv in lvs if lv.name == snap_lv), None)
-        if snap is not None:
-            return snap[0] or self.pools.default, snap[1]
-        if missing:
+    def _locate_snapshot(self, snap_lv: str, lv_name: str, volume_id: str, name: str
+                         ) -> tuple[Pool, LogicalVolume | None, LogicalVolume | None]:
+        """The pool a snapshot of the volume `lv_name` is (or would be) in, the
+        snapshot's LV if it exists, and the volume's LV if found in another VG
+        than that pool's. With several classes, one `lvs` over their volume
+        groups, placed by the rule the CSI plugin shares (volumes/placement.py):
+        a name with LVs in two volume groups is refused, and so is a snapshot
+        found nowhere while a volume group that may hold it is missing."""
+        pool = self.pools.default
+        if not placement.needs_read(self.pools, True):
+            return pool, pool.lvm.find(snap_lv), None
+        seen = placement.read(self.pools, [snap_lv, lv_name])
+        try:
+            snap = placement.existing(seen, snap_lv)
+        except AmbiguousName as err:
+            raise DhvError(f"snapshot {name!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); leaving them alone: remove or rename the "
+                           "ones that are not the snapshot") from None
+        except VolumeGroupMissing:
             raise VolumeGroupMissing(
-                f"volume group {', '.join(missing)} not found: the volume or a snapshot of "
-                "that name may be there, so nothing is made until it is back")
-        volume = next((p for p, lv in lvs if lv.name == lv_name and p is not None), None)
-        return volume or self.pools.default, None
+                f"volume group {', '.join(seen.missing)} not found: the volume or a snapshot "
+                "of that name may be there, so nothing is made until it is back") from None
+        if snap is not None:
+            return snap[0] or pool, snap[1], None
+        try:
+            volume = placement.only(seen, lv_name)
+        except AmbiguousName as err:
+            raise DhvError(f"host volume {volume_id!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); nothing is made from it: remove or rename "
+                           "the ones that are not the volume") from None
+        if volume is None:
+            return pool, None, None
+        return volume[0] or pool, None, volume[1]
 
     def snapshot_delete(self, name: str) -> bool:
         """Remove snapshot `name`; False when it was gone already. Its clones

@@ -314,32 +314,53 @@ class Provisioner:
                 stack.enter_context(self.locks.hold(volume_key(source_id)))
             # A snapshot lives in its source's pool. With one class that is the
             # pool; with several, one `lvs` over them finds the source (and a
-            # snapshot of the same name in any class) first.
+            # snapshot of the same name in any class) first, placed by the rule
+            # volumes share (volumes/placement.py): a name in two VGs, or
+            # nowhere while a VG that may hold it is missing, is refused.
             pool = self.pools.default
-            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
-            if len(self.pools) > 1:
-                # A snapshot can only be in its source's pool: a missing VG matters
-                # only when the source is not found (it may be there).
-                elsewhere = self.pools.locate(snapshot_id, source_id, required=[source_id])
-                pool = elsewhere.get(source_id, elsewhere.get(snapshot_id, (pool, None)))[0]
+            found: tuple[Pool | None, LogicalVolume] | None = None
+            found_source: tuple[Pool | None, LogicalVolume] | None = None
+            if placement.needs_read(self.pools, True):
+                seen = placement.read(self.pools, [snapshot_id, source_id])
+                try:
+                    found = placement.existing(seen, snapshot_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"snapshot {name!r} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the snapshot is unknown, so none "
+                        "is used; remove or rename the others", err.lvs) from None
+                try:
+                    found_source = placement.only(seen, source_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"volume {source_id} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the volume is unknown, so nothing "
+                        "is made from it; remove or rename the others", err.lvs) from None
+                pool = next((p for p in (found and found[0], found_source and found_source[0])
+                             if p is not None), pool)
             report = stack.enter_context(pool.reserved())
-            existing = report.find(snapshot_id) or elsewhere.get(snapshot_id, (pool, None))[1]
+            existing = report.find(snapshot_id) or (found[1] if found else None)
             if existing is not None:
                 src = naming.source_of(existing)
-                if (not naming.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
+                if self.pools.of_lv(existing) is None:
+                    raise NameTaken(f"snapshot {name!r} maps to LV {existing.vg}/"
+                                    f"{existing.name}, in thin pool {existing.vg}/"
+                                    f"{existing.pool}, which is no device class of this node")
+                if (not naming.is_csi_snapshot(existing)
                         or src != Source(SourceKind.VOLUME, source_id)):
                     raise NameTaken(f"snapshot {name!r} exists for another source volume")
                 naming.check_format(existing)
                 self.pools.pool_of_copy(existing, asked, f"snapshot {snapshot_id}",
                                         naming.DEVICE_CLASS_PARAMETER)
                 return existing
-            source_lv = report.find(source_id)
-            if (source_lv is None or not naming.is_csi_volume(source_lv)
-                    or self.pools.of_lv(source_lv) is not pool):
+            source_lv = report.find(source_id) or (found_source[1] if found_source else None)
+            if source_lv is None or not naming.is_csi_volume(source_lv):
                 raise LvNotFound(f"volume {source_id!r} not found")
             naming.check_format(source_lv)
-            self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
-                                    naming.DEVICE_CLASS_PARAMETER)
+            # A source in no class of this node is refused here, not "not found".
+            if self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
+                                       naming.DEVICE_CLASS_PARAMETER) is not pool:
+                raise LvNotFound(f"volume {source_id!r} not found")
             tags = [*naming.new_lv_tags(naming.KIND_SNAPSHOT),
                     Source(SourceKind.VOLUME, source_id).tag()]
             return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)
