@@ -5,18 +5,21 @@ The CSI plugin's layers do the work: the same pools (device classes, each
 with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
 rule, the same volume steps (csi_local.volumes.lifecycle: snapshot,
-clone, format once, new fs id, mount, grow) and the same creation policy
-(csi_local.volumes.creation: what a repeated create may meet, the smallest
-new volume, a copy's limit; a new volume's or a copy's encryption is
-csi_local.volumes.encryption's). Only Nomad's request and answer are the host
-volume plugin's own, and the words of its refusals; delete's unmounting is
-in dhv/removal.
+clone, format once, new fs id, mount, grow), the same placement
+(csi_local.volumes.placement: where a name is across the classes' volume
+groups) and the same creation policy (csi_local.volumes.creation: what a
+repeated create may meet, the smallest new volume, a copy's limit; a new
+volume's or a copy's encryption is csi_local.volumes.encryption's). Only
+Nomad's request and answer are the host volume plugin's own, and the words
+of its refusals; delete's unmounting is in dhv/removal.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
 exists is found in whatever class it is, by one `lvs` over the classes'
-volume groups (its VG and thin pool say its class; nothing else records it),
-and a class whose volume group is missing never makes a volume look gone.
+volume groups (its VG and thin pool say its class; nothing else records it).
+A class whose volume group is missing never makes a volume look gone, nor
+lets one be made while it may hold its name; a name with LVs in two volume
+groups is left alone.
 
 Everything here is imported lazily by csi_local.dhv, off the fingerprint path.
 """

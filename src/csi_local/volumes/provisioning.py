@@ -8,9 +8,11 @@ the object goes (the class asked for, or its source's: a thin snapshot lives
 in its origin's pool), whether it exists already (a CO's retry gets the same
 object, a conflicting request NameTaken), and the step that makes it
 (Pool.create_thin, or VolumeSteps.clone and VolumeSteps.snapshot), all
-against one report read under the pool lock. The rules a volume's create
-shares with the host volume plugin's (a repeat's check, the smallest new
-volume, a copy's limit) are volumes/creation.py's.
+against one report read under the pool lock. The rules a create shares
+with the host volume plugin's are not here: where a name is across the
+classes' VGs and which pool a new object goes to (volumes/placement.py), a
+repeat's check, the smallest new volume and a copy's limit
+(volumes/creation.py).
 
 Transport-free: errors are the storage layer's (csi_local.errors) and the
 RPC edge (csi/rpc.py) gives them their codes.
