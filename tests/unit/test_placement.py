@@ -25,8 +25,8 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import DhvError, lv_name_for, snapshot_lv_name
-from csi_local.errors import StorageError
-from csi_local.volumes import naming
+from csi_local.errors import AmbiguousName, StorageError, VolumeGroupMissing
+from csi_local.volumes import naming, placement
 from csi_local.volumes.host_volume_names import TAG_FRESH, snapshot_tags, volume_tags
 from csi_local.volumes.naming import Source, SourceKind
 from tests.unit.dhvnode import DhvNode
@@ -179,7 +179,8 @@ WORDS: dict[str, dict[str, tuple[str, str]]] = {
                    "dhv": ("refused", "volume group hdd not found: volume vol-1")},
     "several": {"csi": ("FAILED_PRECONDITION", "volume 'new' has LVs in several volume groups"),
                 "dhv": ("refused", "volume vol-1 has an LV in several volume groups")},
-    "no-class": {"csi": ("ALREADY_EXISTS", f"maps to LV hdd/{CSI_NEW}, which is not a volume"),
+    "no-class": {"csi": ("ALREADY_EXISTS", f"maps to LV hdd/{CSI_NEW}, in thin pool hdd/old, "
+                                           "which is no device class of this node"),
                  "dhv": ("refused", "in thin pool hdd/old, which is no device class")},
     "class": {"csi": ("ALREADY_EXISTS", "exists in device class 'big', not in 'fast'"),
               "dhv": ("refused", "exists in device class 'big', not 'fast'")},
@@ -314,3 +315,36 @@ def test_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row: Row,
         assert (code, says in message) == (want_code, True), message
         assert lvs(front) == before  # a refusal makes, changes and removes nothing
         assert {c[0] for c in front.host.calls} <= {"lvs"}, front.host.calls
+
+
+# the rule itself, on what one read saw -----------------------------------------------------
+
+
+def _lv(vg: str, pool: str, name: str = "x") -> object:
+    return type("Lv", (), {"vg": vg, "pool": pool, "name": name})()
+
+
+@pytest.mark.parametrize("lvs,missing,want", [
+    pytest.param([], [], "new", id="nowhere"),
+    pytest.param([("fast", _lv("nvme", "thin"))], [], "nvme", id="one"),
+    pytest.param([(None, _lv("hdd", "old"))], [], "hdd", id="one-in-no-class"),
+    pytest.param([("fast", _lv("nvme", "thin"))], ["hdd"], "nvme", id="one-other-vg-missing"),
+    pytest.param([], ["hdd"], "VolumeGroupMissing", id="nowhere-a-vg-missing"),
+    pytest.param([("fast", _lv("nvme", "thin")), ("big", _lv("hdd", "pool"))], [],
+                 "AmbiguousName nvme/x, hdd/x", id="two-vgs"),
+    pytest.param([("fast", _lv("nvme", "thin")), (None, _lv("hdd", "old"))], ["vg9"],
+                 "AmbiguousName nvme/x, hdd/x", id="two-vgs-one-in-no-class"),
+    pytest.param([("fast", _lv("nvme", "thin", "y"))], ["hdd"], "VolumeGroupMissing",
+                 id="another-name-only"),
+])
+def test_existing(lvs: list[tuple[object, object]], missing: list[str], want: str) -> None:
+    seen = placement.Seen(lvs, missing)  # type: ignore[arg-type]  # stand-ins: vg, pool, name
+    try:
+        found = placement.existing(seen, "x")
+    except AmbiguousName as err:
+        got = f"AmbiguousName {', '.join(err.lvs)}"
+    except VolumeGroupMissing:
+        got = "VolumeGroupMissing"
+    else:
+        got = "new" if found is None else found[1].vg
+    assert got == want

@@ -1,7 +1,7 @@
 """Placement over the node's device classes: where an object of a name is
-across the classes' volume groups, and which pool a new one goes to. The one
-rule of both front ends (the CSI controller's volumes/provisioning.py, the
-host volume plugin's dhv/plugin.py), for volumes and snapshots alike.
+across the classes' volume groups, and whether a new one may be made. The
+one rule of both front ends (the CSI controller's volumes/provisioning.py,
+the host volume plugin's dhv/plugin.py), for volumes and snapshots alike.
 
 A class is stored nowhere but in an LV's volume group and thin pool, and LVM
 keeps names unique only within one volume group, so with the classes in
@@ -49,6 +49,7 @@ class Seen:
     missing: Sequence[str]
 
     def named(self, name: str) -> list[tuple[Pool | None, LogicalVolume]]:
+        """Every LV of that name, in whatever VG and pool."""
         return [(pool, lv) for pool, lv in self.lvs if lv.name == name]
 
 
@@ -90,4 +91,3 @@ def existing(seen: Seen, name: str) -> tuple[Pool | None, LogicalVolume] | None:
             f"volume group {', '.join(seen.missing)} not found: {name} may be there, so "
             "nothing of that name is made until it is back")
     return found
-

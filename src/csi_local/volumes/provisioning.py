@@ -216,8 +216,11 @@ class Provisioner:
     def _differs(self, difference: Difference, name: str, lv: LogicalVolume, pool: Pool,
                  req: VolumeRequest) -> str:
         """The CSI plugin's words for a volume that exists and differs."""
-        if difference in (Difference.NOT_OURS, Difference.NO_CLASS):
+        if difference is Difference.NOT_OURS:
             return f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not a volume"
+        if difference is Difference.NO_CLASS:
+            return (f"name {name!r} maps to LV {lv.vg}/{lv.name}, in thin pool {lv.vg}/"
+                    f"{lv.pool}, which is no device class of this node: left alone")
         if difference is Difference.CLASS:
             other = self.pools.of_lv(lv)
             assert other is not None
