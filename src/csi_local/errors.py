@@ -95,6 +95,17 @@ class VolumeDiffers(NameTaken):
         self.difference = difference
 
 
+class AmbiguousName(StorageError):
+    """A name has an LV in more than one of the classes' volume groups (LVM
+    keeps names unique only within one): which is the object is unknown, so
+    none is met again, copied or made anew until an operator removes or
+    renames the others (volumes/placement.py). `lvs`: those LVs, "VG/LV"."""
+
+    def __init__(self, message: str, lvs: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.lvs = lvs
+
+
 class SourceMismatch(StorageError):
     """A request asks that a copy of its content source (a restore or a
     clone) differ from the source where no copy can: its encryption."""

@@ -376,6 +376,9 @@ def test_a_volume_group_the_node_had_goes_missing(dc: Classes) -> None:
                         pb.ListSnapshotsRequest())
             expect_code(Code.UNAVAILABLE, p.controller.DeleteVolume,
                         pb.DeleteVolumeRequest(volume_id=v.volume_id))
+            # Nor is a new volume made in another class: its name may be in the
+            # missing VG (volumes/placement.py).
+            expect_code(Code.UNAVAILABLE, create, p, f"dc-new-{when}", 32 * MiB, "fast")
         third.loop = run("losetup", "--find", "--show", str(third.image)).stdout.strip()
         run("vgchange", "--activate", "y", third.name)  # LVM reads the devices again
         listed = p.controller.ListVolumes(pb.ListVolumesRequest())

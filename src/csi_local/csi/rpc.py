@@ -70,6 +70,9 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.NameTaken: "ALREADY_EXISTS",
     errors.VolumeDiffers: "ALREADY_EXISTS",
     errors.UnknownDeviceClass: "INVALID_ARGUMENT",
+    # Two LVs of one name in the classes' VGs: no retry helps until an
+    # operator removes or renames one, and the request is not at fault.
+    errors.AmbiguousName: "FAILED_PRECONDITION",
     errors.SourceMismatch: "INVALID_ARGUMENT",
     # A newer csi-local's volume or snapshot: nothing is wrong with the
     # request, and no retry of it succeeds until the plugin is upgraded.

@@ -5,18 +5,21 @@ The CSI plugin's layers do the work: the same pools (device classes, each
 with its room and its pool lock), the same lock keys and order (the volume's
 key outside, the pool's inside), the same formatting rule and mount-option
 rule, the same volume steps (csi_local.volumes.lifecycle: snapshot,
-clone, format once, new fs id, mount, grow) and the same creation policy
-(csi_local.volumes.creation: what a repeated create may meet, the smallest
-new volume, a copy's limit; a new volume's or a copy's encryption is
-csi_local.volumes.encryption's). Only Nomad's request and answer are the host
-volume plugin's own, and the words of its refusals; delete's unmounting is
-in dhv/removal.
+clone, format once, new fs id, mount, grow), the same placement
+(csi_local.volumes.placement: where a name is across the classes' volume
+groups) and the same creation policy (csi_local.volumes.creation: what a
+repeated create may meet, the smallest new volume, a copy's limit; a new
+volume's or a copy's encryption is csi_local.volumes.encryption's). Only
+Nomad's request and answer are the host volume plugin's own, and the words
+of its refusals; delete's unmounting is in dhv/removal.
 
 Device classes: a new volume goes to the class its `device_class` parameter
 names (or the default class), a clone to its source's class; a volume that
 exists is found in whatever class it is, by one `lvs` over the classes'
-volume groups (its VG and thin pool say its class; nothing else records it),
-and a class whose volume group is missing never makes a volume look gone.
+volume groups (its VG and thin pool say its class; nothing else records it).
+A class whose volume group is missing never makes a volume look gone, nor
+lets one be made while it may hold its name; a name with LVs in two volume
+groups is left alone.
 
 Everything here is imported lazily by csi_local.dhv, off the fingerprint path.
 """
@@ -41,6 +44,7 @@ from csi_local.dhv.request import (
     snapshot_lv_name,
 )
 from csi_local.errors import (
+    AmbiguousName,
     Difference,
     SizeOutOfRange,
     SourceMismatch,
@@ -54,7 +58,7 @@ from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks, volume_key
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
-from csi_local.volumes import creation, encryption, sizes
+from csi_local.volumes import creation, encryption, placement, sizes
 from csi_local.volumes.freezes import DEFAULT_FREEZE_LIMIT, Freezes
 from csi_local.volumes.host_volume_names import (
     KIND_SNAPSHOT,
@@ -176,32 +180,44 @@ class HostVolumePlugin:
         """The pool to make the volume in, and the volume's LV if it exists in
         another class's volume group than that pool's.
 
-        With one class, its pool (its report, read under the pool lock, says
-        all). With several, one `lvs` over the classes' volume groups first: a
-        volume made earlier is where it is, whatever its parameters say now
-        (Nomad repeats the create at every client start), and a clone goes
-        to its source's class, the only pool a thin snapshot of it can be in.
-        A volume group that is missing may hold the volume, or its source:
-        nothing is made until it is back."""
-        if len(self.pools) == 1:
+        The placement rule the CSI plugin shares (volumes/placement.py): with
+        the classes in one VG and no source, that pool's report (read under
+        its lock) sees every LV of the name. Otherwise one `lvs` over the
+        classes' volume groups first: a volume made earlier is where it is,
+        whatever its parameters say now (Nomad repeats the create at every
+        client start); a name with LVs in two volume groups is neither used
+        nor made again; a volume group that is missing may hold the volume,
+        so nothing is made until it is back; and a clone goes to its source's
+        class, the only pool a thin snapshot of it can be in."""
+        if not placement.needs_read(self.pools, params.source is not None):
             return asked, None
-        lvs, missing = self.pools.scan()
-        mine = [(p, lv) for p, lv in lvs if lv.name == req.lv_name]
-        if len(mine) > 1:
+        if params.source is None:
+            seen = placement.read(self.pools, [req.lv_name])
+        else:  # a source may be named by its name, which only the tags say
+            seen = placement.Seen(*self.pools.scan())
+        try:
+            found = placement.existing(seen, req.lv_name)
+        except AmbiguousName as err:
             raise DhvError(f"volume {req.volume_id} has an LV in several volume groups ("
-                           f"{', '.join(f'{lv.vg}/{lv.name}' for _, lv in mine)}); "
-                           "leaving them alone")
-        if mine:
-            owner, lv = mine[0]
-            return owner or asked, lv
-        if missing:
+                           f"{', '.join(err.lvs)}); leaving them alone: remove or rename "
+                           "the ones that are not the volume") from None
+        except VolumeGroupMissing:
             raise VolumeGroupMissing(
-                f"volume group {', '.join(missing)} not found: volume {req.volume_id} "
-                "(or its source) may be there, so nothing is made until it is back")
+                f"volume group {', '.join(seen.missing)} not found: volume {req.volume_id} "
+                "(or its source) may be there, so nothing is made until it is back") from None
+        if found is not None:
+            owner, lv = found
+            return owner or asked, lv
         if params.source is None:
             return asked, None
         kind, ref = params.source
-        source = self._find_source([lv for _, lv in lvs], kind, ref, req.namespace)
+        source = self._find_source([lv for _, lv in seen.lvs], kind, ref, req.namespace)
+        try:
+            placement.only(seen, source.name)
+        except AmbiguousName as err:
+            raise DhvError(f"source_{kind} {ref!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); nothing is made from it: remove or "
+                           "rename the ones that are not the source") from None
         return self.pools.pool_of_copy(source, params.device_class, f"source_{kind} {ref!r}",
                                        DEVICE_CLASS), None
 
@@ -478,7 +494,7 @@ class HostVolumePlugin:
         # The volume's lock: not while its first create formats it, nor while
         # delete takes it down. The snapshot's: one create of a name at a time.
         with self._hold(lv_name), self._hold(snap_lv):
-            pool, existing = self._locate_snapshot(snap_lv, lv_name)
+            pool, existing, located = self._locate_snapshot(snap_lv, lv_name, volume_id, name)
             if existing is not None:
                 _check_snapshot(existing, name)
                 if existing.tag_value(TAG_SOURCE) != f"volume:{volume_id}":
@@ -490,17 +506,18 @@ class HostVolumePlugin:
                                         DEVICE_CLASS)
                 return existing
             with pool.reserved(self._lock_timeout()) as report:
-                volume = report.find(lv_name)
+                volume = report.find(lv_name) or located
                 if volume is None or volume.tag_value(TAG_KIND) != KIND_VOLUME \
-                        or volume.tag_value(TAG_ID) != volume_id \
-                        or self.pools.of_lv(volume) is not pool:
+                        or volume.tag_value(TAG_ID) != volume_id:
                     raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
                 check_format(volume)
                 if TAG_FRESH in volume.tags:
                     raise DhvError(f"host volume {volume_id!r} was never formatted (its first "
                                    "create has not finished)")
-                self.pools.pool_of_copy(volume, device_class, f"host volume {volume_id!r}",
-                                        DEVICE_CLASS)
+                # One in no class of this node is refused here, not "not found".
+                if self.pools.pool_of_copy(volume, device_class, f"host volume {volume_id!r}",
+                                           DEVICE_CLASS) is not pool:
+                    raise DhvError(f"host volume {volume_id!r} not found in {self._where()}")
                 tags = snapshot_tags(name, volume_id, volume.tag_value(TAG_FS) or "",
                                      _namespace(volume))
                 snap = self.steps.snapshot(pool, report, volume, snap_lv, tags)
@@ -508,24 +525,39 @@ class HostVolumePlugin:
                  snap.vg, snap.name, pool.class_name)
         return snap
 
-    def _locate_snapshot(self, snap_lv: str,
-                         lv_name: str) -> tuple[Pool, LogicalVolume | None]:
-        """The pool a snapshot of the volume `lv_name` is (or would be) in, and
-        the snapshot's LV if it exists. With several classes, one `lvs` over
-        their volume groups; a missing one may hold either: an error then."""
-        if len(self.pools) == 1:
-            pool = self.pools.default
-            return pool, pool.lvm.find(snap_lv)
-        lvs, missing = self.pools.scan()
-        snap = next(((p, lv) for p, lv in lvs if lv.name == snap_lv), None)
-        if snap is not None:
-            return snap[0] or self.pools.default, snap[1]
-        if missing:
+    def _locate_snapshot(self, snap_lv: str, lv_name: str, volume_id: str, name: str
+                         ) -> tuple[Pool, LogicalVolume | None, LogicalVolume | None]:
+        """The pool a snapshot of the volume `lv_name` is (or would be) in, the
+        snapshot's LV if it exists, and the volume's LV if found in another VG
+        than that pool's. With several classes, one `lvs` over their volume
+        groups, placed by the rule the CSI plugin shares (volumes/placement.py):
+        a name with LVs in two volume groups is refused, and so is a snapshot
+        found nowhere while a volume group that may hold it is missing."""
+        pool = self.pools.default
+        if not placement.needs_read(self.pools, True):
+            return pool, pool.lvm.find(snap_lv), None
+        seen = placement.read(self.pools, [snap_lv, lv_name])
+        try:
+            snap = placement.existing(seen, snap_lv)
+        except AmbiguousName as err:
+            raise DhvError(f"snapshot {name!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); leaving them alone: remove or rename the "
+                           "ones that are not the snapshot") from None
+        except VolumeGroupMissing:
             raise VolumeGroupMissing(
-                f"volume group {', '.join(missing)} not found: the volume or a snapshot of "
-                "that name may be there, so nothing is made until it is back")
-        volume = next((p for p, lv in lvs if lv.name == lv_name and p is not None), None)
-        return volume or self.pools.default, None
+                f"volume group {', '.join(seen.missing)} not found: the volume or a snapshot "
+                "of that name may be there, so nothing is made until it is back") from None
+        if snap is not None:
+            return snap[0] or pool, snap[1], None
+        try:
+            volume = placement.only(seen, lv_name)
+        except AmbiguousName as err:
+            raise DhvError(f"host volume {volume_id!r} has an LV in several volume groups ("
+                           f"{', '.join(err.lvs)}); nothing is made from it: remove or rename "
+                           "the ones that are not the volume") from None
+        if volume is None:
+            return pool, None, None
+        return volume[0] or pool, None, volume[1]
 
     def snapshot_delete(self, name: str) -> bool:
         """Remove snapshot `name`; False when it was gone already. Its clones

@@ -5,7 +5,8 @@ a copy's limit may be.
 The CSI controller (volumes/provisioning.py) and the host volume plugin
 (dhv/plugin.py) make volumes with the same steps (volumes/lifecycle.py) in
 the same pools (volumes/pool.py, whose Pools.pool_of_copy is the one rule of
-the class a copy goes to); these are the rules they apply before a step
+the class a copy goes to), placed alike (volumes/placement.py: where a name
+is across the classes' VGs); these are the rules they apply before a step
 runs, beside encryption.new_volume_tags (whether a new volume is encrypted,
 and that a copy is what its source is). They raise storage errors. Where the
 front ends word a refusal differently (the CSI plugin names the CO's volume

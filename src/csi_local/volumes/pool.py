@@ -484,6 +484,15 @@ class Pools:
             found, missing = find_in_vgs(self.runner, self.classes.volume_groups, names)
         return found, self._known(missing)
 
+    def read_names(self, names: Sequence[str]
+                   ) -> tuple[list[tuple[Pool | None, LogicalVolume]], list[str]]:
+        """Every LV named in `names` in the classes' VGs, from one `lvs`, each
+        with its pool (None: in no class's thin pool; unlike locate(), kept,
+        so that placement never passes over it), and the missing VGs that may
+        hold others."""
+        found, missing = self._read(names)
+        return [(self.of_lv(lv), lv) for lv in found], missing
+
     def _owned(self, lvs: Iterable[LogicalVolume], names: Sequence[str]
                ) -> dict[str, tuple[Pool, LogicalVolume]]:
         """{name: (its pool, its LV)} of those of `lvs` that are named in

@@ -8,9 +8,11 @@ the object goes (the class asked for, or its source's: a thin snapshot lives
 in its origin's pool), whether it exists already (a CO's retry gets the same
 object, a conflicting request NameTaken), and the step that makes it
 (Pool.create_thin, or VolumeSteps.clone and VolumeSteps.snapshot), all
-against one report read under the pool lock. The rules a volume's create
-shares with the host volume plugin's (a repeat's check, the smallest new
-volume, a copy's limit) are volumes/creation.py's.
+against one report read under the pool lock. The rules a create shares
+with the host volume plugin's are not here: where a name is across the
+classes' VGs and which pool a new object goes to (volumes/placement.py), a
+repeat's check, the smallest new volume and a copy's limit
+(volumes/creation.py).
 
 Transport-free: errors are the storage layer's (csi_local.errors) and the
 RPC edge (csi/rpc.py) gives them their codes.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from csi_local.errors import (
+    AmbiguousName,
     Difference,
     LvNotFound,
     NameTaken,
@@ -34,7 +37,7 @@ from csi_local.errors import (
 from csi_local.host import stopwatch
 from csi_local.host.locks import Locks, volume_key
 from csi_local.storage.lvm import LogicalVolume, VgReport
-from csi_local.volumes import creation, encryption, naming, qos, sizes
+from csi_local.volumes import creation, encryption, naming, placement, qos, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
@@ -119,35 +122,52 @@ class Provisioner:
                 stack.enter_context(self.locks.hold(volume_key(source.id)))
             # With several classes the volume (a retry) or its source may be in
             # another VG than the chosen pool's, and a source names the class
-            # when the request names none: one `lvs` over the classes' VGs first.
-            # Both are under their locks, so this stays true. A missing VG other
-            # than the chosen pool's does not stop a new volume (its own pool's
-            # report fails if it is its VG), but a source that may be in it does.
-            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
-            if not self.pools.single_vg or (source is not None and len(self.pools) > 1):
-                names = [volume_id] if source is None else [volume_id, source.id]
-                elsewhere = self.pools.locate(
-                    *names, required=[] if source is None else [source.id])
-                if source is not None and asked is None and source.id in elsewhere:
+            # when the request names none: one `lvs` over the classes' VGs first,
+            # placed by the rule both front ends share (volumes/placement.py: a
+            # name in two VGs, or nowhere while a VG that may hold it is missing,
+            # is refused). Both are under their locks, so this stays true.
+            found: tuple[Pool | None, LogicalVolume] | None = None
+            found_source: tuple[Pool | None, LogicalVolume] | None = None
+            if placement.needs_read(self.pools, source is not None):
+                seen = placement.read(
+                    self.pools, [volume_id] if source is None else [volume_id, source.id])
+                try:
+                    found = placement.existing(seen, volume_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"volume {req.name!r} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the volume is unknown, so none is "
+                        "used; remove or rename the others", err.lvs) from None
+                if source is not None:
+                    try:
+                        found_source = placement.only(seen, source.id)
+                    except AmbiguousName as err:
+                        raise AmbiguousName(
+                            f"{source.kind} {source.id} has LVs in several volume groups ("
+                            f"{', '.join(err.lvs)}): which is the source is unknown, so "
+                            "nothing is made from it; remove or rename the others",
+                            err.lvs) from None
+                if asked is None and found_source is not None and found_source[0] is not None:
                     # A restore or clone stays in its source's class.
-                    pool = elsewhere[source.id][0]
+                    pool = found_source[0]
                     minimum = sizes.minimum_size(req.fs_types, pool.default_fs_type)
             # One report, under the pool lock, answers all: does the volume exist
             # (a retry), its source, the extent size and the pool's room.
             # Without a source no volume's device is acted on: the committed
             # metadata and the pool's status answer without a process.
             report = stack.enter_context(pool.reserved(committed=source is None))
-            existing = report.find(volume_id) or elsewhere.get(volume_id, (pool, None))[1]
+            existing = report.find(volume_id) or (found[1] if found else None)
             if existing is not None:
                 return self._reuse(pool, report, existing, req, minimum)
             source_lv = None
             if source is not None:
                 source_lv = (report.find(source.id)
-                             or elsewhere.get(source.id, (pool, None))[1])
+                             or (found_source[1] if found_source else None))
                 if source_lv is None or not naming.is_source(source_lv, source):
                     raise LvNotFound(f"{source.kind} {source.id!r} not found")
                 naming.check_format(source_lv)  # a newer csi-local's: not copied
-                # With no class asked, `pool` is the source's (located above).
+                # With no class asked, `pool` is the source's (placed above); a
+                # source in no class of this node is refused here, not "not found".
                 self.pools.pool_of_copy(source_lv, asked or pool.class_name,
                                         f"{source.kind} {source.id}",
                                         naming.DEVICE_CLASS_PARAMETER)
@@ -196,8 +216,11 @@ class Provisioner:
     def _differs(self, difference: Difference, name: str, lv: LogicalVolume, pool: Pool,
                  req: VolumeRequest) -> str:
         """The CSI plugin's words for a volume that exists and differs."""
-        if difference in (Difference.NOT_OURS, Difference.NO_CLASS):
+        if difference is Difference.NOT_OURS:
             return f"name {name!r} maps to LV {lv.vg}/{lv.name}, which is not a volume"
+        if difference is Difference.NO_CLASS:
+            return (f"name {name!r} maps to LV {lv.vg}/{lv.name}, in thin pool {lv.vg}/"
+                    f"{lv.pool}, which is no device class of this node: left alone")
         if difference is Difference.CLASS:
             other = self.pools.of_lv(lv)
             assert other is not None
@@ -296,32 +319,53 @@ class Provisioner:
                 stack.enter_context(self.locks.hold(volume_key(source_id)))
             # A snapshot lives in its source's pool. With one class that is the
             # pool; with several, one `lvs` over them finds the source (and a
-            # snapshot of the same name in any class) first.
+            # snapshot of the same name in any class) first, placed by the rule
+            # volumes share (volumes/placement.py): a name in two VGs, or
+            # nowhere while a VG that may hold it is missing, is refused.
             pool = self.pools.default
-            elsewhere: dict[str, tuple[Pool, LogicalVolume]] = {}
-            if len(self.pools) > 1:
-                # A snapshot can only be in its source's pool: a missing VG matters
-                # only when the source is not found (it may be there).
-                elsewhere = self.pools.locate(snapshot_id, source_id, required=[source_id])
-                pool = elsewhere.get(source_id, elsewhere.get(snapshot_id, (pool, None)))[0]
+            found: tuple[Pool | None, LogicalVolume] | None = None
+            found_source: tuple[Pool | None, LogicalVolume] | None = None
+            if placement.needs_read(self.pools, True):
+                seen = placement.read(self.pools, [snapshot_id, source_id])
+                try:
+                    found = placement.existing(seen, snapshot_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"snapshot {name!r} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the snapshot is unknown, so none "
+                        "is used; remove or rename the others", err.lvs) from None
+                try:
+                    found_source = placement.only(seen, source_id)
+                except AmbiguousName as err:
+                    raise AmbiguousName(
+                        f"volume {source_id} has LVs in several volume groups ("
+                        f"{', '.join(err.lvs)}): which is the volume is unknown, so nothing "
+                        "is made from it; remove or rename the others", err.lvs) from None
+                pool = next((p for p in (found and found[0], found_source and found_source[0])
+                             if p is not None), pool)
             report = stack.enter_context(pool.reserved())
-            existing = report.find(snapshot_id) or elsewhere.get(snapshot_id, (pool, None))[1]
+            existing = report.find(snapshot_id) or (found[1] if found else None)
             if existing is not None:
                 src = naming.source_of(existing)
-                if (not naming.is_csi_snapshot(existing) or self.pools.of_lv(existing) is None
+                if self.pools.of_lv(existing) is None:
+                    raise NameTaken(f"snapshot {name!r} maps to LV {existing.vg}/"
+                                    f"{existing.name}, in thin pool {existing.vg}/"
+                                    f"{existing.pool}, which is no device class of this node")
+                if (not naming.is_csi_snapshot(existing)
                         or src != Source(SourceKind.VOLUME, source_id)):
                     raise NameTaken(f"snapshot {name!r} exists for another source volume")
                 naming.check_format(existing)
                 self.pools.pool_of_copy(existing, asked, f"snapshot {snapshot_id}",
                                         naming.DEVICE_CLASS_PARAMETER)
                 return existing
-            source_lv = report.find(source_id)
-            if (source_lv is None or not naming.is_csi_volume(source_lv)
-                    or self.pools.of_lv(source_lv) is not pool):
+            source_lv = report.find(source_id) or (found_source[1] if found_source else None)
+            if source_lv is None or not naming.is_csi_volume(source_lv):
                 raise LvNotFound(f"volume {source_id!r} not found")
             naming.check_format(source_lv)
-            self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
-                                    naming.DEVICE_CLASS_PARAMETER)
+            # A source in no class of this node is refused here, not "not found".
+            if self.pools.pool_of_copy(source_lv, asked, f"volume {source_id}",
+                                       naming.DEVICE_CLASS_PARAMETER) is not pool:
+                raise LvNotFound(f"volume {source_id!r} not found")
             tags = [*naming.new_lv_tags(naming.KIND_SNAPSHOT),
                     Source(SourceKind.VOLUME, source_id).tag()]
             return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)
