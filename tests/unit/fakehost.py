@@ -102,6 +102,7 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, FakeCgroups, WholeOu
             "thin_delta": self._thin_delta,
         }
         self._next_data_chunk = 0
+        self.thin_status_error = False  # see FakeLvm._thin_status
         # File systems frozen with FIFREEZE, by device numbers. The kernel of
         # Debian 12 (6.1) cannot nest LVM's lockfs suspend of a thin origin in
         # such a freeze; newer ones can (`nested_freeze`).

@@ -853,14 +853,8 @@ def test_list_volumes_lists_csi_volumes_only(tmp_path: Path,
 
 
 def pool_health_failed(n: Node) -> None:
-    """The pool's lv_health_status says "failed". FakeHost always reports it empty, so
-    this node's Lvm reports the pool as parsed, with the health replaced."""
-    real = n.backend.pools.default.lvm.list
-
-    def listed() -> list[LogicalVolume]:
-        return [dataclasses.replace(lv, health="failed") if lv.name == POOL else lv
-                for lv in real()]
-    vars(n.backend.pools.default.lvm)["list"] = listed  # this test's own Lvm: nothing to undo
+    """The pool has failed: lvs says its lv_health_status is "failed"."""
+    n.host.lv(POOL).failed = True
 
 
 def lv_inactive(n: Node) -> None:

@@ -386,7 +386,7 @@ def test_fresh_tag_alone_never_formats(d: Dhv, readable: bool) -> None:
     never_formatted()(d)
     d.lv(SRC).content.written = True
     if not readable:
-        d.host.thin_mapped_sectors = lambda vg, lv: None  # type: ignore[method-assign]
+        d.host.thin_status_error = True  # a failed pool: no count
     d.host.calls.clear()
     if readable:
         source()(d)

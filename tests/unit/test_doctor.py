@@ -102,7 +102,7 @@ class Machine:
 
     def system(self) -> System:
         return System(Runner(self.host, self.canned), str(self.root), root_uid=self.uid,
-                      which=self.tools.get, env=self.env)
+                      which=self.tools.get, env=self.env, host=self.host)
 
     def lvm(self) -> Lvm:
         return Lvm(self.host, "vg0", "pool0")

@@ -14,7 +14,9 @@ import pytest
 
 from csi_local.errors import CommandError
 from csi_local.host import mounts
+from csi_local.host.device_mapper import Target
 from csi_local.host.filesystems import Filesystems
+from csi_local.storage import lv_devices
 from csi_local.storage.lvm import Lvm, find_in_vgs, list_vgs
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
@@ -637,3 +639,26 @@ def test_lvs_forms_not_simulated_assert(argv: list[str]) -> None:
 def test_vgs_select_is_not_simulated() -> None:
     with pytest.raises(AssertionError, match="FakeHost"):
         _two_vgs().run(["vgs", *REPORT, "-o", "vg_name", "--select", 'lv_name="a"', "vg0"])
+
+
+# what is read without a process: device-mapper ----------------------------------
+
+
+def test_device_mapper_as_lvm_stacks_it(host: FakeHost) -> None:
+    """A pool with no active volume carries its thin-pool target itself; with
+    one, under a linear layer of its name; a thin volume's status counts its
+    mapped sectors; an inactive LV has no device."""
+    assert lv_devices.pool_usage(host, "vg0", "pool0") is not None
+    assert [t.target_type for t in host.dm_status("vg0-pool0") or []] == ["thin-pool"]
+    host.add_lv(VOL, GiB)
+    assert [t.target_type for t in host.dm_status("vg0-pool0") or []] == ["linear"]
+    assert [t.target_type for t in host.dm_status("vg0-pool0-tpool") or []] == ["thin-pool"]
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) == 0
+    host.write(VOL, 64 * 1024, 1)  # the second chunk
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) == 128
+    assert host.dm_status(f"vg0-{VOL.replace('-', '--')}") == [
+        Target(0, GiB // 512, "thin", "128 255")]
+    host.thin_status_error = True
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) is None
+    host.run(["lvchange", "--activate", "n", f"vg0/{VOL}"])
+    assert host.dm_device(f"vg0-{VOL.replace('-', '--')}") is None
