@@ -68,9 +68,10 @@ def close_state_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def no_commit_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     """CommittedMetadata.check reads a VG up to `attempts` times, pausing between
-    reads for LVM to commit a change to each PV in turn. A fake host has no PV
-    the reader can read, so every status, doctor or metrics report would wait
-    out those pauses in real time: the reads are still made, without the wait."""
+    reads for LVM to commit a change to each PV in turn. Where the reader
+    cannot read a PV (a fake host's PVs not listed, a missing VG, a runner
+    with no PV at all), every status, doctor or metrics report would wait out
+    those pauses in real time: the reads are still made, without the wait."""
     kwdefaults = CommittedMetadata.check.__kwdefaults__
     assert kwdefaults is not None and "pause" in kwdefaults
     monkeypatch.setitem(kwdefaults, "pause", 0.0)

@@ -146,7 +146,7 @@ def mda_left(free: int) -> Setup:
     refusal in the fake still comes only when a section does not fit)."""
     def setup(n: Node) -> None:
         fvg = n.host.vgs[n.host.vg]
-        fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
+        fvg.mda_padding += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
     return setup
 
 

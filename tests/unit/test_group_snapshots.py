@@ -304,7 +304,7 @@ def mda_room_for_one(lab: Lab) -> None:
     """The VG's metadata area with room for one more LV, not two."""
     fvg = lab.host.vgs["vg0"]
     free = COMMAND_TEXT_MAX + LV_TEXT_MAX + LV_TEXT_MAX // 2
-    fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
+    fvg.mda_padding += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
 
 
 def pool_fill(data: float) -> Setup:

@@ -112,7 +112,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     node.controller.CreateSnapshot(pb.CreateSnapshotRequest(
         name="snap", source_volume_id=data.volume_id), NO_CONTEXT)
     node.host.lv("pool0").data_percent = 12.5
-    node.host.lv("pool0").metadata_percent = 3.25
+    node.host.lv("pool0").metadata_percent = 6.25  # 128 of its 2,048 metadata blocks
     node.host.lv(data.volume_id).data_percent = 40.0
 
     got = scrape(metrics)
@@ -135,7 +135,7 @@ def test_pool_volume_group_and_volumes(tmp_path: Path, monkeypatch: pytest.Monke
     assert value(got, "csi_local_thin_pool_size_bytes", **POOL_LABELS) == 10 * GiB
     assert value(got, "csi_local_thin_pool_metadata_size_bytes", **POOL_LABELS) == 8 * MiB
     assert value(got, "csi_local_thin_pool_data_used_ratio", **POOL_LABELS) == 0.125
-    assert value(got, "csi_local_thin_pool_metadata_used_ratio", **POOL_LABELS) == 0.0325
+    assert value(got, "csi_local_thin_pool_metadata_used_ratio", **POOL_LABELS) == 0.0625
     assert value(got, "csi_local_thin_pool_healthy", **POOL_LABELS) == 1
     assert value(got, "csi_local_thin_pool_data_limit_ratio", **POOL_LABELS) == 0.85
     assert value(got, "csi_local_thin_pool_metadata_limit_ratio", **POOL_LABELS) == 0.8

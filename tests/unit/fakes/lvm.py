@@ -1,12 +1,15 @@
 """The fake LVM: volume groups, thin pools and thin volumes, the LVM
-commands that report and change them, device-mapper's devices and their
-status (read through the Host, without a process), and the thin tools'
-view of a pool (dmsetup, thin_dump, thin_delta)."""
+commands that report and change them, what is read of them without a
+process (each VG's PV, whose bytes fakes/pv_metadata.py renders, and
+device-mapper's devices and their status, through the Host), and the thin
+tools' view of a pool (dmsetup, thin_dump, thin_delta)."""
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 from csi_local.host.device_mapper import DmDevice, Target
 from csi_local.host.kernel import Host
 from csi_local.storage import vg_text
+from tests.unit.fakes import pv_metadata
 from tests.unit.fakes.common import (
     DM_MAJOR,
     GiB,
@@ -65,13 +69,6 @@ class FakeLv:
     # status of it and of its thin volumes says "Fail", and lvs "failed".
     failed: bool = False
 
-
-
-def lv_text(lv: FakeLv) -> int:
-    """What an LV's section adds to its VG's metadata text in the fake."""
-    return 400 + len(lv.name) + len(lv.origin) + sum(len(t) + 4 for t in lv.tags)
-
-
 # The minors of a thin pool's other device-mapper devices (its data and
 # metadata LVs, and the linear layer LVM stacks over a pool in use): clear of
 # the LVs' own and of dm-crypt's (fakes/crypt.py).
@@ -90,16 +87,22 @@ class FakeVg:
     size: int
     present: bool = True
     lvs: dict[str, FakeLv] = field(default_factory=dict)
-    # Its smallest metadata area in use (pvcreate's default), and the text
-    # the VG's metadata holds besides its LVs' sections.
+    # Its metadata area (pvcreate's default size), and bytes of text the
+    # VG's metadata holds besides its own and its LVs' (LVM records the
+    # command that wrote it: a test makes the text as long as it needs).
     mda_size: int = 1020 * 1024
-    mda_base_text: int = 1500
+    mda_padding: int = 0
+    # Its PV's reads fail (an I/O error): the committed metadata cannot answer.
+    pv_unreadable: bool = False
+    # The version of its metadata on its PV (pv_metadata.commit).
+    seqno: int = 0
+    last_text: bytes = b""
+    committed: pv_metadata.Committed = field(default_factory=pv_metadata.Committed)
 
     @property
     def mda_text(self) -> int:
-        """The size of the VG's metadata text, roughly as LVM writes it: a
-        section per LV of about 400 bytes of LVM's own with its name and tags."""
-        return self.mda_base_text + sum(lv_text(lv) for lv in self.lvs.values())
+        """The size of the VG's metadata text as the fake's PV holds it."""
+        return len(pv_metadata.vg_text(self))
 
     @property
     def pools(self) -> list[FakeLv]:
@@ -123,6 +126,7 @@ class FakeLvm(Host):
     vgs: dict[str, FakeVg]
     clock: int  # lv_time of the next LV; each lvcreate advances it
     _next_data_chunk: int
+    pv_metadata: bool  # `pvs` lists the VGs' PVs, which the committed reader reads
     thin_status_error: bool  # every thin target's status says a failed pool's "Error"
 
     if TYPE_CHECKING:  # what it uses of the other parts (fakehost.FakeHost has all)
@@ -269,7 +273,8 @@ class FakeLvm(Host):
     def _pool_blocks(pool: FakeLv) -> tuple[int, int, int, int]:
         """(metadata used, metadata total, data used, data total) blocks of a
         thin pool: its fill, rounded up to whole blocks (a pool filled to a
-        limit reads as at it), as the kernel's status says them."""
+        limit reads as at it). The kernel's status says them, and `lvs`
+        derives its percentages from them."""
         def used(percent: float, total: int) -> int:
             return min(total, -(-round(percent * total * 100) // 10_000))
 
@@ -286,6 +291,17 @@ class FakeLvm(Host):
         held = str(pool.held_root) if pool.held else "-"
         return (f"7 {meta_used}/{meta_total} {data_used}/{data_total} {held} rw "
                 "discard_passdown queue_if_no_space - 256")
+
+    def _percent(self, lv: FakeLv, of: str) -> str:
+        """data_percent or metadata_percent as `lvs` prints it: a thin volume's
+        as set, a pool's from its status's blocks."""
+        if lv.kind != "pool":
+            return f"{lv.data_percent:.2f}" if of == "data" else ""
+        if lv.failed:
+            return ""
+        meta_used, meta_total, data_used, data_total = self._pool_blocks(lv)
+        used, total = (data_used, data_total) if of == "data" else (meta_used, meta_total)
+        return f"{100 * used / total:.2f}"
 
     @staticmethod
     def _mapper(lv: FakeLv) -> str:
@@ -304,7 +320,9 @@ class FakeLvm(Host):
         lv.created = self.clock
         self.clock += 1
         lv.vg = fvg.name
-        lv.uuid = f"fake-lv-{self.clock:06d}"
+        lv.uuid = pv_metadata.lvm_id(fvg.name, lv.name, str(self.clock))
+        if lv.kind == "pool":  # LVM gives a pool's metadata LV whole extents
+            lv.metadata_size = _round_up(lv.metadata_size, fvg.extent)
         if lv.kind == "thin" and lv.thin_id < 0:  # LVM numbers thin devices per pool
             lv.thin_id = 1 + max((x.thin_id for x in fvg.lvs.values() if x.pool == lv.pool),
                                  default=0)
@@ -340,8 +358,8 @@ class FakeLvm(Host):
             "lv_attr": lambda: self._attr(lv), "pool_lv": lambda: lv.pool,
             "origin": lambda: lv.origin,
             "lv_path": lambda: f"/dev/{lv.vg}/{lv.name}" if thin else "",
-            "data_percent": lambda: f"{lv.data_percent:.2f}" if lv.active else "",
-            "metadata_percent": lambda: "" if thin else f"{lv.metadata_percent:.2f}",
+            "data_percent": lambda: self._percent(lv, "data") if lv.active else "",
+            "metadata_percent": lambda: self._percent(lv, "metadata"),
             "lv_time": lambda: str(lv.created),
             "lv_health_status": lambda: "failed" if lv.failed else "",
             "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
@@ -447,11 +465,26 @@ class FakeLvm(Host):
         return out
 
     def _pvs(self, argv: Sequence[str]) -> str:
-        # No PV whose metadata could be read: the committed-metadata reader
-        # finds nothing, and every read is LVM's (these fakes').
-        return json.dumps({"report": [{"pv": []}]}) + "\n"
+        # Each present VG's one PV, while `pv_metadata` says the PVs can be
+        # read; else none: the committed-metadata reader then finds nothing,
+        # and every read is LVM's (these fakes').
+        rows = [{"pv_name": pv_metadata.pv_path(fvg.name), "vg_name": fvg.name,
+                 "pv_uuid": pv_metadata.lvm_id(fvg.name, "pv")}
+                for fvg in sorted(self.vgs.values(), key=lambda v: v.name)
+                if fvg.present and self.pv_metadata]
+        return json.dumps({"report": [{"pv": rows}]}) + "\n"
 
-    # What is read of device-mapper without a process, through the Host.
+    # What is read without a process: the PVs' bytes and device-mapper.
+
+    def read_device(self, path: str, offset: int, length: int) -> bytes:
+        """A present VG's PV holds its metadata (pv_metadata.py); a detached
+        one, or any other device, has no bytes to read here."""
+        for fvg in self.vgs.values():
+            if path == pv_metadata.pv_path(fvg.name) and fvg.present:
+                if fvg.pv_unreadable:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+                return pv_metadata.pv_bytes(fvg, offset, length)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
     def _dm_table(self) -> dict[str, tuple[int, str, str, FakeLv | None]]:
         """{name: (minor, target type, status, its LV)} of every device-mapper
@@ -572,7 +605,8 @@ class FakeLvm(Host):
         lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
                     pool_name, origin, content=content, readahead=readahead,
                     chunks=dict(src.chunks) if origin and src is not None else {})
-        text, limit = fvg.mda_text + lv_text(lv), vg_text.max_text_size(fvg.mda_size)
+        text = len(pv_metadata.vg_text(fvg, [*fvg.lvs.values(), lv]))
+        limit = vg_text.max_text_size(fvg.mda_size)
         if text > limit:  # as lvm2's _vg_write_raw refuses it, nothing made
             raise _Fail(5, f"  VG {fvg.name} 9 metadata on /dev/fake ({text} bytes) exceeds "
                            f"maximum metadata size ({limit} bytes)\n"
