@@ -16,7 +16,9 @@ from csi_local.host.runner import Result
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
 from tests.harness.vm import VM_THREAD
+from tests.unit import servicers
 from tests.unit.fakes.common import WholeOutputStreams
+from tests.unit.servicers import READS
 
 
 class RealProcessForbidden(AssertionError):
@@ -123,3 +125,14 @@ class FakeRunner(WholeOutputStreams):
 @pytest.fixture
 def runner() -> FakeRunner:
     return FakeRunner()
+
+
+@pytest.fixture(params=READS)
+def reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test once with every node reading the committed metadata, once
+    with every read an `lvs` (servicers.READ_PATH): a servicer table passes
+    on both of the plugin's ways to read LVM. A table module opts in with
+    `pytestmark = pytest.mark.usefixtures("reads")`."""
+    path: str = request.param
+    monkeypatch.setattr(servicers, "READ_PATH", path)
+    return path

@@ -46,6 +46,9 @@ from tests.unit.servicers import (
 )
 from tests.unit.table import Case
 
+# Every test twice: reading the committed metadata, and every read an `lvs`.
+pytestmark = pytest.mark.usefixtures("reads")
+
 A, B, C = vol_id("a"), vol_id("b"), vol_id("c")
 G = naming.group_id_for("g")
 KIND_S = f"{naming.TAG_KIND}={naming.KIND_SNAPSHOT}"
