@@ -26,10 +26,10 @@ from csi_local._gen import csi_pb2_grpc
 from csi_local.config import DEFAULT_DRIVER_NAME
 from csi_local.csi.controller_servicer import ControllerServicer
 from csi_local.host import filesystem_rules as fsrules
-from csi_local.host.locks import pool_key, volume_key
 from csi_local.storage import vg_text
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import naming
+from csi_local.volumes.lock_keys import pool_key, volume_key
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.node_records import AccessType, Publish, Staging
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX, THIN_DEVICE_ID_MAX, PoolPolicy

@@ -30,9 +30,9 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.host.locks import pool_key
 from csi_local.volumes import naming
 from csi_local.volumes.known_vgs import KNOWN_VGS_FILE, KnownVolumeGroups
+from csi_local.volumes.lock_keys import pool_key
 from csi_local.volumes.naming import Source, SourceKind
 from tests.unit import table
 from tests.unit.servicers import (

@@ -25,11 +25,12 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.storage import vg_text
 from csi_local.volumes import naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit import table
 from tests.unit.fakehost import DM_MAJOR, FakeLv

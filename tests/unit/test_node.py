@@ -28,10 +28,10 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import status_of
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Usage
-from csi_local.host.locks import pool_key, volume_key
 from csi_local.nodestate import state_file as state
 from csi_local.nodestate.state_file import StateStore
 from csi_local.volumes import naming
+from csi_local.volumes.lock_keys import pool_key, volume_key
 from csi_local.volumes.node_records import AccessType, Publish, Staging
 from tests.unit import table
 from tests.unit.servicers import (

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import qos
+from csi_local.volumes.lock_keys import volume_key
 from tests.unit.servicers import GiB, Node, make_class_node, make_node
 from tests.unit.table import Case, row
 from tests.unit.test_controller import KIND_V, NEW, TABLE, V, cv, plain_lv, vol

@@ -12,11 +12,11 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.errors import CgroupError
-from csi_local.host.locks import volume_key
 from csi_local.ops.metrics import Metrics
 from csi_local.ops.status import collect_classes, render
 from csi_local.volumes import qos
 from csi_local.volumes import qos_enforcement as qe
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.qos_enforcement import QosReconciler, Reason
 from tests.unit import table
 from tests.unit.fakehost import DM_MAJOR

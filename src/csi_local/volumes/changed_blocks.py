@@ -23,9 +23,10 @@ from csi_local.errors import (
     OffsetPastEnd,
     SnapshotsNotComparable,
 )
-from csi_local.host.locks import Locks, metadata_key
+from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.storage.thin_mappings import Holder, Mapping, ThinMetadata, holder_text
+from csi_local.volumes.lock_keys import metadata_key
 from csi_local.volumes.naming import (
     Source,
     get_snapshot,
