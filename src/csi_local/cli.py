@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -388,28 +387,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise ConfigError(str(err)) from None
 
 
-def _probe(endpoint: str, timeout: float) -> int:
-    import grpc
-
-    from csi_local._gen import csi_pb2, csi_pb2_grpc
-
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = csi_pb2_grpc.IdentityStub(channel)
-        try:
-            reply = stub.Probe(csi_pb2.ProbeRequest(), timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as err:
-            print(json.dumps({"error": f"{err.code().name}: {err.details()}"}))
-            return 1
-    ready = reply.ready.value if reply.HasField("ready") else True
-    print(json.dumps({"ready": ready}))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "probe":
-        return _probe(args.endpoint, args.timeout)
+        from csi_local.csi.probe import probe
+
+        return probe(args.endpoint, args.timeout)
     if args.command == "vac-sync":
         from csi_local.csi.vac_sync import InClusterApi, VacSync, socket_modify
 

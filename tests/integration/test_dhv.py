@@ -19,10 +19,11 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.dhv.request import lv_name_for
 from csi_local.host import mounts
-from csi_local.host.locks import Locks, pool_key
+from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.version import __version__
 from csi_local.volumes import naming
+from csi_local.volumes.lock_keys import pool_key
 from tests.integration.conftest import PluginProcess, mount_cap, run
 from tests.integration.dhvkit import (
     MIB,

@@ -16,7 +16,9 @@ from csi_local.host.runner import Result
 from csi_local.nodestate.state_file import StateStore
 from csi_local.storage.committed_vg import CommittedMetadata
 from tests.harness.vm import VM_THREAD
+from tests.unit import servicers
 from tests.unit.fakes.common import WholeOutputStreams
+from tests.unit.servicers import READS
 
 
 class RealProcessForbidden(AssertionError):
@@ -68,9 +70,10 @@ def close_state_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def no_commit_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     """CommittedMetadata.check reads a VG up to `attempts` times, pausing between
-    reads for LVM to commit a change to each PV in turn. A fake host has no PV
-    the reader can read, so every status, doctor or metrics report would wait
-    out those pauses in real time: the reads are still made, without the wait."""
+    reads for LVM to commit a change to each PV in turn. Where the reader
+    cannot read a PV (a fake host's PVs not listed, a missing VG, a runner
+    with no PV at all), every status, doctor or metrics report would wait out
+    those pauses in real time: the reads are still made, without the wait."""
     kwdefaults = CommittedMetadata.check.__kwdefaults__
     assert kwdefaults is not None and "pause" in kwdefaults
     monkeypatch.setitem(kwdefaults, "pause", 0.0)
@@ -122,3 +125,14 @@ class FakeRunner(WholeOutputStreams):
 @pytest.fixture
 def runner() -> FakeRunner:
     return FakeRunner()
+
+
+@pytest.fixture(params=READS)
+def reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test once with every node reading the committed metadata, once
+    with every read an `lvs` (servicers.READ_PATH): a servicer table passes
+    on both of the plugin's ways to read LVM. A table module opts in with
+    `pytestmark = pytest.mark.usefixtures("reads")`."""
+    path: str = request.param
+    monkeypatch.setattr(servicers, "READ_PATH", path)
+    return path

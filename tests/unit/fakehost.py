@@ -27,6 +27,12 @@ Fidelity rules, each the real behaviour the plugin must cope with:
   `--select 'lv_name="a" || lv_name="b"'`, sorts its rows by VG then LV, and
   with a VG missing among its operands reports the others' rows and exits 5
   with `Volume group "x" not found` on stderr, as LVM does.
+- what the plugin reads without a process is the same state in the kernel's
+  and LVM's own formats: each present VG's PV holds LVM's label, metadata
+  area and text (each change a new seqno, written after the last one round
+  the area), and device-mapper shows each active LV as LVM names and stacks
+  it, with its target's status; the fake's `lvs` derives a pool's
+  percentages from the blocks that status counts, as LVM does.
 Directories and files are real (under a pytest tmp_path); only the table of
 what is mounted on them is simulated.
 
@@ -36,7 +42,8 @@ VG's, so single-VG tests never name one. More VGs: `add_vg`; more pools:
 `add_pool`; every LV of every VG: `all_lvs()`, keyed by (vg, name).
 
 Its parts, one class each in tests/unit/fakes: lvm.py (VGs, pools, LVs, the
-LVM commands, device-mapper's and the thin tools' view of a pool),
+LVM commands, device-mapper's and the thin tools' view of a pool, each VG's
+PV, whose bytes pv_metadata.py renders in LVM's on-disk format),
 devices.py (block devices, what is on them, mkfs & co., loop devices),
 mounts.py (the mount table, mount(8), umount(8), binds, freezes, the tools
 that grow a mounted file system), crypt.py (cryptsetup and dm-crypt
@@ -52,6 +59,7 @@ from collections.abc import Callable, Sequence
 
 from csi_local.errors import CommandError
 from csi_local.host.runner import Result
+from tests.unit.fakes import pv_metadata
 from tests.unit.fakes.cgroups import FakeCgroups
 from tests.unit.fakes.common import (
     DM_MAJOR,
@@ -63,11 +71,14 @@ from tests.unit.fakes.common import (
 )
 from tests.unit.fakes.crypt import FakeCrypt, FakeMapper
 from tests.unit.fakes.devices import Content, FakeDevices, FakeLoop
-from tests.unit.fakes.lvm import FakeLv, FakeLvm, FakeVg, lv_text
+from tests.unit.fakes.lvm import FakeLv, FakeLvm, FakeVg
 from tests.unit.fakes.mounts import FakeMounts, _Rec
 
+# The LVM commands that change a VG's metadata.
+_LVM_CHANGES = frozenset({"lvcreate", "lvextend", "lvremove", "lvchange", "vgcreate"})
+
 __all__ = ["DM_MAJOR", "LOOP_MAJOR", "Content", "FakeHost", "FakeLoop", "FakeLv", "FakeVg",
-           "GiB", "MiB", "lv_text"]
+           "GiB", "MiB"]
 
 
 class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, FakeCgroups, WholeOutputStreams):
@@ -102,6 +113,10 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, FakeCgroups, WholeOu
             "thin_delta": self._thin_delta,
         }
         self._next_data_chunk = 0
+        # `pvs` lists each present VG's PV, and the committed-metadata reader
+        # reads it (fakes/pv_metadata.py); False: no PV, every read is `lvs`.
+        self.pv_metadata = True
+        self.thin_status_error = False  # see FakeLvm._thin_status
         # File systems frozen with FIFREEZE, by device numbers. The kernel of
         # Debian 12 (6.1) cannot nest LVM's lockfs suspend of a thin origin in
         # such a freeze; newer ones can (`nested_freeze`).
@@ -139,9 +154,14 @@ class FakeHost(FakeCrypt, FakeLvm, FakeDevices, FakeMounts, FakeCgroups, WholeOu
         if tool is None:
             raise AssertionError(f"FakeHost does not simulate {full!r}")
         try:
-            return self._result(full, 0, tool(call), "", ok_codes)
+            out = tool(call)
         except _Fail as fail:
             return self._result(full, fail.rc, fail.stdout, fail.stderr, ok_codes)
+        if call[0] in _LVM_CHANGES:  # each change LVM commits is a new version on the PVs
+            for fvg in self.vgs.values():
+                if fvg.present:
+                    pv_metadata.commit(fvg)
+        return self._result(full, 0, out, "", ok_codes)
 
     @staticmethod
     def _norm(argv: Sequence[str]) -> tuple[str, ...]:

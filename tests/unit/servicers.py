@@ -1,7 +1,13 @@
 """The CSI servicers over a FakeHost: a Backend built as the plugin builds its
 own, with every node-touching part faked, and a `call` that answers as the
 wire would (the status code the server's interceptor would send, or the
-reply). Used by the table-driven servicer tests."""
+reply). Used by the table-driven servicer tests.
+
+The plugin reads LVM two ways: the VGs' committed metadata off their PVs
+and device-mapper's status, without a process, whenever they answer; else
+an LVM command (`lvs`). A node reads as READ_PATH says: "committed" (the
+fake's PVs are listed and read) or "lvs" (no PV is listed: every read is
+the fallback's). The `reads` fixture (conftest.py) runs a test on both."""
 
 from __future__ import annotations
 
@@ -26,10 +32,10 @@ from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
-from csi_local.storage.lvm import Lvm
+from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.volumes import naming
 from csi_local.volumes.device_classes import parse_classes
-from csi_local.volumes.pool import Pool, PoolPolicy, Pools
+from csi_local.volumes.pool import PoolPolicy, Pools
 from tests.unit.fakehost import FakeHost, GiB, MiB
 
 VG, POOL = "vg0", "pool0"
@@ -51,7 +57,9 @@ volume_group = "vg-hdd"
 thin_pool = "cold"
 """
 Mode = pb.VolumeCapability.AccessMode
-__all__ = ["THREE_CLASSES", "GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain",
+READS = ("committed", "lvs")
+READ_PATH = "committed"  # how a new node reads LVM (see above)
+__all__ = ["READS", "THREE_CLASSES", "GiB", "MiB", "Node", "Setup", "block_cap", "call", "chain",
            "make_class_node", "make_node", "mount_cap", "nothing", "vol_id"]
 
 
@@ -88,10 +96,19 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, ratio: float =
                     lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
                     node_expansion_only=node_expansion_only,
                     modify_validate_only=modify_validate_only)
-    lvm = Lvm(host, VG, POOL)
+    return _node(tmp_path, host, config, policy)
+
+
+def _node(tmp_path: Path, host: FakeHost, config: Config, policy: PoolPolicy | None) -> Node:
+    """The node of `config` on `host`, its pools reading as READ_PATH says, and
+    started as the plugin starts (its one `pvs`, the VGs' metadata parsed)."""
+    host.pv_metadata = READ_PATH == "committed"
     locks = Locks(config.lock_dir, timeout=0.2)
-    backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, ratio, policy)),
-                      fs=Filesystems(host, host), host=host,
+    pools = Pools(config.classes, host, locks, policy,
+                  committed=CommittedMetadata(host, host))
+    pools.warm()
+    host.calls.clear()
+    backend = Backend(config=config, pools=pools, fs=Filesystems(host, host), host=host,
                       state=StateStore(config.state_dir), locks=locks,
                       paginator=Paginator(b"k" * 32), cgroups=host)
     root = tmp_path / "co"
@@ -133,14 +150,7 @@ def make_class_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, classes_tom
                     device_classes=classes, state_dir=str(tmp_path / "state"),
                     lock_dir=str(tmp_path / "locks"), overprovision_ratio=ratio,
                     default_fs_type=default_fs_type, node_expansion_only=node_expansion_only)
-    locks = Locks(config.lock_dir, timeout=0.2)
-    backend = Backend(config=config, pools=Pools(config.classes, host, locks, policy),
-                      fs=Filesystems(host, host), host=host,
-                      state=StateStore(config.state_dir), locks=locks,
-                      paginator=Paginator(b"k" * 32), cgroups=host)
-    root = tmp_path / "co"
-    root.mkdir()
-    return Node(host, backend, ControllerServicer(backend), NodeServicer(backend), root)
+    return _node(tmp_path, host, config, policy)
 
 
 # The servicers never use their context (errors are raised, the interceptor sends

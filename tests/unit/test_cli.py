@@ -1,14 +1,19 @@
+import concurrent.futures
+import json
 import logging
 import re
 import types
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
 import pytest
+from google.protobuf import wrappers_pb2
 
 from csi_local import errors
 from csi_local._gen import csi_pb2 as pb
-from csi_local.cli import build_parser, config_from_args
+from csi_local._gen import csi_pb2_grpc
+from csi_local.cli import build_parser, config_from_args, main
 from csi_local.config import ConfigError, parse_size
 from csi_local.csi import rpc
 from csi_local.csi.server import redact
@@ -344,3 +349,50 @@ def test_doctor_takes_serves_rule_for_the_endpoint(monkeypatch: pytest.MonkeyPat
         assert _refused(["doctor", *CHECKS]) is not None
         monkeypatch.delenv("CSI_ENDPOINT")
     assert _refused(["doctor", *CHECKS, "--endpoint", "unix:///run/x.sock"]) is None
+
+
+class _Identity(csi_pb2_grpc.IdentityServicer):
+    """A plugin's Identity service that answers Probe with `ready` (None:
+    leaves it unset) or aborts with UNAVAILABLE."""
+
+    def __init__(self, ready: bool | None, fail: bool = False) -> None:
+        self.ready, self.fail = ready, fail
+
+    def GetPluginInfo(self, request: pb.GetPluginInfoRequest,
+                      context: grpc.ServicerContext) -> pb.GetPluginInfoResponse:
+        raise AssertionError("probe asks nothing else")
+
+    def GetPluginCapabilities(self, request: pb.GetPluginCapabilitiesRequest,
+                              context: grpc.ServicerContext
+                              ) -> pb.GetPluginCapabilitiesResponse:
+        raise AssertionError("probe asks nothing else")
+
+    def Probe(self, request: pb.ProbeRequest,
+              context: grpc.ServicerContext) -> pb.ProbeResponse:
+        if self.fail:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        if self.ready is None:
+            return pb.ProbeResponse()
+        return pb.ProbeResponse(ready=wrappers_pb2.BoolValue(value=self.ready))
+
+
+@pytest.mark.parametrize(("identity", "printed", "code"), [
+    pytest.param(_Identity(True), {"ready": True}, 0, id="ready"),
+    pytest.param(_Identity(False), {"ready": False}, 0, id="not-ready"),
+    pytest.param(_Identity(None), {"ready": True}, 0, id="unset-is-ready"),  # as the spec says
+    pytest.param(_Identity(None, fail=True), {"error": "UNAVAILABLE: not yet"}, 1,
+                 id="an-error"),
+])
+def test_probe_prints_what_the_plugin_answers(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              identity: _Identity, printed: dict[str, Any],
+                                              code: int) -> None:
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    csi_pb2_grpc.add_IdentityServicer_to_server(identity, server)
+    endpoint = f"unix://{tmp_path}/csi.sock"
+    server.add_insecure_port(endpoint)
+    server.start()
+    try:
+        assert main(["probe", "--endpoint", endpoint, "--timeout", "10"]) == code
+    finally:
+        server.stop(None)
+    assert json.loads(capsys.readouterr().out) == printed

@@ -30,9 +30,9 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.host.locks import pool_key
 from csi_local.volumes import naming
 from csi_local.volumes.known_vgs import KNOWN_VGS_FILE, KnownVolumeGroups
+from csi_local.volumes.lock_keys import pool_key
 from csi_local.volumes.naming import Source, SourceKind
 from tests.unit import table
 from tests.unit.servicers import (
@@ -46,6 +46,9 @@ from tests.unit.servicers import (
     vol_id,
 )
 from tests.unit.table import Case
+
+# Every test twice: reading the committed metadata, and every read an `lvs`.
+pytestmark = pytest.mark.usefixtures("reads")
 
 DEFAULT = "fast"
 V, V2, NEW = vol_id("vol"), vol_id("vol2"), vol_id("new")
@@ -356,8 +359,18 @@ def capacity(cls: str, available: int) -> Check:
     return check
 
 
+def committed_answers(w: World) -> bool:
+    """Whether the node reads the classes' VGs' committed metadata and every
+    one of them answers (none is missing)."""
+    return w.n.host.pv_metadata and all(w.n.host.vgs[vg].present for vg in w.layout.vgs)
+
+
 def one_lvs(w: World, reply: Any) -> None:
-    """One `lvs`, over every class's VG."""
+    """One `lvs`, over every class's VG; none where their committed metadata
+    answers for all of them."""
+    if committed_answers(w):
+        assert w.n.host.commands("lvs") == []
+        return
     (argv,) = w.n.host.commands("lvs")
     for vg in w.layout.vgs:
         assert vg in argv, argv
@@ -483,32 +496,38 @@ def run_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case, layout:
 CV = "CreateVolume"
 KNOWN = "(this node has: big, fast)"
 
+# What CreateVolume reads first: with two VGs, one `lvs` over both (the name
+# may be in the other); with one, its VG's report, which the committed
+# metadata answers where the node reads it.
+READ = {"two-vgs": "lvs", "one-vg": "(lvs)"}
+READ_CREATE = {"two-vgs": "lvs lvcreate", "one-vg": "(lvs) lvcreate"}
+
 CREATE = [
     # The class a request names, or the default one.
-    row("names-big", CV, cv("big"), "OK", ran="lvs lvcreate", check=made("big", size=GiB)),
-    row("names-fast", CV, cv("fast"), "OK", ran="lvs lvcreate", check=made("fast", size=GiB)),
-    row("names-none-default", CV, cv(), "OK", ran="lvs lvcreate", check=made("fast")),
-    row("names-empty-default", CV, cv(""), "OK", ran="lvs lvcreate", check=made("fast")),
+    row("names-big", CV, cv("big"), "OK", ran=READ_CREATE, check=made("big", size=GiB)),
+    row("names-fast", CV, cv("fast"), "OK", ran=READ_CREATE, check=made("fast", size=GiB)),
+    row("names-none-default", CV, cv(), "OK", ran=READ_CREATE, check=made("fast")),
+    row("names-empty-default", CV, cv(""), "OK", ran=READ_CREATE, check=made("fast")),
     row("unknown-class", CV, cv("gold"), "INVALID_ARGUMENT",
         f"unknown device class 'gold' {KNOWN}"),
     row("class-names-are-exact", CV, cv("Fast"), "INVALID_ARGUMENT",
         f"unknown device class 'Fast' {KNOWN}"),
     # The class's default file system, when the capability names none.
     row("big-fs-default-xfs-minimum", CV, cv("big", caps=[mount_cap("")], rng=(1, 0)), "OK",
-        ran="lvs lvcreate", check=made("big", size=300 * MiB)),
+        ran=READ_CREATE, check=made("big", size=300 * MiB)),
     row("fast-fs-default-ext4", CV, cv("fast", caps=[mount_cap("")], rng=(1, 0)), "OK",
-        ran="lvs lvcreate", check=made("fast", size=4 * MiB)),
+        ran=READ_CREATE, check=made("fast", size=4 * MiB)),
     # A name is one volume, whatever the class.
     row("name-taken-in-other-class", CV, cv("fast"), "ALREADY_EXISTS",
-        "exists in device class 'big', not in 'fast'", setup=vol("big", NEW), ran="lvs"),
+        "exists in device class 'big', not in 'fast'", setup=vol("big", NEW), ran=READ),
     row("name-taken-in-other-class-default", CV, cv(), "ALREADY_EXISTS",
         "exists in device class 'big', not in 'fast' (the default)", setup=vol("big", NEW),
-        ran="lvs"),
+        ran=READ),
     row("name-taken-in-default-class", CV, cv("big"), "ALREADY_EXISTS",
-        "exists in device class 'fast', not in 'big'", setup=vol("fast", NEW), ran="lvs"),
-    row("retry-same-class", CV, cv("big"), "OK", setup=vol("big", NEW), ran="lvs",
+        "exists in device class 'fast', not in 'big'", setup=vol("fast", NEW), ran=READ),
+    row("retry-same-class", CV, cv("big"), "OK", setup=vol("big", NEW), ran=READ,
         check=reused()),
-    row("retry-default-class", CV, cv(), "OK", setup=vol("fast", NEW), ran="lvs",
+    row("retry-default-class", CV, cv(), "OK", setup=vol("fast", NEW), ran=READ,
         check=reused()),
     # Restores and clones stay in their source's class.
     row("restore-in-source-class", CV, cv("big", snapshot=S), "OK",
@@ -547,28 +566,28 @@ CREATE = [
         f"volume '{V}' not found", ran="lvs", check=searched(NEW, V)),
     # Each class's room: its own pool, its own ratio, its own high-water marks.
     row("fast-room-is-its-pool-times-its-ratio", CV, cv("fast", rng=(15 * GiB, 0)), "OK",
-        ran="lvs lvcreate", check=made("fast", size=15 * GiB)),
+        ran=READ_CREATE, check=made("fast", size=15 * GiB)),
     row("fast-full-while-big-has-room", CV, cv("fast", rng=(25 * GiB, 0)), "RESOURCE_EXHAUSTED",
-        f"has room for {20 * GiB} more bytes", ran="lvs", check=names_pool("fast")),
+        f"has room for {20 * GiB} more bytes", ran=READ, check=names_pool("fast")),
     row("big-has-room-fast-has-not", CV, cv("big", rng=(25 * GiB, 0)), "OK",
-        ran="lvs lvcreate", check=made("big", size=25 * GiB)),
+        ran=READ_CREATE, check=made("big", size=25 * GiB)),
     row("big-room-less-its-volumes", CV, cv("big", rng=(23 * GiB, 0)), "RESOURCE_EXHAUSTED",
         f"has room for {22 * GiB} more bytes",
-        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 8 * GiB)), ran="lvs",
+        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 8 * GiB)), ran=READ,
         check=names_pool("big")),
     row("fast-room-not-taken-by-big-volumes", CV, cv("fast", rng=(20 * GiB, 0)), "OK",
-        setup=vol("big", V, 20 * GiB), ran="lvs lvcreate", check=made("fast")),
+        setup=vol("big", V, 20 * GiB), ran=READ_CREATE, check=made("fast")),
     row("big-above-high-water", CV, cv("big"), "RESOURCE_EXHAUSTED",
         "above its high-water mark: data 95.0% full", setup=pool_usage("big", 95.0),
-        ran="lvs", check=names_pool("big")),
+        ran=READ, check=names_pool("big")),
     row("fast-below-high-water-while-big-above", CV, cv("fast"), "OK",
-        setup=pool_usage("big", 95.0), ran="lvs lvcreate", check=made("fast")),
+        setup=pool_usage("big", 95.0), ran=READ_CREATE, check=made("fast")),
     # Each class's pool lock.
     # (With two VGs, one `lvs` over both first: the name may be in the other.)
     row("takes-its-pool-lock", CV, cv("big"), "ABORTED", "already in progress", busy="big",
         ran={"two-vgs": "lvs", "one-vg": ""}, check=names_pool("big")),
     row("not-held-up-by-other-pool-lock", CV, cv("big"), "OK", busy="fast",
-        ran="lvs lvcreate", check=made("big")),
+        ran=READ_CREATE, check=made("big")),
     # A VG missing: nothing is made in it. Nor in another class while a VG the
     # node has had is missing: the name may be there (volumes/placement.py);
     # a VG the node never had holds nothing, and stops nothing.
@@ -667,10 +686,10 @@ DV, DS = "DeleteVolume", "DeleteSnapshot"
 
 DELETE = [
     row("volume-in-big", DV, pb.DeleteVolumeRequest(volume_id=V), "OK",
-        setup=chain(vol("big"), vol("fast", V2)), ran="lvs lvremove",
+        setup=chain(vol("big"), vol("fast", V2)), ran="(lvs) lvremove",
         check=removed("big", V)),
     row("volume-in-fast", DV, pb.DeleteVolumeRequest(volume_id=V2), "OK",
-        setup=chain(vol("big"), vol("fast", V2)), ran="lvs lvremove",
+        setup=chain(vol("big"), vol("fast", V2)), ran="(lvs) lvremove",
         check=removed("fast", V2)),
     row("snapshot-in-big", DS, pb.DeleteSnapshotRequest(snapshot_id=S), "OK",
         setup=chain(vol("big"), snap("big")), ran="lvs lvremove", check=removed("big", S)),
@@ -712,31 +731,31 @@ def test_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case,
 GC = "GetCapacity"
 
 CAPACITY = [
-    row("fast", GC, gc("fast"), "OK", ran="lvs", check=capacity("fast", 20 * GiB)),
-    row("big", GC, gc("big"), "OK", ran="lvs", check=capacity("big", 30 * GiB)),
-    row("default", GC, gc(), "OK", ran="lvs", check=capacity("fast", 20 * GiB)),
+    row("fast", GC, gc("fast"), "OK", ran="(lvs)", check=capacity("fast", 20 * GiB)),
+    row("big", GC, gc("big"), "OK", ran="(lvs)", check=capacity("big", 30 * GiB)),
+    row("default", GC, gc(), "OK", ran="(lvs)", check=capacity("fast", 20 * GiB)),
     row("unknown-class-is-zero", GC, gc("gold"), "OK", check=capacity("fast", 0)),
     row("big-less-its-volumes", GC, gc("big"), "OK",
-        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 3 * GiB)), ran="lvs",
+        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 3 * GiB)), ran="(lvs)",
         check=capacity("big", 22 * GiB)),
     row("fast-less-its-volumes", GC, gc("fast"), "OK",
-        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 3 * GiB)), ran="lvs",
+        setup=chain(vol("big", V, 8 * GiB), vol("fast", V2, 3 * GiB)), ran="(lvs)",
         check=capacity("fast", 17 * GiB)),
-    row("big-above-high-water", GC, gc("big"), "OK", setup=pool_usage("big", 95.0), ran="lvs",
+    row("big-above-high-water", GC, gc("big"), "OK", setup=pool_usage("big", 95.0), ran="(lvs)",
         check=capacity("big", 0)),
     row("fast-while-big-above-high-water", GC, gc("fast"), "OK",
-        setup=pool_usage("big", 95.0), ran="lvs", check=capacity("fast", 20 * GiB)),
-    row("flag-ratio-for-class-without-one", GC, gc("big"), "OK", ran="lvs",
+        setup=pool_usage("big", 95.0), ran="(lvs)", check=capacity("fast", 20 * GiB)),
+    row("flag-ratio-for-class-without-one", GC, gc("big"), "OK", ran="(lvs)",
         check=capacity("big", 45 * GiB), ratio=1.5),
-    row("own-ratio-over-flag-ratio", GC, gc("fast"), "OK", ran="lvs",
+    row("own-ratio-over-flag-ratio", GC, gc("fast"), "OK", ran="(lvs)",
         check=capacity("fast", 20 * GiB), ratio=1.5),
     row("class-vg-missing-is-zero", GC, gc("big"), "OK", setup=vg_gone("big"), ran="lvs",
         check=capacity("big", 0), only="two-vgs"),
-    row("other-class-vg-missing", GC, gc("fast"), "OK", setup=vg_gone("big"), ran="lvs",
+    row("other-class-vg-missing", GC, gc("fast"), "OK", setup=vg_gone("big"), ran="(lvs)",
         check=capacity("fast", 20 * GiB), only="two-vgs"),
     # (Big's VG empty: its extent size from vgs.)
     row("class-pool-missing-is-zero", GC, gc("big"), "OK", setup=pool_lv_gone("big"),
-        ran={"two-vgs": "lvs vgs", "one-vg": "lvs"}, check=capacity("big", 0)),
+        ran={"two-vgs": "(lvs) (vgs)", "one-vg": "(lvs)"}, check=capacity("big", 0)),
 ]
 
 
@@ -753,20 +772,20 @@ EVERYTHING = chain(vol("big"), snap("big"), vol("fast", V2), snap("fast", S2, V2
 
 LISTS = [
     row("volumes-of-both-classes", LV, pb.ListVolumesRequest(), "OK", setup=EVERYTHING,
-        ran="lvs", check=checks(one_lvs, listed(V, V2), condition(V, False),
+        ran="(lvs)", check=checks(one_lvs, listed(V, V2), condition(V, False),
                                 condition(V2, False))),
     row("snapshots-of-both-classes", LS, pb.ListSnapshotsRequest(), "OK", setup=EVERYTHING,
-        ran="lvs", check=checks(one_lvs, listed(S, S2))),
+        ran="(lvs)", check=checks(one_lvs, listed(S, S2))),
     row("snapshots-of-a-big-source", LS, pb.ListSnapshotsRequest(source_volume_id=V), "OK",
-        setup=EVERYTHING, ran="lvs", check=checks(one_lvs, listed(S))),
+        setup=EVERYTHING, ran="(lvs)", check=checks(one_lvs, listed(S))),
     row("snapshot-by-id-in-fast", LS, pb.ListSnapshotsRequest(snapshot_id=S2), "OK",
-        setup=EVERYTHING, ran="lvs", check=checks(one_lvs, listed(S2))),
+        setup=EVERYTHING, ran="(lvs)", check=checks(one_lvs, listed(S2))),
     row("condition-of-each-volume's-pool", LV, pb.ListVolumesRequest(), "OK",
-        setup=chain(EVERYTHING, pool_usage("big", 95.0)), ran="lvs",
+        setup=chain(EVERYTHING, pool_usage("big", 95.0)), ran="(lvs)",
         check=checks(one_lvs, condition(V, True, "thin pool {big} is above its high-water"),
                      condition(V2, False))),
     row("condition-of-fast-pool-inactive", LV, pb.ListVolumesRequest(), "OK",
-        setup=chain(EVERYTHING, pool_usage("fast", 100.0)), ran="lvs",
+        setup=chain(EVERYTHING, pool_usage("fast", 100.0)), ran="(lvs)",
         check=checks(one_lvs, condition(V, False),
                      condition(V2, True, "thin pool is out of data space"))),
     row("volumes-vg-missing", LV, pb.ListVolumesRequest(), "UNAVAILABLE",
@@ -826,7 +845,7 @@ LISTS = [
     row("volumes-only-vg-never-here", LV, pb.ListVolumesRequest(), "OK",
         setup=chain(vg_gone("big"), started()), ran="lvs", check=listed(), only="one-vg"),
     row("get-volume-in-big", "ControllerGetVolume", pb.ControllerGetVolumeRequest(volume_id=V),
-        "OK", setup=chain(EVERYTHING, pool_usage("big", 95.0)), ran="lvs",
+        "OK", setup=chain(EVERYTHING, pool_usage("big", 95.0)), ran="(lvs)",
         check=checks(one_lvs, got_volume(V, "thin pool {big} is above its high-water"))),
     row("validate-naming-its-class", "ValidateVolumeCapabilities", validate("big"), "OK",
         setup=vol("big"), ran="lvs", check=validated("")),
@@ -922,12 +941,16 @@ def test_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: Step, rea
     ident = IdentityServicer(w.n.backend.config, w.n.backend.pools)
     w.n.host.calls.clear()
     got, message = ident.pool_status()
-    # One `lvs` selecting every class's pool over the classes' VGs, however many.
-    (call,) = w.n.host.calls
-    assert call[0] == "lvs"
-    for cls in ("big", "fast"):
-        vg, _, pool = w.pool_name(cls).partition("/")
-        assert vg in call and f'lv_name="{pool}"' in " ".join(call)
+    # One `lvs` selecting every class's pool over the classes' VGs, however many;
+    # none where their committed metadata and the pools' status answer.
+    if committed_answers(w):
+        assert w.n.host.calls == []
+    else:
+        (call,) = w.n.host.calls
+        assert call[0] == "lvs"
+        for cls in ("big", "fast"):
+            vg, _, pool = w.pool_name(cls).partition("/")
+            assert vg in call and f'lv_name="{pool}"' in " ".join(call)
     assert got is ready, message
     if not says:
         assert message is None

@@ -1,7 +1,9 @@
 """The device-mapper ioctl layer without a kernel: the request bytes, replies
 fabricated the way drivers/md/dm-ioctl.c lays them out, and the status
-grammars of the thin and thin-pool targets. (The ioctls themselves are proven
-against real LVM in tests/integration/test_dm.py.)"""
+grammars of the thin and thin-pool targets; and, over it through the Host,
+storage/lv_devices.py, which finds an LV's devices as LVM names and stacks
+them. (The ioctls themselves are proven against real LVM in
+tests/integration/test_dm.py.)"""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from csi_local.host.device_mapper import (
     PoolUsage,
     Target,
 )
+from csi_local.host.kernel import Host
+from csi_local.storage import lv_devices
 
 HEADER = struct.Struct("=3I I I I i I I I Q 128s 129s 7s")
 SPEC = struct.Struct("=Q Q i I 16s")
@@ -74,7 +78,7 @@ def reply(size: int = 4096, *, targets: Sequence[tuple[int, int, str, str]] = ()
     ("vg", "pool-tpool", "vg-pool--tpool"),
 ])
 def test_dm_name(vg: str, lv: str, expected: str) -> None:
-    assert dm.dm_name(vg, lv) == expected
+    assert lv_devices.dm_name(vg, lv) == expected
 
 
 # Requests.
@@ -395,23 +399,25 @@ def test_status_retries_with_a_bigger_buffer_while_the_kernel_says_full(
 def test_the_calls_on_a_fake_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     ioctl, _ = fake_kernel({
         "vg-thin": [reply(targets=[(0, 8, "thin", "0 -")], open_count=1)],
+        "vg-data": [reply(targets=[(0, 8, "thin", "128 4095")])],
         "vg-lin": [reply(targets=[(0, 8, "linear", "")])],
         "vg-pool-tpool": [reply(targets=[(0, 8, "thin-pool", POOL)])],
         "vg-bare": [reply(HEADER_SIZE, flags=0)],
+        "vg-failed": [reply(targets=[(0, 8, "thin", "Fail")])],
     })
     monkeypatch.setattr(dm, "_ioctl", ioctl)
-    assert dm.device("vg-thin") == DmDevice(254, 4, 1, live=True, suspended=False)
-    assert dm.device("vg-none") is None
-    assert dm.status("vg-none") is None
-    assert dm.status("vg-bare") == []
-    assert dm.thin_mapped_sectors("vg-thin") == 0
-    assert dm.thin_mapped_sectors("vg-none") is None
-    assert dm.thin_pool_usage("vg-pool-tpool") == usage()
-    assert dm.thin_pool_usage("vg-none") is None
-    for call, name in ((dm.thin_mapped_sectors, "vg-lin"), (dm.thin_mapped_sectors, "vg-bare"),
-                       (dm.thin_pool_usage, "vg-thin")):
-        with pytest.raises(DmStatusUnusable):
-            call(name)
+    host = Host()
+    assert host.dm_device("vg-thin") == DmDevice(254, 4, 1, live=True, suspended=False)
+    assert host.dm_device("vg-none") is None
+    assert host.dm_status("vg-none") is None
+    assert host.dm_status("vg-bare") == []
+    assert host.dm_status("vg-pool-tpool") == [Target(0, 8, "thin-pool", POOL)]
+    # A thin volume's mapped sectors; None whenever the count is not proof
+    # (no device, not one thin target, a failed pool): "may hold data".
+    assert lv_devices.thin_mapped_sectors(host, "vg", "thin") == 0
+    assert lv_devices.thin_mapped_sectors(host, "vg", "data") == 128
+    for lv in ("none", "lin", "bare", "failed"):
+        assert lv_devices.thin_mapped_sectors(host, "vg", lv) is None, lv
 
 
 @pytest.mark.parametrize(("devices", "expected"), [
@@ -428,15 +434,23 @@ def test_pool_usage_finds_the_thin_pool_target(monkeypatch: pytest.MonkeyPatch,
                                                devices: dict[str, list[bytearray | None]],
                                                expected: PoolUsage | None) -> None:
     monkeypatch.setattr(dm, "_ioctl", fake_kernel(devices)[0])
-    assert dm.pool_usage("vg", "pool") == expected
+    assert lv_devices.pool_usage(Host(), "vg", "pool") == expected
 
 
-def test_pool_usage_of_a_device_that_never_carries_the_target(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dm, "_ioctl", fake_kernel(
-        {"vg-pool": [reply(targets=[(0, 8, "linear", "")])]})[0])
-    with pytest.raises(DmStatusUnusable, match="neither"):
-        dm.pool_usage("vg", "pool")
+@pytest.mark.parametrize(("devices", "why"), [
+    pytest.param({"vg-pool": [reply(targets=[(0, 8, "linear", "")])]}, "neither",
+                 id="never-the-target"),
+    pytest.param({"vg-pool-tpool": [reply(targets=[(0, 8, "thin", "0 -")])]},
+                 "not a single thin-pool", id="another-target"),
+    pytest.param({"vg-pool": [reply(targets=[(0, 8, "thin-pool", "Fail")])]}, "failed",
+                 id="failed-pool"),
+])
+def test_pool_usage_that_cannot_be_trusted(monkeypatch: pytest.MonkeyPatch,
+                                           devices: dict[str, list[bytearray | None]],
+                                           why: str) -> None:
+    monkeypatch.setattr(dm, "_ioctl", fake_kernel(devices)[0])
+    with pytest.raises(DmStatusUnusable, match=why):
+        lv_devices.pool_usage(Host(), "vg", "pool")
 
 
 # The control device and the ioctl's errors, with os.open and fcntl.ioctl faked.

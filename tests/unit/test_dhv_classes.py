@@ -40,8 +40,9 @@ from csi_local.dhv.request import (
 )
 from csi_local.errors import LockBusy, StorageError, VolumeGroupMissing
 from csi_local.host.holders import VolumeUsers
-from csi_local.host.locks import Locks, pool_key
+from csi_local.host.locks import Locks
 from csi_local.volumes.host_volume_names import TAG_FS, TAG_SOURCE
+from csi_local.volumes.lock_keys import pool_key
 from tests.dhvharness import Nomad, run, run_main
 from tests.unit.dhvnode import DhvNode
 from tests.unit.fakehost import FakeHost, FakeLv, GiB, MiB

@@ -194,7 +194,7 @@ def snapshot_deleted(name: str = SNAP) -> Setup:
 def metadata_area_full(d: Dhv) -> None:
     """The VG's metadata area with no room for one more LV (pool.lvs_that_fit)."""
     fvg = d.host.vgs[VG]
-    fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - 1024
+    fvg.mda_padding += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - 1024
 
 
 def pool_percent(data: float) -> Setup:
@@ -386,7 +386,7 @@ def test_fresh_tag_alone_never_formats(d: Dhv, readable: bool) -> None:
     never_formatted()(d)
     d.lv(SRC).content.written = True
     if not readable:
-        d.host.thin_mapped_sectors = lambda vg, lv: None  # type: ignore[method-assign]
+        d.host.thin_status_error = True  # a failed pool: no count
     d.host.calls.clear()
     if readable:
         source()(d)

@@ -102,7 +102,7 @@ class Machine:
 
     def system(self) -> System:
         return System(Runner(self.host, self.canned), str(self.root), root_uid=self.uid,
-                      which=self.tools.get, env=self.env)
+                      which=self.tools.get, env=self.env, host=self.host)
 
     def lvm(self) -> Lvm:
         return Lvm(self.host, "vg0", "pool0")
@@ -362,7 +362,7 @@ def test_metadata_area(m: Machine, left: float | None, status: str, words: str) 
     fvg = m.host.vgs["vg0"]
     limit = vg_text.max_text_size(fvg.mda_size)
     if left is not None:
-        fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
+        fvg.mda_padding += int(limit * (1 - left)) - fvg.mda_text
     lvm = m.lvm()
     got = doctor.check_metadata_area(lvm, lvm.report())
     assert got.status == status and words in got.message, got

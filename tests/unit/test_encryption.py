@@ -13,7 +13,7 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import crypt
-from csi_local.volumes import encryption, naming
+from csi_local.volumes import encryption, lifecycle, naming
 from tests.unit.servicers import (
     NO_CONTEXT,
     GiB,
@@ -173,7 +173,7 @@ def test_a_volume_whose_mapping_cannot_be_read_gets_no_placeholder_and_says_so(
         n: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Nothing proves such a device empty, so no header is written blind;
     the volume is made and stages as before, and the log says what it lacks."""
-    monkeypatch.setattr(n.host, "thin_mapped_sectors", lambda vg, lv: None)
+    monkeypatch.setattr(lifecycle, "thin_mapped_sectors", lambda host, vg, lv: None)
     with caplog.at_level("WARNING"):
         code, vid = create(n)
     assert code == "OK"

@@ -4,6 +4,7 @@ the fake. Error classes are matched by name, as src/ is being refactored."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Callable
@@ -14,9 +15,13 @@ import pytest
 
 from csi_local.errors import CommandError
 from csi_local.host import mounts
+from csi_local.host.device_mapper import Target
 from csi_local.host.filesystems import Filesystems
-from csi_local.storage.lvm import Lvm, find_in_vgs, list_vgs
+from csi_local.storage import lv_devices, vg_text
+from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lvm import LogicalVolume, Lvm, find_in_vgs, list_vgs
 from tests.unit.fakehost import FakeHost, GiB, MiB
+from tests.unit.fakes import pv_metadata
 
 VOL = "csi-v-" + "a" * 32
 SNAP = "csi-s-" + "b" * 32
@@ -637,3 +642,162 @@ def test_lvs_forms_not_simulated_assert(argv: list[str]) -> None:
 def test_vgs_select_is_not_simulated() -> None:
     with pytest.raises(AssertionError, match="FakeHost"):
         _two_vgs().run(["vgs", *REPORT, "-o", "vg_name", "--select", 'lv_name="a"', "vg0"])
+
+
+# what is read without a process: the PVs' metadata and device-mapper -------------
+
+CAPTURE = json.loads((Path(__file__).parent / "data" / "lvm-metadata.json").read_text())
+CAPTURED_HEAD = base64.b64decode(CAPTURE["head_b64"])  # sectors 0-8, as LVM wrote them
+
+
+def test_the_label_and_the_area_header_are_lvms_byte_for_byte() -> None:
+    """The fake writes the label sector and the metadata area's header as LVM
+    2.03 did in the test VM, given what that PV held: its ID, its size, its
+    data and metadata areas, where its text was, how long, its checksum."""
+    text = CAPTURE["text"].encode()
+    assert pv_metadata.lvm_crc(text) == vg_text.lvm_crc(text)
+    label = pv_metadata.label("SE9X3R-UzHd-Fwaw-g6Gb-3BIl-WU9F-IQF0cw", 1 << 30, 1 << 20,
+                              0xFF000)
+    assert label == CAPTURED_HEAD[512:1024]
+    header = pv_metadata.mda_header(4096, 0xFF000, 0x5400, len(text), vg_text.lvm_crc(text))
+    assert header == CAPTURED_HEAD[4096:4608]
+
+
+def _keys(tree: object) -> list[tuple[str, object]]:
+    """A parsed section's layout: its keys in order, and each subsection's."""
+    assert isinstance(tree, dict)
+    return [(k, _keys(v) if isinstance(v, dict) else None) for k, v in tree.items()]
+
+
+def test_the_text_is_laid_out_as_lvm_lays_it_out() -> None:
+    """Section by section (the VG, its PV, a thin pool, a thin volume, a thin
+    snapshot with activation skip, a pool's hidden metadata LV), the fake's
+    text has the keys LVM 2.03 wrote in the capture, in its order."""
+    host = FakeHost(vg="vg-cap", pool="po-ol")
+    host.add_lv("csi-v-abc", 64 * MiB, tags=["csi-local.kind=volume"])
+    host.add_lv("csi-s-snap", 64 * MiB, tags=["csi-local.kind=snapshot"], origin="csi-v-abc",
+                active=False, skip=True)
+    fake = vg_text.parse_text(pv_metadata.vg_text(host.vgs["vg-cap"]))
+    real = vg_text.parse_text(CAPTURE["text"].encode())
+    assert _keys(fake)[1:] == _keys(real)[1:]  # contents, version, description, host, time
+    fake_vg, real_vg = fake["vg-cap"], real["vg-cap"]
+    assert isinstance(fake_vg, dict) and isinstance(real_vg, dict)
+    assert [k for k, _ in _keys(fake_vg)] == [k for k, _ in _keys(real_vg)]
+    for section, name in (("physical_volumes", "pv0"), ("logical_volumes", "po-ol"),
+                          ("logical_volumes", "csi-v-abc"), ("logical_volumes", "csi-s-snap"),
+                          ("logical_volumes", "po-ol_tmeta"),
+                          ("logical_volumes", "po-ol_tdata")):
+        fake_part, real_part = fake_vg[section], real_vg[section]
+        assert isinstance(fake_part, dict) and isinstance(real_part, dict)
+        assert _keys(fake_part[name]) == _keys(real_part[name]), name
+
+
+def _projection(lv: LogicalVolume) -> tuple[object, ...]:
+    """What the committed metadata and the kernel tell of an LV, as `lvs` does
+    (not whether it is open, nor a thin volume's data_percent: not read)."""
+    return (lv.name, lv.vg, lv.size, lv.tags, lv.pool, lv.origin, lv.active,
+            lv.activation_skip, lv.kernel_major, lv.kernel_minor, lv.thin_id, lv.uuid,
+            lv.created, lv.chunk_size, lv.metadata_size, lv.is_thin_pool,
+            lv.data_percent if lv.is_thin_pool else None,
+            lv.metadata_percent if lv.is_thin_pool else None)
+
+
+def _busy_host() -> FakeHost:
+    """Two VGs, three pools, active, inactive and skipped volumes, tags, a pool
+    with no active volume (not stacked) and one filled part-way."""
+    host = FakeHost(vg="vg-a")
+    host.add_pool("vg-a", "cold", 2 * GiB)
+    host.add_vg("vg-b", pool="po-ol", extent=8 * MiB)
+    host.add_lv(VOL, GiB, tags=["csi-local.kind=volume", "a=b"])
+    host.add_lv(SNAP, GiB, origin=VOL, active=False, skip=True, tags=["csi-local.kind=snapshot"])
+    host.add_lv("inactive", 3 * GiB, active=False)
+    host.add_lv(CLONE, 5 * GiB, vg="vg-b")
+    host.lv("pool0").data_percent, host.lv("pool0").metadata_percent = 42.5, 80.0
+    host.write(VOL, 0, 3 * MiB)
+    return host
+
+
+def test_the_committed_reader_reads_what_lvs_reports() -> None:
+    """The plugin's own reader over the fake's PVs and device-mapper lists
+    every LV as the fake's `lvs` does: the fake's two ways agree."""
+    host = _busy_host()
+    reader = CommittedMetadata(host, host)
+    listed = reader.listing(["vg-a", "vg-b"])
+    assert listed is not None
+    by_lvs, missing = list_vgs(host, ["vg-a", "vg-b"])
+    assert missing == [] and sorted(map(_projection, listed)) == sorted(map(_projection, by_lvs))
+    assert {lv.name for lv in listed} == {"pool0", "cold", VOL, SNAP, "inactive", "po-ol", CLONE}
+    for vg, pool in (("vg-a", "pool0"), ("vg-a", "cold"), ("vg-b", "po-ol")):
+        # A report reads no LV's device: what it says of each is the listing's less that.
+        report = reader.report(vg, pool)
+        lvm_report = Lvm(host, vg, pool).report()
+        assert report is not None and report.extent_size == lvm_report.extent_size
+        # The text's size; `lvs` says what is left in whole sectors (vg_mda_free).
+        area, lvm_area = report.metadata_area, lvm_report.metadata_area
+        assert area is not None and lvm_area is not None and area.size == lvm_area.size
+        assert 0 <= lvm_area.used - area.used < 512
+        # and only the pool asked for has its status read.
+        assert sorted(_projection(lv)[:6] + _projection(lv)[10:16] for lv in report.lvs) == \
+            sorted(_projection(lv)[:6] + _projection(lv)[10:16] for lv in lvm_report.lvs)
+        assert _projection(report.find(pool))[16:] == _projection(  # type: ignore[arg-type]
+            lvm_report.find(pool))[16:]  # type: ignore[arg-type]
+        assert reader.space(vg) == Lvm(host, vg, pool).volume_group()
+    thin = reader.thin_volume("vg-a", VOL)
+    assert thin is not None and thin.active and (thin.kernel_major, thin.kernel_minor) == \
+        _numbers(host, VOL)
+    assert reader.problems("vg-a") == ()
+
+
+def test_each_change_is_a_new_version_written_after_the_last() -> None:
+    """A change is a new seqno, its text placed after the last one's; once the
+    area's end is reached it wraps to its start, split in two where it must,
+    and the reader still reads it whole."""
+    host = FakeHost()
+    fvg = host.vgs["vg0"]
+    fvg.mda_size = 16 * 1024  # a small area: the text wraps within a few changes
+    reader = CommittedMetadata(host, host)
+    seen, offsets = [], []
+    for i in range(12):
+        host.run(["lvcreate", "--thin", "--virtualsize", "1g", "--name", f"v{i}", "vg0/pool0"])
+        host.run(["lvremove", "--yes", f"vg0/v{i}"])
+        meta = reader.volume_group("vg0")
+        assert meta is not None and f"v{i}" not in meta.lvs
+        seen.append(meta.seqno)
+        offsets.append(fvg.committed.offset)
+    assert seen == sorted(seen) and len(set(seen)) == 12
+    assert min(offsets) < offsets[0] + 512  # wrapped round
+    size = len(fvg.committed.text)
+    assert any(o + size > fvg.mda_size for o in offsets), offsets  # and split at least once
+
+
+def test_a_detached_vgs_pv_cannot_be_read_and_no_pv_is_listed_when_asked() -> None:
+    host = FakeHost()
+    reader = CommittedMetadata(host, host)
+    assert reader.volume_group("vg0") is not None
+    host.vg_present = False
+    assert reader.volume_group("vg0") is None
+    with pytest.raises(FileNotFoundError):
+        host.read_device("/dev/fake-pv-vg0", 0, 512)
+    host.vg_present = True
+    host.pv_metadata = False  # `pvs` lists none: every read is LVM's
+    assert CommittedMetadata(host, host).volume_group("vg0") is None
+
+
+def test_device_mapper_as_lvm_stacks_it(host: FakeHost) -> None:
+    """A pool with no active volume carries its thin-pool target itself; with
+    one, under a linear layer of its name; a thin volume's status counts its
+    mapped sectors; an inactive LV has no device."""
+    assert lv_devices.pool_usage(host, "vg0", "pool0") is not None
+    assert [t.target_type for t in host.dm_status("vg0-pool0") or []] == ["thin-pool"]
+    host.add_lv(VOL, GiB)
+    assert [t.target_type for t in host.dm_status("vg0-pool0") or []] == ["linear"]
+    assert [t.target_type for t in host.dm_status("vg0-pool0-tpool") or []] == ["thin-pool"]
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) == 0
+    host.write(VOL, 64 * 1024, 1)  # the second chunk
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) == 128
+    assert host.dm_status(f"vg0-{VOL.replace('-', '--')}") == [
+        Target(0, GiB // 512, "thin", "128 255")]
+    host.thin_status_error = True
+    assert lv_devices.thin_mapped_sectors(host, "vg0", VOL) is None
+    host.run(["lvchange", "--activate", "n", f"vg0/{VOL}"])
+    assert host.dm_device(f"vg0-{VOL.replace('-', '--')}") is None

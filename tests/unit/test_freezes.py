@@ -30,8 +30,9 @@ from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import lv_name_for, snapshot_lv_name
 from csi_local.host.holders import VolumeUsers
 from csi_local.volumes import encryption, naming
-from csi_local.volumes.freezes import Freezes, freeze_key
+from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import GroupSnapshots
+from csi_local.volumes.lock_keys import freeze_key
 from csi_local.volumes.pool import Pools
 from tests.unit.dhvnode import DhvNode
 from tests.unit.fakehost import FakeHost

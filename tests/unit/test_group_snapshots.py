@@ -25,11 +25,12 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.csi.identity_servicer import IdentityServicer
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.storage import vg_text
 from csi_local.volumes import naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit import table
 from tests.unit.fakehost import DM_MAJOR, FakeLv
@@ -45,6 +46,9 @@ from tests.unit.servicers import (
     vol_id,
 )
 from tests.unit.table import Case
+
+# Every test twice: reading the committed metadata, and every read an `lvs`.
+pytestmark = pytest.mark.usefixtures("reads")
 
 A, B, C = vol_id("a"), vol_id("b"), vol_id("c")
 G = naming.group_id_for("g")
@@ -304,7 +308,7 @@ def mda_room_for_one(lab: Lab) -> None:
     """The VG's metadata area with room for one more LV, not two."""
     fvg = lab.host.vgs["vg0"]
     free = COMMAND_TEXT_MAX + LV_TEXT_MAX + LV_TEXT_MAX // 2
-    fvg.mda_base_text += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
+    fvg.mda_padding += vg_text.max_text_size(fvg.mda_size) - fvg.mda_text - free
 
 
 def pool_fill(data: float) -> Setup:

@@ -1,9 +1,9 @@
 """The layering the code promises, checked on its source. One rule: the
 package is a stack of folders, and no module imports one from a folder above
 its own. Beside it, the homes that must stay single: LVM commands run only in
-storage/, the thin tools only in storage/thin_mappings, and transport types
-(grpc, protobuf, the generated stubs) appear only in csi/. A change that
-breaks a rule fails here, before any review."""
+storage/, the thin tools only in storage/thin_mappings, transport types
+(grpc, protobuf, the generated stubs) appear only in csi/, and host/ knows
+nothing of LVM. A change that breaks a rule fails here, before any review."""
 
 from __future__ import annotations
 
@@ -106,11 +106,12 @@ def test_no_module_imports_from_a_floor_above_its_own(name: str) -> None:
         assert not crossing, f"{name} imports the other front end: {sorted(crossing)}"
 
 
-@pytest.mark.parametrize("name", sorted(m for m in MODULES if _floor_name(m) != "csi"
-                                        and _floor(m) >= _floor("csi_local.csi")))
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _floor_name(m) != "csi"))
 def test_transport_types_stay_in_the_csi_front_end(name: str) -> None:
-    """Below the CSI front end (and in the other front end) no grpc, protobuf
-    or generated stubs: storage errors carry no code, the edge chooses it."""
+    """Outside the CSI front end (the CLI above it, the other front end beside
+    it, every floor below) no grpc, protobuf or generated stubs: storage
+    errors carry no code, the edge chooses it, and `csi-local status` or the
+    host volume plugin never load grpc."""
     bad = {i for i in _imports(MODULES[name]) if i.startswith(TRANSPORT)}
     assert not bad, f"{name} imports {sorted(bad)}"
 
@@ -142,6 +143,24 @@ def test_only_thin_mappings_reads_pool_metadata(name: str) -> None:
     for line, head in _argv_heads(MODULES[name]):
         if head in THIN_TOOLS:
             pytest.fail(f"{name}:{line} runs {head}")
+
+
+# What only LVM's callers know: a VG, an LV, a thin pool by name.
+LVM_NOUNS = {"vg", "lv", "pool", "vg_name", "lv_name", "volume_group", "thin_pool"}
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _floor_name(m) == "host"))
+def test_host_knows_nothing_of_lvm(name: str) -> None:
+    """host/ offers generic reads (bytes of a device, a device-mapper device by
+    its name) and named locks; no function of it takes a VG, an LV or a pool:
+    LVM's names and layouts (storage/lv_devices.py) and the lock keys
+    (volumes/lock_keys.py) are the callers'."""
+    for node in _nodes(MODULES[name]):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            named = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+            assert not named & LVM_NOUNS, f"{name}:{node.lineno} {node.name} takes " \
+                f"{sorted(named & LVM_NOUNS)}"
 
 
 def test_storage_errors_carry_no_code() -> None:

@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import qos
+from csi_local.volumes.lock_keys import volume_key
 from tests.unit.servicers import GiB, Node, make_class_node, make_node
 from tests.unit.table import Case, row
 from tests.unit.test_controller import KIND_V, NEW, TABLE, V, cv, plain_lv, vol
+
+# Every test twice: reading the committed metadata, and every read an `lvs`.
+pytestmark = pytest.mark.usefixtures("reads")
 
 MB = 10**6
 
@@ -49,15 +52,15 @@ def modify(vid: str = V, **mutable: str) -> pb.ControllerModifyVolumeRequest:
 
 
 CREATE = [
-    row("no-limits", create(), "OK", ran="lvs lvcreate", changes="lvs", check=tagged(NEW)),
+    row("no-limits", create(), "OK", ran="(lvs) lvcreate", changes="lvs", check=tagged(NEW)),
     row("storage-class-limits",
         create({"readBps": "100Mi", "writeBps": "50M", "readIops": "1000", "writeIops": "200"}),
-        "OK", ran="lvs lvcreate", changes="lvs",
+        "OK", ran="(lvs) lvcreate", changes="lvs",
         check=tagged(NEW, f"rbps={100 << 20}", f"wbps={50 * MB}", "riops=1000", "wiops=200")),
     row("mutable-parameters-win", create({"readIops": "1000"}, {"readIops": "10"}), "OK",
-        ran="lvs lvcreate", changes="lvs", check=tagged(NEW, "riops=10")),
+        ran="(lvs) lvcreate", changes="lvs", check=tagged(NEW, "riops=10")),
     row("mutable-max-lifts-storage-class-limit", create({"readIops": "1000"}, {"readIops": "max"}),
-        "OK", ran="lvs lvcreate", changes="lvs", check=tagged(NEW)),
+        "OK", ran="(lvs) lvcreate", changes="lvs", check=tagged(NEW)),
     row("bad-value", create({"writeBps": "fast"}), "INVALID_ARGUMENT",
         "parameter 'writeBps' must be a whole number of bytes per second"),
     row("zero", create({"readBps": "0"}), "INVALID_ARGUMENT",
@@ -84,17 +87,17 @@ def test_create_volume_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 MODIFY = [
     row("sets-limits", modify(readBps="1Gi", writeIops="500"), "OK", setup=vol(),
-        ran="lvs lvchange", changes="lvs", check=tagged(V, f"rbps={GiB}", "wiops=500")),
+        ran="(lvs) lvchange", changes="lvs", check=tagged(V, f"rbps={GiB}", "wiops=500")),
     row("keeps-what-it-does-not-name", modify(readIops="7"), "OK",
-        setup=limited(rbps=5, wiops=9), ran="lvs lvchange", changes="lvs",
+        setup=limited(rbps=5, wiops=9), ran="(lvs) lvchange", changes="lvs",
         check=tagged(V, "rbps=5", "riops=7", "wiops=9")),
     row("replaces-a-limit", modify(readBps="6"), "OK",
-        setup=limited(rbps=5), ran="lvs lvchange", changes="lvs", check=tagged(V, "rbps=6")),
+        setup=limited(rbps=5), ran="(lvs) lvchange", changes="lvs", check=tagged(V, "rbps=6")),
     row("max-lifts-a-limit", modify(readBps="max"), "OK", setup=limited(rbps=5, wbps=8),
-        ran="lvs lvchange", changes="lvs", check=tagged(V, "wbps=8")),
+        ran="(lvs) lvchange", changes="lvs", check=tagged(V, "wbps=8")),
     row("same-limits-no-lvchange", modify(readBps="5"), "OK", setup=limited(rbps=5),
-        ran="lvs", check=tagged(V, "rbps=5")),
-    row("nothing-asked", modify(), "OK", setup=limited(rbps=5), ran="lvs",
+        ran="(lvs)", check=tagged(V, "rbps=5")),
+    row("nothing-asked", modify(), "OK", setup=limited(rbps=5), ran="(lvs)",
         check=tagged(V, "rbps=5")),
     row("missing-id", modify(""), "INVALID_ARGUMENT", "volume_id is required"),
     row("malformed-id", modify("a/b"), "INVALID_ARGUMENT", "not a valid ID"),
@@ -109,7 +112,7 @@ MODIFY = [
     row("not-a-csi-volume", modify(readBps="1"), "NOT_FOUND", "not found", setup=plain_lv(V),
         ran="lvs"),
     row("newer-format", modify(readBps="1"), "FAILED_PRECONDITION", "format",
-        setup=vol(tags=["csi-local.format=99"]), ran="lvs"),
+        setup=vol(tags=["csi-local.format=99"]), ran="(lvs)"),
     row("busy", modify(readBps="1"), "ABORTED", "already in progress", setup=vol(),
         busy=volume_key(V)),
     row("validate-only", modify(readBps="1"), "OK", setup=vol(), ran="",

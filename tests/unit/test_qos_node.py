@@ -12,12 +12,13 @@ import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.errors import CgroupError
-from csi_local.host.locks import volume_key
 from csi_local.ops.metrics import Metrics
 from csi_local.ops.status import collect_classes, render
 from csi_local.volumes import qos
 from csi_local.volumes import qos_enforcement as qe
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.qos_enforcement import QosReconciler, Reason
+from tests.unit import table
 from tests.unit.fakehost import DM_MAJOR
 from tests.unit.servicers import Node, call, make_node
 from tests.unit.test_node import (
@@ -158,6 +159,7 @@ def reconciler(n: Node) -> QosReconciler:
     return QosReconciler(n.backend.qos, n.backend.pools, n.backend.locks, n.state.all)
 
 
+@pytest.mark.usefixtures("reads")  # on the committed metadata and on `lvs` alike
 def test_a_modified_volume_converges_in_one_round(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     n = node(tmp_path, monkeypatch)
@@ -171,9 +173,9 @@ def test_a_modified_volume_converges_in_one_round(tmp_path: Path,
     assert reconciler(n).round() == 1
     assert n.host.io_max(SYSTEMD_BURSTABLE) == {
         device(n): {"rbps": "max", "wbps": str(2 << 20), "riops": "max", "wiops": "100"}}
-    # The fake host has no committed metadata: what answers in its place is
-    # one `lvs` for the round (none where the committed metadata answers).
-    assert [c[0] for c in n.host.calls] == ["lvs"]
+    # The round's one read of LVM: the committed metadata off the PVs where
+    # it answers, else one `lvs`.
+    assert [c[0] for c in n.host.calls] == table.expected("(lvs)", n.host.pv_metadata)
     # Nothing changed: the next round writes nothing.
     writes = len(n.host.cgroup_writes)
     reconciler(n).round()

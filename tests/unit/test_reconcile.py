@@ -9,16 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
 from csi_local.nodestate.recovery import reconcile_state
-from csi_local.storage.lvm import LogicalVolume, find_in_vgs
+from csi_local.storage import vg_text
 from csi_local.volumes import naming
 from csi_local.volumes.node_records import AccessType, Staging, VolumeRecord
-from csi_local.volumes.pool import Pools
 from tests.unit.servicers import (
     THREE_CLASSES,
     GiB,
@@ -98,6 +96,7 @@ def test_no_records_read_nothing(node: Node, monkeypatch: pytest.MonkeyPatch) ->
     assert node.host.calls == []
 
 
+@pytest.mark.usefixtures("reads")
 def test_only_the_records_lvs_are_read_and_each_is_kept_trimmed_or_dropped(
         node: Node) -> None:
     _fill(node)
@@ -128,11 +127,17 @@ def test_only_the_records_lvs_are_read_and_each_is_kept_trimmed_or_dropped(
             node.path("t-unpublished-1"): records[unpublished].publishes[
                 node.path("t-unpublished-1")]}),
     }
-    # One `lvs`, of the records' volumes only: none of the fillers.
-    assert _lvs_reads(node) == [{whole, unstaged, unpublished, removed, inactive}]
+    # One `lvs`, of the records' volumes only: none of the fillers; where the
+    # committed metadata answers, of those it has no LV for (LVM has the last
+    # word on absence).
+    if node.host.pv_metadata:
+        assert _lvs_reads(node) == [{removed}]
+    else:
+        assert _lvs_reads(node) == [{whole, unstaged, unpublished, removed, inactive}]
     assert [c[0] for c in node.host.calls] == ["lvs"]
 
 
+@pytest.mark.usefixtures("reads")
 def test_one_record_is_one_lookup_of_that_lv(node: Node) -> None:
     _fill(node)
     vid = _new(node, "only")
@@ -140,14 +145,16 @@ def test_one_record_is_one_lookup_of_that_lv(node: Node) -> None:
     records = node.state.all()
     node.host.calls.clear()
     assert reconcile_state(node.backend.pools, node.host, records) == records
-    assert _lvs_reads(node) == [{vid}]
+    assert _lvs_reads(node) == ([] if node.host.pv_metadata else [{vid}])
 
 
+@pytest.mark.usefixtures("reads")
 def test_records_are_kept_when_lvm_cannot_be_read(node: Node) -> None:
     vid = _new(node, "kept")
     _stage(node, vid)
     records = node.state.all()
     _umount(node, node.path(f"s-{vid}"))  # gone, but nothing can be verified
+    node.host.vgs["vg0"].pv_unreadable = True  # neither its PV nor `lvs` answers
     node.host.fail_next(["lvs"], rc=5, stderr="  Internal error")
     assert reconcile_state(node.backend.pools, node.host, records) == records
 
@@ -172,29 +179,13 @@ def test_records_are_kept_when_a_vg_is_missing(tmp_path: Path,
     assert _lvs_reads(n) == [{fast, big}]
 
 
-class CommittedStub:
-    """A committed-metadata reader that answers for the LVs it was given
-    (their LVs as `lvs` showed them), counting its reads of each VG."""
-
-    def __init__(self, vg: str, lvs: dict[str, LogicalVolume]) -> None:
-        self.vg, self.lvs, self.reads = vg, lvs, 0
-        self.asked: set[str] | None = None
-
-    def volume_group(self, vg: str, only: Collection[str] | None = None) -> Any:
-        assert vg == self.vg
-        self.reads += 1
-        self.asked = set(only) if only is not None else None
-        return dataclasses.make_dataclass("Meta", ["lvs"])(
-            {k: v for k, v in self.lvs.items() if only is None or k in only})
-
-    def thin_volume(self, vg: str, name: str, meta: Any) -> LogicalVolume | None:
-        return meta.lvs.get(name)  # type: ignore[no-any-return]
-
-
-def test_committed_metadata_answers_without_a_process(node: Node) -> None:
-    """With the committed metadata answering, no `lvs` runs, and the VG is
-    read once however many records there are; a record it has no LV for is
-    asked of LVM alone (LVM has the last word on absence)."""
+def test_committed_metadata_answers_without_a_process(node: Node,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the committed metadata answering (the fake's PV, read by the
+    plugin's reader), no `lvs` runs, and the VG is read once however many
+    records there are, only their LVs' sections parsed; a record it has no
+    LV for is asked of LVM alone (LVM has the last word on absence)."""
+    assert node.host.pv_metadata  # make_node's default: the committed path
     _fill(node)
     vids = [_new(node, f"c{i}") for i in range(3)]
     gone = _new(node, "gone")
@@ -202,14 +193,29 @@ def test_committed_metadata_answers_without_a_process(node: Node) -> None:
         _stage(node, vid)
     records = node.state.all()
     _umount(node, node.path(f"s-{vids[2]}"))
-    found, _ = find_in_vgs(node.host, ["vg0"], vids)
-    stub = CommittedStub("vg0", {lv.name: lv for lv in found})
-    pools: Pools = node.backend.pools
-    pools.committed = stub  # type: ignore[assignment]
     _umount(node, node.path(f"s-{gone}"))
     node.host.run(["lvremove", "--yes", f"vg0/{gone}"])
+    labels: list[str] = []  # each PV read starts at its label
+    read = node.host.read_device
+
+    def counted(path: str, offset: int, length: int) -> bytes:
+        if offset == 0:
+            labels.append(path)
+        return read(path, offset, length)
+
+    parsed: list[Collection[str] | None] = []
+    parse = vg_text.vg_metadata
+
+    def spied(text: bytes, previous: vg_text.VgMetadata | None = None,
+              only: Collection[str] | None = None) -> vg_text.VgMetadata:
+        parsed.append(only)
+        return parse(text, previous, only)
+
+    monkeypatch.setattr(node.host, "read_device", counted)
+    monkeypatch.setattr(vg_text, "vg_metadata", spied)
     node.host.calls.clear()
-    kept = reconcile_state(pools, node.host, records)
+    kept = reconcile_state(node.backend.pools, node.host, records)
     assert kept == {vids[0]: records[vids[0]], vids[1]: records[vids[1]]}
-    assert stub.reads == 1 and stub.asked == set(records)  # only their sections parsed
+    assert labels == ["/dev/fake-pv-vg0"]  # one read of the VG
+    assert [set(only or ()) for only in parsed] == [set(records)]  # their sections only
     assert _lvs_reads(node) == [{gone}]

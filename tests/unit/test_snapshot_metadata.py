@@ -19,7 +19,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.csi.rpc import RpcError, status_of
 from csi_local.csi.snapshot_metadata_servicer import DEFAULT_MAX_RESULTS, SnapshotMetadataServicer
 from csi_local.errors import StorageError
-from csi_local.host.device_mapper import dm_name
+from csi_local.storage.lv_devices import dm_name
 from csi_local.storage.thin_mappings import MARK_PREFIX, ThinMetadata
 from csi_local.volumes.changed_blocks import ChangedBlocks
 from tests.unit.servicers import (
@@ -61,14 +61,15 @@ class Lab:
 
     def changed(self) -> ChangedBlocks:
         """The plugin's changed-block layer, as plugin.py makes it (at each start)."""
-        return ChangedBlocks(self.n.backend.pools, self.n.backend.locks, self.state_dir)
+        return ChangedBlocks(self.n.backend.pools, self.n.backend.locks, self.state_dir,
+                             self.n.host)
 
     @property
     def state_dir(self) -> str:
         return self.n.backend.config.state_dir
 
     def reader(self) -> ThinMetadata:
-        return ThinMetadata(self.n.host, VG, POOL, self.state_dir)
+        return ThinMetadata(self.n.host, self.n.host, VG, POOL, self.state_dir)
 
     def marks(self) -> dict[str, Any]:
         """The state directory's metadata snapshot marks, by file name."""
@@ -173,11 +174,10 @@ def test_thin_delta_and_thin_dump_read_the_metadata_snapshot(
     lab.n.host.calls.clear()
     lab.delta(s1, s2)
     tools = [c[:3] for c in lab.n.host.calls if c[0] in ("dmsetup", "thin_delta")]
-    # The second status reads the held root for the mark (an ioctl on a real
-    # node, where the fake has no device-mapper: dmsetup).
+    # The held root for the mark is read by ioctl (the Host's dm_status), not
+    # by a second dmsetup status.
     assert tools == [("dmsetup", "status", "vg0-pool0-tpool"),
                      ("dmsetup", "message", "vg0-pool0-tpool"),
-                     ("dmsetup", "status", "vg0-pool0-tpool"),
                      ("thin_delta", "--metadata-snap", "--snap1"),
                      ("dmsetup", "message", "vg0-pool0-tpool")]
     assert [c[-1] for c in lab.n.host.calls if c[:2] == ("dmsetup", "message")] == [
@@ -430,8 +430,8 @@ def test_start_up_tolerates_a_pool_that_is_not_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: list[Node]) -> None:
     n = make_node(tmp_path, monkeypatch, with_vg=False)
     made.append(n)
-    ChangedBlocks(n.backend.pools, n.backend.locks,
-                  n.backend.config.state_dir).release_leftovers()  # logs, no raise
+    ChangedBlocks(n.backend.pools, n.backend.locks, n.backend.config.state_dir,
+                  n.host).release_leftovers()  # logs, no raise
 
 
 def test_tools_missing_is_failed_precondition(two: tuple[Lab, str, str, str]) -> None:

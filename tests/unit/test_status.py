@@ -580,7 +580,7 @@ def test_the_metadata_area(node: Node, left: float | None, says: str, problem: b
     fvg = node.host.vgs["vg0"]
     limit = vg_text.max_text_size(fvg.mda_size)
     if left is not None:
-        fvg.mda_base_text += int(limit * (1 - left)) - fvg.mda_text
+        fvg.mda_padding += int(limit * (1 - left)) - fvg.mda_text
     code, text, _ = run(node.host, args(node.backend.config.state_dir), node.host.clock)
     assert code == 0
     assert "Metadata area of vg0: " in text and says in text, text

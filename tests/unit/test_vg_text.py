@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from csi_local.errors import DeviceMapperMissing, DmReplyMalformed, DmStatusUnusable
-from csi_local.host import device_mapper as dm
-from csi_local.host.device_mapper import DmDevice
+from csi_local.errors import DeviceMapperMissing, DmReplyMalformed
+from csi_local.host.device_mapper import DmDevice, PoolUsage, Target
+from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
+from csi_local.storage import committed_vg
 from csi_local.storage import vg_text as lm
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import LogicalVolume, VolumeGroup
@@ -33,6 +34,7 @@ CAPTURE = json.loads((DATA / "lvm-metadata.json").read_text())
 HEAD = base64.b64decode(CAPTURE["head_b64"])  # sectors 0-8: the label, then the mda header
 TEXT = CAPTURE["text"].encode()
 MDA = 4096  # where this PV's metadata area starts (its label says so)
+HOST = Host()  # the PV images are files, read as the plugin reads a PV
 
 
 def area() -> tuple[int, int, int, int, int]:
@@ -55,6 +57,21 @@ def image(tmp_path: Path, head: bytes = HEAD, text: bytes = TEXT,
     return str(path)
 
 
+def test_the_host_reads_exactly_the_bytes_asked_for(tmp_path: Path) -> None:
+    """Host.read_device, as the reader asks it: any offset and length (the
+    direct read is aligned inside it), fewer bytes at the end, OSError for
+    what is not there."""
+    data = bytes(range(256)) * 64  # 16 KiB
+    path = tmp_path / "dev.img"
+    path.write_bytes(data)
+    for offset, length in ((0, 2048), (4096, 512), (513, 7000), (16000, 384)):
+        assert HOST.read_device(str(path), offset, length) == data[offset:offset + length]
+    assert HOST.read_device(str(path), 16000, 1000) == data[16000:]
+    assert HOST.read_device(str(path), 20000, 10) == b""
+    with pytest.raises(FileNotFoundError):
+        HOST.read_device(str(tmp_path / "nothing"), 0, 512)
+
+
 def test_lvm_crc_is_lvms_own() -> None:
     # The text's checksum as LVM wrote it in the header.
     assert lm.lvm_crc(TEXT) == area()[4]
@@ -62,7 +79,7 @@ def test_lvm_crc_is_lvms_own() -> None:
 
 
 def test_reads_what_lvm_wrote_and_agrees_with_lvs(tmp_path: Path) -> None:
-    found = lm.read_committed(image(tmp_path))
+    found = lm.read_committed(HOST, image(tmp_path))
     assert found.text == TEXT
     meta = lm.vg_metadata(found.text)
     assert meta.name == "vg-cap" and meta.extent_size == 4 << 20
@@ -112,7 +129,7 @@ def _resealed_header(head: bytes) -> bytes:
 def test_anything_broken_is_unreadable_never_guessed(tmp_path: Path, name: str, head: bytes,
                                                      text: bytes, why: str) -> None:
     with pytest.raises(lm.MetadataUnreadable, match=why):
-        lm.read_committed(image(tmp_path, head, text))
+        lm.read_committed(HOST, image(tmp_path, head, text))
 
 
 def test_text_that_wraps_round_the_area_is_read_whole(tmp_path: Path) -> None:
@@ -125,7 +142,7 @@ def test_text_that_wraps_round_the_area_is_read_whole(tmp_path: Path) -> None:
     buf[start + offset:start + size] = TEXT[:1000]
     buf[start + 512:start + 512 + length - 1000] = TEXT[1000:]
     (tmp_path / "pv.img").write_bytes(bytes(buf))
-    assert lm.read_committed(str(tmp_path / "pv.img")).text == TEXT
+    assert lm.read_committed(HOST, str(tmp_path / "pv.img")).text == TEXT
 
 
 @pytest.mark.parametrize(("text", "want"), [
@@ -266,21 +283,68 @@ def _pvs(rows: list[tuple[str, str, str]]) -> str:
         {"pv_name": p, "vg_name": v, "pv_uuid": u} for p, v, u in rows]}]})
 
 
+def pool_status(usage: PoolUsage) -> str:
+    """A thin-pool target's status text saying `usage`, as the kernel prints it."""
+    mode = "out_of_data_space" if usage.out_of_data_space else "ro" if usage.read_only else "rw"
+    held = "-" if usage.metadata_snapshot_root is None else str(usage.metadata_snapshot_root)
+    return (f"{usage.transaction_id} {usage.metadata_used}/{usage.metadata_total} "
+            f"{usage.data_used}/{usage.data_total} {held} {mode} discard_passdown "
+            f"queue_if_no_space {'needs_check' if usage.needs_check else '-'} 768")
+
+
+class Kernel(Host):
+    """The real Host's reads of the PV images (files), and a device-mapper of
+    the test's making: its devices, and the status of its thin pools (by
+    their device's name), which the plugin's own parser reads."""
+
+    def __init__(self) -> None:
+        self.devices: dict[str, tuple[int, int]] = {}
+        self.info: dict[str, DmDevice] = {}
+        self.pools: dict[str, PoolUsage | str] = {}  # a status text as it is
+        self.reads: list[tuple[str, int, int]] = []
+
+    def read_device(self, path: str, offset: int, length: int) -> bytes:
+        self.reads.append((path, offset, length))
+        return super().read_device(path, offset, length)
+
+    def dm_device(self, name: str) -> DmDevice | None:
+        return self.info.get(name)
+
+    def dm_devices(self) -> dict[str, tuple[int, int]]:
+        return dict(self.devices)
+
+    def dm_status(self, name: str) -> list[Target] | None:
+        usage = self.pools.get(name)
+        if usage is None:
+            return None
+        text = usage if isinstance(usage, str) else pool_status(usage)
+        return [Target(0, 1 << 19, "thin-pool", text)]
+
+
+POOL_DEVICE = "vg--cap-po--ol"  # vg-cap/po-ol's thin-pool target, not stacked
+POOL_USAGE = PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
+                       data_used=1000, data_total=4096, read_only=False,
+                       out_of_data_space=False, needs_check=False)
+
+
 @pytest.fixture
-def pv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    path = image(tmp_path)
-    monkeypatch.setattr(dm, "device", lambda name: DmDevice(253, 7, 1, True, False)
-                        if name == "vg--cap-csi--v--abc" else None)
-    return path
+def kernel() -> Kernel:
+    return Kernel()
+
+
+@pytest.fixture
+def pv(tmp_path: Path, kernel: Kernel) -> str:
+    kernel.info["vg--cap-csi--v--abc"] = DmDevice(253, 7, 1, True, False)
+    return image(tmp_path)
 
 
 def _uuid(path: str) -> str:
-    return lm.read_committed(path).pv_uuid
+    return lm.read_committed(HOST, path).pv_uuid
 
 
-def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, pv: str) -> None:
+def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, kernel: Kernel, pv: str) -> None:
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     lv = reader.thin_volume("vg-cap", "csi-v-abc")
     assert lv is not None
     assert (lv.vg, lv.pool, lv.size, lv.path) == ("vg-cap", "po-ol", 64 << 20,
@@ -303,20 +367,21 @@ def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, pv: str) -> No
     pytest.param([("@pv", "vg-x", "@uuid")], "vg-x", id="metadata-of-another-vg"),
     pytest.param([("/nonexistent/pv", "vg-cap", "@uuid")], "vg-cap", id="pv-gone"),
 ])
-def test_no_certain_answer_is_none(runner: FakeRunner, pv: str,
+def test_no_certain_answer_is_none(runner: FakeRunner, kernel: Kernel, pv: str,
                                    rows: list[tuple[str, str, str]], vg: str) -> None:
     fill = {"@pv": pv, "@uuid": _uuid(pv)}
     runner.on(["pvs"], _pvs([tuple(fill.get(x, x) for x in row)  # type: ignore[misc]
                              for row in rows]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.volume_group(vg) is None
     assert reader.thin_volume(vg, "csi-v-abc") is None
 
 
-def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, pv: str) -> None:
+def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, kernel: Kernel,
+                                                pv: str) -> None:
     runner.on(["pvs"], _pvs([(pv + ".old", "vg-cap", _uuid(pv))]))
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))  # the PV's node changed
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     # Within REFRESH of the last `pvs`, no other: the caller asks `lvs` instead.
     assert reader.volume_group("vg-cap") is None
     assert len(runner.calls) == 1
@@ -328,17 +393,13 @@ def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, pv: str) -> 
 
 
 
-def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, pv: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, kernel: Kernel,
+                                                   pv: str) -> None:
     """What CreateVolume and GetCapacity need, as `lvs` would say it: every LV's
     size and pool, the pool's size, usage and metadata size."""
-    usage = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
-                         data_used=1000, data_total=4096, read_only=False,
-                         out_of_data_space=False, needs_check=False)
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage
-                        if (vg, pool) == ("vg-cap", "po-ol") else None)
+    kernel.pools[POOL_DEVICE] = POOL_USAGE
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    report = CommittedMetadata(runner).report("vg-cap", "po-ol")
+    report = CommittedMetadata(runner, kernel).report("vg-cap", "po-ol")
     assert report is not None and report.extent_size == 4 << 20
     pool = report.find("po-ol")
     assert pool is not None and pool.is_thin_pool and pool.active
@@ -353,34 +414,34 @@ def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, pv: str,
 
 
 
-def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, pv: str) -> None:
+def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, kernel: Kernel,
+                                                          pv: str) -> None:
     """What `vgs` says of the VG: its PVs' extents, less those its LVs map on
     them. Thin volumes and the thin pool map other LVs; the pool's hidden
     data and metadata LVs and the spare take the extents."""
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    space = CommittedMetadata(runner).space("vg-cap")
+    space = CommittedMetadata(runner, kernel).space("vg-cap")
     rows = json.loads(CAPTURE["lvs"])["report"][0]["lv"]
     on_pvs = sum(int(r["lv_size"]) for r in rows if r["lv_name"].startswith("["))
     assert on_pvs == (256 + 4 + 4) << 20  # the lvs of the capture: tdata, tmeta, spare
     assert space == VolumeGroup("vg-cap", 255 * (4 << 20), 255 * (4 << 20) - on_pvs, 4 << 20)
-    assert CommittedMetadata(runner).space("vg-nope") is None
+    assert CommittedMetadata(runner, kernel).space("vg-nope") is None
 
 
 @pytest.mark.parametrize(("out_of_data", "read_only", "attr", "health"), [
     (False, False, "twi-a-tz--", ""),
     (True, False, "twi-a-tzD-", "out_of_data"),
     (False, True, "twi-a-tzM-", "metadata_read_only"),
-    (True, True, "twi-a-tzD-", "out_of_data"),  # lvs names the first of the two
 ])
-def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, pv: str,
-                                         monkeypatch: pytest.MonkeyPatch, out_of_data: bool,
-                                         read_only: bool, attr: str, health: str) -> None:
-    usage = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
-                         data_used=4096 if out_of_data else 10, data_total=4096,
-                         read_only=read_only, out_of_data_space=out_of_data, needs_check=False)
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage)
+def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, kernel: Kernel, pv: str,
+                                         out_of_data: bool, read_only: bool, attr: str,
+                                         health: str) -> None:
+    kernel.pools[POOL_DEVICE] = PoolUsage(
+        transaction_id=3, metadata_used=10, metadata_total=1024,
+        data_used=4096 if out_of_data else 10, data_total=4096, read_only=read_only,
+        out_of_data_space=out_of_data, needs_check=False)
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    report = CommittedMetadata(runner).report("vg-cap", "po-ol")
+    report = CommittedMetadata(runner, kernel).report("vg-cap", "po-ol")
     assert report is not None
     pool = report.find("po-ol")
     assert pool is not None and (pool.attr, pool.health) == (attr, health)
@@ -388,23 +449,25 @@ def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, pv: str,
     assert vol is not None and vol.health == ""
 
 
-POOL_USAGE = dm.PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
-                          data_used=1000, data_total=4096, read_only=False,
-                          out_of_data_space=False, needs_check=False)
+def test_out_of_data_space_is_named_before_read_only() -> None:
+    """lvs names the first of the two (a status says one mode: this is the
+    rule's order, not a state the kernel reports)."""
+    both = dataclasses.replace(POOL_USAGE, read_only=True, out_of_data_space=True)
+    assert committed_vg._pool_health(both) == ("D", "out_of_data")
 
 
 def test_listing_from_metadata_the_device_list_and_the_pools_status(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
     """What ListVolumes and the state's recovery read: every visible LV, each
     active one (a device-mapper device) with its numbers, the pool with its
     usage; from one `pvs` in the reader's life and no other process."""
-    monkeypatch.setattr(dm, "devices", lambda: {
+    kernel.devices.update({
         "vg--cap-csi--v--abc": (254, 5), "vg--cap-po--ol": (254, 3),
         "vg--cap-po--ol-tpool": (254, 2), "other-vg-lv": (254, 9)})
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE
-                        if (vg, pool) == ("vg-cap", "po-ol") else None)
+    kernel.pools[f"{POOL_DEVICE}-tpool"] = POOL_USAGE  # stacked: the target is there
+    kernel.pools[POOL_DEVICE] = "0 1 linear"  # the linear layer over it, never asked
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    lvs = {lv.name: lv for lv in CommittedMetadata(runner).listing(["vg-cap"]) or []}
+    lvs = {lv.name: lv for lv in CommittedMetadata(runner, kernel).listing(["vg-cap"]) or []}
     assert sorted(lvs) == ["1+odd.name_x", "csi-s-snap", "csi-v-abc", "po-ol"]  # as `lvs VG`
     vol = lvs["csi-v-abc"]
     assert vol.active and (vol.kernel_major, vol.kernel_minor) == (254, 5)
@@ -420,17 +483,16 @@ def test_listing_from_metadata_the_device_list_and_the_pools_status(
 
 
 def test_a_listing_builds_again_only_the_lvs_that_changed(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
     """A listing takes again the LV objects the last one built from the same
     metadata, device and usage (ListVolumes then reuses their entries); an LV
     whose device or pool usage changed is built anew, as a fresh reader
     builds it. Listings and reports keep theirs apart."""
-    devices = {"vg--cap-csi--v--abc": (254, 5), "vg--cap-po--ol-tpool": (254, 2)}
-    usage = [POOL_USAGE]
-    monkeypatch.setattr(dm, "devices", lambda: dict(devices))
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: usage[0])
+    devices = kernel.devices
+    devices.update({"vg--cap-csi--v--abc": (254, 5), "vg--cap-po--ol-tpool": (254, 2)})
+    kernel.pools[POOL_DEVICE] = POOL_USAGE
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
 
     def listed(r: CommittedMetadata) -> dict[str, LogicalVolume]:
         return {lv.name: lv for lv in r.listing(["vg-cap"]) or []}
@@ -442,9 +504,10 @@ def test_a_listing_builds_again_only_the_lvs_that_changed(
     assert report is not None and reader.report("vg-cap", "po-ol") == report
     del devices["vg--cap-csi--v--abc"]  # deactivated
     devices["vg--cap-csi--s--snap"] = (254, 7)  # activated
-    usage[0] = dataclasses.replace(POOL_USAGE, data_used=4096, out_of_data_space=True)
+    kernel.pools[POOL_DEVICE] = dataclasses.replace(POOL_USAGE, data_used=4096,
+                                                    out_of_data_space=True)
     now = listed(reader)
-    assert now == listed(CommittedMetadata(runner))  # as a fresh reader builds them
+    assert now == listed(CommittedMetadata(runner, kernel))  # as a fresh reader builds them
     assert not now["csi-v-abc"].active and now["csi-s-snap"].kernel_minor == 7
     assert now["po-ol"].health == "out_of_data"
     assert now["1+odd.name_x"] is first["1+odd.name_x"]  # nothing of it changed
@@ -452,28 +515,27 @@ def test_a_listing_builds_again_only_the_lvs_that_changed(
 
 @pytest.mark.parametrize("broken", ["devices", "pool_usage", "metadata"])
 def test_listing_is_none_when_anything_does_not_answer(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
-    def fails(*args: object) -> None:
-        raise {"devices": DeviceMapperMissing(2, "No such file or directory"),
-               "pool_usage": DmStatusUnusable("thin pool status says 'Fail'")}[broken]
+        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch,
+        broken: str) -> None:
+    def no_device_mapper() -> dict[str, tuple[int, int]]:
+        raise DeviceMapperMissing(2, "No such file or directory")
 
-    monkeypatch.setattr(dm, "devices", fails if broken == "devices" else dict)
-    monkeypatch.setattr(dm, "pool_usage",
-                        fails if broken == "pool_usage" else lambda vg, pool: POOL_USAGE)
+    if broken == "devices":
+        monkeypatch.setattr(kernel, "dm_devices", no_device_mapper)
+    kernel.pools[POOL_DEVICE] = "Fail" if broken == "pool_usage" else POOL_USAGE
     runner.on(["pvs"], _pvs([] if broken == "metadata" else [(pv, "vg-cap", _uuid(pv))]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.listing(["vg-cap"]) is None
     assert reader.thin_pools([("vg-cap", "po-ol")]) is None or broken == "devices"
 
 
-def test_thin_pools_as_probe_asks(runner: FakeRunner, pv: str,
+def test_thin_pools_as_probe_asks(runner: FakeRunner, kernel: Kernel, pv: str,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dm, "devices", lambda: pytest.fail("Probe needs no device list"))
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE if pool == "po-ol"
-                        else None)
+    monkeypatch.setattr(kernel, "dm_devices", lambda: pytest.fail("Probe needs no device list"))
+    kernel.pools[POOL_DEVICE] = POOL_USAGE
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    got = CommittedMetadata(runner).thin_pools([("vg-cap", "po-ol"), ("vg-cap", "nopool"),
-                                                ("vg-cap", "csi-v-abc")])
+    got = CommittedMetadata(runner, kernel).thin_pools([
+        ("vg-cap", "po-ol"), ("vg-cap", "nopool"), ("vg-cap", "csi-v-abc")])
     assert got is not None
     pool, missing, thin = got[("vg-cap", "po-ol")], got[("vg-cap", "nopool")], \
         got[("vg-cap", "csi-v-abc")]
@@ -483,18 +545,17 @@ def test_thin_pools_as_probe_asks(runner: FakeRunner, pv: str,
 
 
 def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Probe's and the start's read of the pools parses their sections alone, and
     answers as a reader that parsed the whole text; the whole parse is left to
     the first listing, which sees every LV."""
-    monkeypatch.setattr(dm, "devices", dict)
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE)
+    kernel.pools[POOL_DEVICE] = POOL_USAGE
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    whole = CommittedMetadata(runner)
+    whole = CommittedMetadata(runner, kernel)
     assert whole.volume_group("vg-cap") is not None  # its whole parse kept
     want = whole.thin_pools([("vg-cap", "po-ol")])
     parsed = _counting_parse(monkeypatch)
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     got = reader.thin_pools([("vg-cap", "po-ol")])
     assert got == want and got is not None
     pool = got[("vg-cap", "po-ol")]
@@ -506,14 +567,14 @@ def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
 
 
 def test_the_warm_up_and_a_listing_beside_it_parse_the_text_once(
-        runner: FakeRunner, pv: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: Kernel, pv: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin warms the listing's read after its start (Pools.warm): a
     ListVolumes that comes while that parse runs waits for it and takes it,
     and the text is parsed whole once, never twice, never half kept."""
-    monkeypatch.setattr(dm, "devices", dict)
-    monkeypatch.setattr(dm, "pool_usage", lambda vg, pool: POOL_USAGE)
+    kernel.pools[POOL_DEVICE] = POOL_USAGE
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     pools = Pools(DeviceClasses((DeviceClass("default", "vg-cap", "po-ol"),), "default"),
                   runner, Locks(str(tmp_path / "locks")), committed=reader)
     whole: list[bytes] = []
@@ -551,7 +612,7 @@ def test_the_warm_up_and_a_listing_beside_it_parse_the_text_once(
 
 
 def test_the_warm_up_without_a_reader_or_an_answer_does_nothing(
-        runner: FakeRunner, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     """No reader: nothing read. A VG that does not answer: the listing finds
     out (and asks lvs) when it comes; the warm-up raises nothing."""
     classes = DeviceClasses((DeviceClass("default", "vg-cap", "po-ol"),), "default")
@@ -559,47 +620,40 @@ def test_the_warm_up_without_a_reader_or_an_answer_does_nothing(
     assert runner.calls == []
     runner.on(["pvs"], _pvs([]))
     Pools(classes, runner, Locks(str(tmp_path / "locks")),
-          committed=CommittedMetadata(runner)).warm()
+          committed=CommittedMetadata(runner, kernel)).warm()
     assert {call[0] for call in runner.calls} == {"pvs"}
 
 
 def test_report_is_none_when_the_pools_status_cannot_be_trusted(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failed(vg: str, pool: str) -> dm.PoolUsage:
-        raise DmStatusUnusable("thin pool status says 'Fail'")
-
-    monkeypatch.setattr(dm, "pool_usage", failed)
+        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
+    kernel.pools[POOL_DEVICE] = "Fail"  # a failed pool's status
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    assert CommittedMetadata(runner).report("vg-cap", "po-ol") is None
+    assert CommittedMetadata(runner, kernel).report("vg-cap", "po-ol") is None
 
 
 def test_a_kernel_reply_that_does_not_hold_together_is_no_answer(
-        runner: FakeRunner, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any storage error from device-mapper sends the caller to `lvs`, as the
     pool status does in report(), instead of failing the RPC."""
     def malformed(name: str) -> DmDevice:
         raise DmReplyMalformed("target 0 at byte 9999 is outside the reply")
 
-    monkeypatch.setattr(dm, "device", malformed)
+    monkeypatch.setattr(kernel, "dm_device", malformed)
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    assert CommittedMetadata(runner).thin_volume("vg-cap", "csi-v-abc") is None
+    assert CommittedMetadata(runner, kernel).thin_volume("vg-cap", "csi-v-abc") is None
 
 
-def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, pv: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, kernel: Kernel,
+                                                   pv: str) -> None:
     """find_committed reads each VG once; the LV it found is not read again."""
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     meta = reader.volume_group("vg-cap")
-    reads: list[str] = []
-    real = lm.read_committed
-    def read_committed(path: str) -> lm.Committed:
-        reads.append(path)
-        return real(path)
-
-    monkeypatch.setattr(lm, "read_committed", read_committed)
+    assert kernel.reads  # the label, the area's header, the text
+    kernel.reads.clear()
     lv = reader.thin_volume("vg-cap", "csi-v-abc", meta)
-    assert lv is not None and lv.active and reads == []
+    assert lv is not None and lv.active and kernel.reads == []
+    assert reader.thin_volume("vg-cap", "csi-v-abc") == lv and kernel.reads  # read again
 
 
 # Many PVs, many copies: the highest seqno is the VG's, and any disagreement
@@ -632,7 +686,7 @@ def _seqno(text: bytes, n: int) -> bytes:
 
 
 def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
-        runner: FakeRunner, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     """PV A was away while the VG was reduced to PV B and changed: A still
     holds the old copy, which lists A. The plugin saw both PVs before."""
     newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
@@ -640,7 +694,7 @@ def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
     b = _pv(tmp_path, "b.img", UUID_B, newest)
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.volume_group("vg-cap") is None  # lvs answers (and warns)
     (problem,) = reader.problems("vg-cap")
     assert a in problem and "outdated" in problem and "seqno 10" in problem
@@ -652,42 +706,43 @@ def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
 
 
 def test_the_highest_seqno_wins_and_an_outdated_listed_pv_is_a_problem(
-        runner: FakeRunner, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
     b = _pv(tmp_path, "b.img", UUID_B, _seqno(TEXT, 12))  # lists A only: B is none of it
     runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B), (a, "vg-cap", UUID_A)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.volume_group("vg-cap") is None
     (problem,) = reader.problems("vg-cap")
     assert problem.startswith(f"PV {a} has outdated metadata") and "newest 12" in problem
 
 
-def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner,
+def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner, kernel: Kernel,
                                                        tmp_path: Path) -> None:
     other = TEXT.replace(b"csi-v-abc", b"csi-v-xyz")
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
     b = _pv(tmp_path, "b.img", UUID_B, other)
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.volume_group("vg-cap") is None
     assert reader.problems("vg-cap") == ("VG vg-cap: copies of metadata seqno 10 differ",)
 
 
-def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, tmp_path: Path) -> None:
+def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, kernel: Kernel,
+                                          tmp_path: Path) -> None:
     a = str(tmp_path / "a.img")
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), ("[unknown]", "vg-cap", UUID_B)]))
     # The newest copy lists B too, which is nowhere to be read.
     listing_b = TEXT.replace(b"physical_volumes {\n",
                              b'physical_volumes {\n\npv9 {\nid = "%s"\n}\n' % UUID_B.encode())
     a = _pv(tmp_path, "a.img", UUID_A, listing_b)
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.volume_group("vg-cap") is None
     (problem,) = reader.problems("vg-cap")
     assert UUID_B in problem and "[unknown]" in problem and "cannot be read" in problem
 
 
 def test_a_pv_with_every_area_ignored_holds_no_copy_and_is_no_problem(
-        runner: FakeRunner, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     listing_b = TEXT.replace(b"physical_volumes {\n",
                              b'physical_volumes {\n\npv9 {\nid = "%s"\n}\n' % UUID_B.encode())
     a = _pv(tmp_path, "a.img", UUID_A, listing_b)
@@ -696,13 +751,13 @@ def test_a_pv_with_every_area_ignored_holds_no_copy_and_is_no_problem(
     ignored[MDA + 60:MDA + 64] = struct.pack("<I", lm.RAW_LOCN_IGNORED)
     Path(b).write_bytes(_resealed_header(bytes(ignored[:len(HEAD)])) + bytes(ignored[len(HEAD):]))
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     meta = reader.volume_group("vg-cap")
     assert meta is not None and meta.pv_uuids == {UUID_A, UUID_B}
     assert reader.problems("vg-cap") == ()
 
 
-def test_check_adds_lvms_own_warnings(runner: FakeRunner, tmp_path: Path) -> None:
+def test_check_adds_lvms_own_warnings(runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     """`pvs` does not list a PV whose outdated copy LVM ignores: a reader that
     never saw it cannot tell, and the reports ask LVM (its words, lvm2 2.03)."""
     b = _pv(tmp_path, "b.img", UUID_A, TEXT)
@@ -713,7 +768,7 @@ def test_check_adds_lvms_own_warnings(runner: FakeRunner, tmp_path: Path) -> Non
         "  See vgck --updatemetadata to correct inconsistency.\n"
         "  WARNING: outdated PV /dev/loop0 seqno 8 has been removed in current VG vg-cap "
         "seqno 13.\n"))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.check("vg-cap") == ()  # its own reads: every copy it knows agrees
     assert reader.check("vg-cap", ask_lvm=True) == (
         "LVM: ignoring metadata seqno 8 on /dev/loop0 for seqno 13 on /dev/loop1 for VG "
@@ -723,7 +778,7 @@ def test_check_adds_lvms_own_warnings(runner: FakeRunner, tmp_path: Path) -> Non
 
 
 def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
-        runner: FakeRunner, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     """`pvs` does not list a PV whose outdated copy LVM ignores: one the
     reader saw in the VG before is still read, and its old copy reported."""
     newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
@@ -733,7 +788,7 @@ def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
     # While it was away LVM listed it as "[unknown]"; once reduced, not at all.
     runner.on(["pvs"], _pvs([("[unknown]", "vg-cap", UUID_A), (b, "vg-cap", UUID_B)]))
     runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     reader.REFRESH = 0.0  # `pvs` again at each doubt
     assert reader.volume_group("vg-cap") is None
     assert reader.volume_group("vg-cap") is None
@@ -742,15 +797,15 @@ def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
     assert a in problem and "outdated" in problem
 
 
-def test_the_metadata_area_from_the_pvs(runner: FakeRunner, tmp_path: Path) -> None:
+def test_the_metadata_area_from_the_pvs(runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
     """The size of each area that holds a copy, from its header; the VG's
     tightest area with the committed text's size (what LVM counts against
     max_text_size); an ignored area counts for nothing."""
     _, size, _, length, _ = area()
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
-    assert lm.read_copies(a).area_sizes == (size,)
+    assert lm.read_copies(HOST, a).area_sizes == (size,)
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A)]))
-    reader = CommittedMetadata(runner)
+    reader = CommittedMetadata(runner, kernel)
     assert reader.metadata_area("vg-cap") is None  # not read yet
     assert reader.volume_group("vg-cap") is not None
     got = reader.metadata_area("vg-cap")
@@ -759,4 +814,4 @@ def test_the_metadata_area_from_the_pvs(runner: FakeRunner, tmp_path: Path) -> N
     ignored = bytearray(Path(a).read_bytes())
     ignored[MDA + 60:MDA + 64] = struct.pack("<I", lm.RAW_LOCN_IGNORED)
     Path(a).write_bytes(_resealed_header(bytes(ignored[:len(HEAD)])) + bytes(ignored[len(HEAD):]))
-    assert lm.read_copies(a).area_sizes == ()
+    assert lm.read_copies(HOST, a).area_sizes == ()

@@ -26,10 +26,10 @@ from csi_local.csi.rpc import (
     Unimplemented,
 )
 from csi_local.errors import VolumeGroupMissing
-from csi_local.host.locks import volume_key
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, naming, qos
 from csi_local.volumes.lifecycle import CSI_TAGS, VolumeSteps
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool
 from csi_local.volumes.provisioning import Provisioner, VolumeRequest

@@ -20,9 +20,9 @@ from csi_local.csi import validation
 from csi_local.csi.dependencies import Backend
 from csi_local.csi.messages import snapshot_message
 from csi_local.csi.rpc import AlreadyExists, InvalidArgument, NotFound
-from csi_local.host.locks import volume_key
 from csi_local.volumes import naming
 from csi_local.volumes.group_snapshots import Group, GroupSnapshots
+from csi_local.volumes.lock_keys import volume_key
 
 log = logging.getLogger(__name__)
 RPC = pb.GroupControllerServiceCapability.RPC

@@ -81,7 +81,7 @@ class CsiPlugin:
         host = Host()
         locks = Locks(config.lock_dir)
         pools = Pools(config.classes, runner, locks, config.pool_policy,
-                      committed=CommittedMetadata(runner),
+                      committed=CommittedMetadata(runner, host),
                       known_vgs=KnownVolumeGroups(config.state_dir, lambda: backup_dir(runner)))
 
         def rebuild() -> dict[str, VolumeRecord]:
@@ -121,7 +121,7 @@ class CsiPlugin:
         self.identity = IdentityServicer(config, pools)
         self.controller = ControllerServicer(self.backend)
         self.node = NodeServicer(self.backend)
-        changed = ChangedBlocks(pools, locks, config.state_dir)
+        changed = ChangedBlocks(pools, locks, config.state_dir, host)
         # A metadata snapshot held by a reader that died with the last process
         # would stay held (and make every metadata change copy on write); one
         # that another program holds is reported and left alone.

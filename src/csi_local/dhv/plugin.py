@@ -55,7 +55,7 @@ from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, read_key_file
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
 from csi_local.volumes import creation, encryption, placement, sizes
@@ -80,6 +80,7 @@ from csi_local.volumes.host_volume_names import (
     volume_tags,
 )
 from csi_local.volumes.lifecycle import DHV_TAGS, VolumeSteps
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.pool import Pool, Pools
 
 log = logging.getLogger("csi_local.dhv")

@@ -2,29 +2,19 @@
 
 `dmsetup info` and `dmsetup status` each cost a process: 100-300 ms in the
 emulated test VM, for an answer the kernel gives in one ioctl of a few
-milliseconds. This module makes those two ioctls itself (DM_DEV_STATUS and
-DM_TABLE_STATUS, the ones dmsetup makes), with no process and no shell, and
-reads the two status lines the plugin cares about: a thin volume's mapped
-sectors and a thin pool's usage.
+milliseconds. This module makes those ioctls itself (DM_DEV_STATUS,
+DM_TABLE_STATUS and DM_LIST_DEVICES, the ones dmsetup makes), with no
+process and no shell, and
+parses the status lines of the two targets the plugin reads: a thin
+device's mapped sectors and a thin pool's usage.
 
 The byte layout (struct dm_ioctl and struct dm_target_spec) and the status
 grammars are pure functions, so the unit tests can feed them fabricated
 replies; only `_ioctl` touches the kernel.
 
-Which device to ask (LVM 2.03, verified on Debian 12's 6.1 kernel):
-
-- a thin LV is one device, `dm_name(vg, lv)`, with one `thin` target, while
-  it is active. An inactive LV (deactivated, or a snapshot with activation
-  skip) has no device at all: `None` here.
-- a thin pool's `thin-pool` target moves. A pool with no thin LV ever
-  activated beside it is one device, `dm_name(vg, pool)`, carrying the
-  target. Once a thin LV is active, LVM stacks it: the target is in
-  `dm_name(vg, pool) + "-tpool"` and `dm_name(vg, pool)` is a read-only
-  `linear` over it (which stays, as does the -tpool device, after the thin LVs
-  are deactivated again). `lvchange -an` of the pool with thin LVs active
-  removes only the linear device: the -tpool device lives on for them. Hence
-  `pool_usage(vg, pool)`, which asks both; `thin_pool_usage(name)` is for a
-  caller that knows the device.
+Device names are the caller's: which device LVM makes of an LV, and how it
+stacks a thin pool, is storage/lv_devices.py's (this module knows nothing of
+LVM).
 
 Thread safety: no state is shared between calls. Each call opens
 /dev/mapper/control (O_CLOEXEC) and closes it again: the open is a few
@@ -149,12 +139,6 @@ class Header:
     open_count: int
     flags: int
     dev: int
-
-
-def dm_name(vg: str, lv: str) -> str:
-    """The device-mapper name LVM gives vg/lv: every "-" in each part doubled,
-    the parts joined by "-" (so the join stays unambiguous)."""
-    return f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
 
 
 def _encode_name(name: str) -> bytes:
@@ -426,52 +410,3 @@ def status(name: str) -> list[Target] | None:
         if targets is not None:
             return targets
         size = next_status_size(size)
-
-
-def thin_mapped_sectors(name: str) -> int | None:
-    """Sectors (512 bytes) that thin device `name` maps in its pool; None when
-    there is no such device (an inactive LV has none). 0 means nothing at
-    all is mapped. DmStatusUnusable when `name` is not one thin target or its
-    status cannot be trusted."""
-    targets = status(name)
-    if targets is None:
-        return None
-    return parse_thin_status(single_target(name, targets, "thin").params)
-
-
-def thin_pool_usage(name: str) -> PoolUsage | None:
-    """The usage of the thin-pool target that device `name` carries; None
-    when there is no such device. `name` is the device with the target: with
-    LVM, dm_name(vg, pool) + "-tpool" once a thin LV has been active, else
-    dm_name(vg, pool) (see the module's docstring; `pool_usage` asks both).
-    Reading it makes the pool commit its metadata first, as `dmsetup status`
-    does, so the figures are current."""
-    targets = status(name)
-    if targets is None:
-        return None
-    return parse_thin_pool_status(single_target(name, targets, "thin-pool").params)
-
-
-def pool_usage(vg: str, pool: str) -> PoolUsage | None:
-    """The usage of LVM thin pool vg/pool, from whichever device carries its
-    thin-pool target; None when neither exists (the pool is not active).
-
-    "<pool>-tpool" first: once it exists, the plain name is a linear layer
-    over it. The plain name is asked only when there is no -tpool device; if
-    it is not the thin-pool target there, LVM has just stacked the pool (the
-    first thin LV's activation) between the two lookups, so they are asked
-    again."""
-    base = dm_name(vg, pool)
-    for _ in range(2):
-        targets = status(f"{base}-tpool")
-        if targets is None:
-            targets = status(base)
-            if targets is None:
-                return None
-            if len(targets) == 1 and targets[0].target_type != "thin-pool":
-                continue  # stacked meanwhile: the target is in -tpool now
-            return parse_thin_pool_status(single_target(base, targets, "thin-pool").params)
-        return parse_thin_pool_status(single_target(f"{base}-tpool", targets,
-                                                    "thin-pool").params)
-    raise DmStatusUnusable(f"thin pool {vg}/{pool}: neither {base}-tpool nor {base} carries "
-                           "a thin-pool target")

@@ -1,11 +1,17 @@
-"""What the kernel shows the node service (the mount table, device nodes and
-loop devices) and the mount calls it makes, behind one object.
+"""What the kernel shows the plugins (the mount table, device nodes, loop
+devices, device-mapper's devices and their status, the bytes of a block
+device) and the mount calls they make, behind one object.
 
-The node service, the file-system layer, state recovery and the host volume
-plugin ask these questions through a `Host`, never through /proc or /dev
-directly, so a unit test can hand them a fake host (a mount table and devices
-in memory) and run every branch of NodeStageVolume in milliseconds. The real
+The node service, the file-system layer, state recovery, the host volume
+plugin and the committed-metadata reader ask these questions through a
+`Host`, never through /proc, /dev or an ioctl directly, so a unit test can
+hand them a fake host (a mount table and devices, their bytes included, in
+memory) and run every branch of NodeStageVolume in milliseconds. The real
 proof stays the integration suite in the VM.
+
+The Host knows nothing of LVM: it reads N bytes of a device, or the status
+of a device-mapper device by its name; what LVM's names, layouts and
+stacked devices mean is storage/'s (storage/vg_text.py, storage/lv_devices.py).
 """
 
 from __future__ import annotations
@@ -13,15 +19,19 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import struct
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from csi_local.errors import DeviceMissing, DmReplyMalformed, DmStatusUnusable, SyscallError
+from csi_local.errors import DeviceMissing, SyscallError
 from csi_local.host import mounts
 from csi_local.host.mounts import Mount
+
+if TYPE_CHECKING:
+    from csi_local.host.device_mapper import DmDevice, Target
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,7 @@ _EXT4_64BIT = 0x80  # s_feature_incompat: s_blocks_count_hi is used
 # btrfs's superblock, 64 KiB into the device: its magic and total_bytes.
 _BTRFS_SUPERBLOCK = 64 << 10
 _BTRFS_MAGIC = b"_BHRfS_M"
+_DIRECT_ALIGN = 4096  # O_DIRECT's alignment: the largest logical block size there is
 
 # linux/mount.h: the flags of mount(2) that mount(8) passes.
 MS_RDONLY = 1
@@ -315,18 +326,50 @@ class Host:
             return err.strerror or str(err)
         return None
 
-    def thin_mapped_sectors(self, vg: str, lv: str) -> int | None:
-        """Sectors the active thin volume `vg`/`lv` maps in its pool, from the
-        kernel's status of its device (an ioctl, no process); 0: it holds no
-        data at all. None when that cannot be known (not active, not a thin
-        device, a failed pool): callers take None as "may hold data"."""
+    def read_device(self, path: str, offset: int, length: int) -> bytes:
+        """`length` bytes of block device `path` from byte `offset`, read with
+        O_DIRECT, past the page cache (a writer that bypasses the cache, as
+        LVM writes its metadata, would otherwise be read stale); fewer bytes
+        at the device's end.
+        A file that takes no direct I/O (an image on tmpfs) is read through
+        the cache. OSError as open(2) or the read fails."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # O_DIRECT: the offset, the length and the buffer aligned to the block.
+            start = offset - offset % _DIRECT_ALIGN
+            span = -(-(offset + length - start) // _DIRECT_ALIGN) * _DIRECT_ALIGN
+            with mmap.mmap(-1, span) as buf:  # page-aligned
+                got = os.preadv(fd, [buf], start)
+                end = min(got, offset - start + length)
+                return bytes(buf[offset - start:end]) if end > offset - start else b""
+        finally:
+            os.close(fd)
+
+    def dm_device(self, name: str) -> DmDevice | None:
+        """Device-mapper device `name` (its numbers, open count, whether a
+        table is live), None when there is none; one ioctl."""
         from csi_local.host import device_mapper as dm
 
-        try:
-            return dm.thin_mapped_sectors(dm.dm_name(vg, lv))
-        except (DmStatusUnusable, DmReplyMalformed, SyscallError, ValueError) as err:
-            log.warning("device-mapper status of %s/%s: %s", vg, lv, err)
-            return None
+        return dm.device(name)
+
+    def dm_devices(self) -> dict[str, tuple[int, int]]:
+        """{name: (major, minor)} of every device-mapper device; one ioctl."""
+        from csi_local.host import device_mapper as dm
+
+        return dm.devices()
+
+    def dm_status(self, name: str) -> list[Target] | None:
+        """The targets of device-mapper device `name`'s live table with their
+        status text (what `dmsetup status` prints); [] when no table is live,
+        None when there is no such device; one ioctl."""
+        from csi_local.host import device_mapper as dm
+
+        return dm.status(name)
 
     def mount_filesystem(self, device: str, target: str, fs_type: str,
                          options: Sequence[str]) -> bool:

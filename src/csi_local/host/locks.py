@@ -9,11 +9,9 @@ queue stands still for its timeout, not when the queue is merely long.
 flock has no timeout, so it is polled (with a growing pause) only while
 another process holds it. Each
 acquisition opens its own file description, so a holder excludes other
-processes just as it excludes other threads. The CSI plugin and the
-Nomad host volume plugin use the same directory and the same keys (defined
-here, once), so they never race on a volume or on the pool's capacity. Lock
-order, everywhere: a volume's key before the pool's; of two volumes, the one
-being made before its source.
+processes just as it excludes other threads. A key is any name: what the
+plugins lock, under which keys and in which order, is theirs
+(volumes/lock_keys.py).
 """
 
 from __future__ import annotations
@@ -31,25 +29,6 @@ from collections.abc import Iterator
 from csi_local.errors import LockBusy, LockDirError
 
 DEFAULT_LOCK_DIR = "/run/lock/csi-local"
-
-
-def pool_key(vg: str, pool: str) -> str:
-    """The key of one thin pool, held around every capacity check of it and the
-    lvcreate or lvextend it allows (each device class's pool has its own)."""
-    return f"pool:{vg}/{pool}"
-
-
-def metadata_key(vg: str, pool: str) -> str:
-    """The key of one thin pool's metadata snapshot: the kernel keeps at most one
-    per pool, so its readers take turns (not the pool's key: reading mappings
-    must not hold up creates)."""
-    return f"metadata:{vg}/{pool}"
-
-
-def volume_key(lv_name: str) -> str:
-    """The key of one volume or snapshot, by its LV name (both plugins' LV names
-    are disjoint, so one namespace serves both)."""
-    return f"volume:{lv_name}"
 
 
 def _secure_directory(directory: str) -> None:

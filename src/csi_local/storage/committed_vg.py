@@ -1,7 +1,8 @@
 """The VGs as committed on their PVs: what `lvs` would answer, read off the
 disks (csi_local.storage.vg_text parses the text) and asked of
-device-mapper, with no LVM process per read (one `pvs`, run through
-storage.lvm, says where the PVs are). The hot paths (a lookup, a capacity
+device-mapper (csi_local.storage.lv_devices), both through the Host, with
+no LVM process per read (one `pvs`, run through storage.lvm, says where
+the PVs are). The hot paths (a lookup, a capacity
 check, a listing) use it, and fall back to storage.lvm's commands whenever
 it cannot answer for certain.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from csi_local.errors import CommandError, StorageError
 from csi_local.storage import vg_text
+from csi_local.storage.lv_devices import dm_name, pool_usage
 from csi_local.storage.lvm import (
     LogicalVolume,
     MetadataArea,
@@ -27,6 +29,7 @@ from csi_local.storage.lvm import (
 
 if TYPE_CHECKING:
     from csi_local.host.device_mapper import PoolUsage
+    from csi_local.host.kernel import Host
     from csi_local.host.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,9 @@ class CommittedMetadata:
 
     REFRESH = 30.0
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, host: Host) -> None:
         self.runner = runner
+        self.host = host  # the PVs' bytes and device-mapper's devices
         self._lock = threading.Lock()
         self._pvs: dict[str, list[tuple[str, str]]] | None = None  # vg -> [(path, uuid)]
         self._read_at = 0.0
@@ -157,7 +161,7 @@ class CommittedMetadata:
         unreadable: dict[str, str] = {}  # uuid -> why
         for path, uuid in pvs:
             try:
-                found = vg_text.read_copies(path)
+                found = vg_text.read_copies(self.host, path)
                 if found.pv_uuid != uuid:
                     continue  # another PV under that node now
                 copies = []
@@ -267,7 +271,7 @@ class CommittedMetadata:
         meta = self.volume_group(vg)
         if meta is None:
             return None
-        usages = _pool_usages(vg, [pool] if pool in meta.lvs else [])
+        usages = _pool_usages(self.host, vg, [pool] if pool in meta.lvs else [])
         if usages is None:
             return None
         return VgReport(tuple(_listed_lvs(vg, meta, usages, None, self._built_lvs(vg, False))),
@@ -283,8 +287,6 @@ class CommittedMetadata:
         read, and shown as not: whether a volume is open, and how much of a
         thin volume is mapped (data_percent). None when a VG, its pools or
         the kernel do not answer."""
-        from csi_local.host import device_mapper as dm
-
         metas = []
         for vg in vgs:
             meta = self.volume_group(vg)
@@ -292,14 +294,14 @@ class CommittedMetadata:
                 return None
             metas.append((vg, meta))
         try:
-            devices = dm.devices()
+            devices = self.host.dm_devices()
         except (StorageError, ValueError) as err:
             log.debug("device-mapper device list: %s", err)
             return None
         out: list[LogicalVolume] = []
         for vg, meta in metas:
             pools = [m.name for m in meta.lvs.values() if m.segment_type == "thin-pool"]
-            usages = _pool_usages(vg, pools)
+            usages = _pool_usages(self.host, vg, pools)
             if usages is None:
                 return None
             out += _listed_lvs(vg, meta, usages, devices, self._built_lvs(vg, True))
@@ -322,7 +324,7 @@ class CommittedMetadata:
             if meta is None:
                 return None
             names = [pool for v, pool in places if v == vg and pool in meta.lvs]
-            usages = _pool_usages(vg, names)
+            usages = _pool_usages(self.host, vg, names)
             if usages is None:
                 return None
             found = {lv.name: lv for lv in _listed_lvs(vg, meta, usages, None)}
@@ -336,14 +338,12 @@ class CommittedMetadata:
         """Thin LV vg/name with its kernel state, or None: not found (LVM
         has the last word on absence), not a thin volume, or no answer.
         `meta`: the VG's metadata the caller has just read (not read again)."""
-        from csi_local.host import device_mapper as dm
-
         meta = meta or self.volume_group(vg)
         found = meta.lvs.get(name) if meta is not None else None
         if found is None or found.segment_type != "thin" or not found.visible:
             return None
         try:
-            device = dm.device(dm.dm_name(vg, name))
+            device = self.host.dm_device(dm_name(vg, name))
         except (StorageError, ValueError) as err:  # as report(): no answer, ask lvs
             log.debug("device-mapper device of %s/%s: %s", vg, name, err)
             return None
@@ -362,16 +362,15 @@ class CommittedMetadata:
             thin_id=found.device_id, uuid=found.uuid)
 
 
-def _pool_usages(vg: str, pools: Sequence[str]) -> dict[str, PoolUsage | None] | None:
+def _pool_usages(host: Host, vg: str, pools: Sequence[str]
+                 ) -> dict[str, PoolUsage | None] | None:
     """{pool: its usage, None when it is not active} from each thin pool's
     status; None when one cannot be read or trusted (a failed pool: `lvs`
     tells its health)."""
-    from csi_local.host import device_mapper as dm
-
     out: dict[str, PoolUsage | None] = {}
     for pool in pools:
         try:
-            out[pool] = dm.pool_usage(vg, pool)
+            out[pool] = pool_usage(host, vg, pool)
         except (StorageError, ValueError) as err:
             log.debug("thin pool %s/%s status: %s", vg, pool, err)
             return None
@@ -396,7 +395,7 @@ def _listed_lvs(vg: str, meta: vg_text.VgMetadata, usages: dict[str, PoolUsage |
                 built: _BuiltLvs | None = None) -> list[LogicalVolume]:
     """The visible LVs of `meta` as `lvs` lists them. Thin pools in `usages`
     carry their usage and health (others are shown inactive); with `devices`
-    (dm.devices()), an LV with a device-mapper device is active, with its
+    (Host.dm_devices()), an LV with a device-mapper device is active, with its
     numbers; without, no LV but a pool is shown active.
 
     `built`: what the last call for this VG built, replaced by what this one
@@ -404,8 +403,6 @@ def _listed_lvs(vg: str, meta: vg_text.VgMetadata, usages: dict[str, PoolUsage |
     parses into the one MetaLv), device numbers, usage and metadata size is
     taken from it: at thousands of LVs, building each anew is most of a
     listing's cost under emulation, and few change between two listings."""
-    from csi_local.host import device_mapper as dm
-
     last = built.lvs if built is not None else {}
     now: dict[str, _Built] = {}
     lvs = []
@@ -413,7 +410,7 @@ def _listed_lvs(vg: str, meta: vg_text.VgMetadata, usages: dict[str, PoolUsage |
         if not m.visible:
             continue  # as `lvs VG` (no -a): a pool's _tdata and _tmeta are its own
         before = last.get(m.name)
-        name = before[1] if before is not None and before[0] is m else dm.dm_name(vg, m.name)
+        name = before[1] if before is not None and before[0] is m else dm_name(vg, m.name)
         numbers = None
         if devices is not None:
             # A stacked pool's device is its -tpool layer, as lvs reports it.

@@ -41,11 +41,11 @@ from csi_local.errors import (
     MetadataUnavailable,
     StorageError,
 )
-from csi_local.host import device_mapper as dm
 from csi_local.host.atomic_files import sync_directory, write_atomic
-from csi_local.host.device_mapper import dm_name
+from csi_local.storage.lv_devices import dm_name, pool_usage
 
 if TYPE_CHECKING:
+    from csi_local.host.kernel import Host
     from csi_local.host.runner import Output, Runner
 
 log = logging.getLogger(__name__)
@@ -324,8 +324,9 @@ def _tools_needed(argv: list[str]) -> Iterator[None]:
 class ThinMetadata:
     """Reads the mappings of one thin pool's devices (`vg`/`pool`)."""
 
-    def __init__(self, runner: Runner, vg: str, pool: str, mark_dir: str) -> None:
+    def __init__(self, runner: Runner, host: Host, vg: str, pool: str, mark_dir: str) -> None:
         self.runner = runner
+        self.host = host  # the pool's status, by ioctl
         self.vg = vg
         self.pool = pool
         self.mark_dir = mark_dir  # the plugin's state directory
@@ -360,7 +361,7 @@ class ThinMetadata:
         """The root block of the metadata snapshot the pool holds now; None
         when none is held. MetadataUnavailable when the pool is not active."""
         try:
-            usage = dm.pool_usage(self.vg, self.pool)
+            usage = pool_usage(self.host, self.vg, self.pool)
         except (StorageError, OSError):
             usage = None  # the kernel could not be asked by ioctl: dmsetup is
         if usage is not None and (usage.metadata_snapshot_root is not None

@@ -17,20 +17,20 @@ them, by their seqno, as LVM decides it (read_copies, text_head).
 
 Only reading is done here, and any doubt gives None (the caller asks `lvs`):
 a device that is not the PV expected, a checksum that does not match,
-metadata of another VG, text that does not parse. The devices are read
-with O_DIRECT, past the page cache, as LVM writes them.
+metadata of another VG, text that does not parse. The bytes come through
+the Host (`read_device`: O_DIRECT, past the page cache, as LVM writes
+them), so a unit test's fake host serves its own LVM state in this format
+and this very parser reads it.
 """
 
 from __future__ import annotations
 
-import errno
-import mmap
-import os
 import re
 import struct
 import zlib
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
 SECTOR = 512
 LABEL_ID = b"LABELONE"
@@ -40,7 +40,6 @@ MDA_HEADER_SIZE = 512
 RAW_LOCN_IGNORED = 0x1
 INITIAL_CRC = 0xF597A6CF  # lvm2's lib/misc/crc.h
 MAX_TEXT = 16 << 20  # no VG's metadata comes near this: a bigger size is damage
-_ALIGN = 4096  # O_DIRECT: offsets, lengths and the buffer aligned to the block size
 
 
 class MetadataUnreadable(Exception):
@@ -53,14 +52,18 @@ def lvm_crc(data: bytes, crc: int = INITIAL_CRC) -> int:
     return zlib.crc32(data, crc ^ 0xFFFFFFFF) ^ 0xFFFFFFFF
 
 
-def _read(fd: int, offset: int, length: int) -> bytes:
-    start = offset - offset % _ALIGN
-    span = -(-(offset + length - start) // _ALIGN) * _ALIGN
-    with mmap.mmap(-1, span) as buf:  # page-aligned, as O_DIRECT needs
-        got = os.preadv(fd, [buf], start)
-        if got < offset - start + length:
-            raise MetadataUnreadable(f"short read at byte {offset}")
-        return bytes(buf[offset - start:offset - start + length])
+class DeviceReads(Protocol):
+    """What this module needs of the host: bytes of a block device
+    (host.kernel.Host.read_device)."""
+
+    def read_device(self, path: str, offset: int, length: int) -> bytes: ...
+
+
+def _read(reads: DeviceReads, device: str, offset: int, length: int) -> bytes:
+    data = reads.read_device(device, offset, length)
+    if len(data) < length:
+        raise MetadataUnreadable(f"{device}: short read at byte {offset}")
+    return data
 
 
 @dataclass(frozen=True)
@@ -103,38 +106,27 @@ def max_text_size(area_size: int) -> int:
     return max(0, (area_size - MDA_HEADER_SIZE) // 2 - SECTOR)
 
 
-def read_committed(device: str) -> Committed:
+def read_committed(reads: DeviceReads, device: str) -> Committed:
     """The committed metadata text on PV `device` (its first metadata area
     that holds one), its checksums verified. MetadataUnreadable otherwise."""
-    found = read_copies(device)
+    found = read_copies(reads, device)
     if not found.texts:
         raise MetadataUnreadable(f"{device}: no metadata area holds committed metadata")
     return Committed(found.pv_uuid, found.texts[0])
 
 
-def read_copies(device: str) -> Copies:
+def read_copies(reads: DeviceReads, device: str) -> Copies:
     """Every committed metadata text on PV `device`, each one's checksums
     verified. MetadataUnreadable when the PV or one of its areas cannot be
     read whole: LVM would warn and read the other, the caller asks LVM."""
     try:
-        fd = os.open(device, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        return _read_copies(reads, device)
     except OSError as err:
-        if err.errno != errno.EINVAL:
-            raise MetadataUnreadable(f"{device}: {err.strerror}") from None
-        try:  # a file system without direct I/O (an image file): through the cache
-            fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as err2:
-            raise MetadataUnreadable(f"{device}: {err2.strerror}") from None
-    try:
-        return _read_copies(fd, device)
-    except OSError as err:
-        raise MetadataUnreadable(f"{device}: {err.strerror}") from None
-    finally:
-        os.close(fd)
+        raise MetadataUnreadable(f"{device}: {err.strerror or err}") from None
 
 
-def _read_copies(fd: int, device: str) -> Copies:
-    head = _read(fd, 0, 4 * SECTOR)
+def _read_copies(reads: DeviceReads, device: str) -> Copies:
+    head = _read(reads, device, 0, 4 * SECTOR)
     for n in range(4):
         label = head[n * SECTOR:(n + 1) * SECTOR]
         if label[:8] == LABEL_ID and label[24:32] == LABEL_TYPE:
@@ -158,7 +150,7 @@ def _read_copies(fd: int, device: str) -> Copies:
                 break
             if kind == "metadata":
                 areas.append((area_offset, area_size))
-    texts = [(_area_text(fd, device, area_offset, area_size), area_size)
+    texts = [(_area_text(reads, device, area_offset, area_size), area_size)
              for area_offset, area_size in areas]
     return Copies(_dashed(pv_uuid), tuple(t for t, _ in texts if t is not None),
                   tuple(size for t, size in texts if t is not None))
@@ -179,8 +171,9 @@ def text_head(text: bytes) -> tuple[str, str, int]:
             int(m.group(3)))
 
 
-def _area_text(fd: int, device: str, area_offset: int, area_size: int) -> bytes | None:
-    header = _read(fd, area_offset, MDA_HEADER_SIZE)
+def _area_text(reads: DeviceReads, device: str, area_offset: int,
+               area_size: int) -> bytes | None:
+    header = _read(reads, device, area_offset, MDA_HEADER_SIZE)
     (crc,) = struct.unpack_from("<I", header, 0)
     if header[4:20] != MDA_MAGIC or lvm_crc(header[4:]) != crc:
         raise MetadataUnreadable(f"{device}: metadata area header at {area_offset} is damaged")
@@ -195,9 +188,9 @@ def _area_text(fd: int, device: str, area_offset: int, area_size: int) -> bytes 
         raise MetadataUnreadable(f"{device}: metadata location out of its area")
     # A circular buffer after the header: the text may wrap to its start.
     first = min(text_size, size - text_offset)
-    text = _read(fd, start + text_offset, first)
+    text = _read(reads, device, start + text_offset, first)
     if first < text_size:
-        text += _read(fd, start + MDA_HEADER_SIZE, text_size - first)
+        text += _read(reads, device, start + MDA_HEADER_SIZE, text_size - first)
     if lvm_crc(text) != text_crc:
         raise MetadataUnreadable(f"{device}: metadata text checksum mismatch (written "
                                  "meanwhile?)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from csi_local.errors import (
     CommandError,
@@ -22,9 +23,10 @@ from csi_local.errors import (
     OffsetPastEnd,
     SnapshotsNotComparable,
 )
-from csi_local.host.locks import Locks, metadata_key
+from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.storage.thin_mappings import Holder, Mapping, ThinMetadata, holder_text
+from csi_local.volumes.lock_keys import metadata_key
 from csi_local.volumes.naming import (
     Source,
     get_snapshot,
@@ -33,6 +35,9 @@ from csi_local.volumes.naming import (
     source_of,
 )
 from csi_local.volumes.pool import Pool, Pools
+
+if TYPE_CHECKING:
+    from csi_local.host.kernel import Host
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +88,15 @@ def to_extents(mapping: Mapping, capacity: int) -> Iterator[Extent]:
 
 
 class ChangedBlocks:
-    def __init__(self, pools: Pools, locks: Locks, state_dir: str) -> None:
+    def __init__(self, pools: Pools, locks: Locks, state_dir: str, host: Host) -> None:
         self.pools = pools
         self.locks = locks
+        self.host = host  # the pools' status, by ioctl
         self.state_dir = state_dir  # where the marks of held metadata snapshots are
 
     def _reader(self, pool: Pool) -> ThinMetadata:
-        return ThinMetadata(pool.lvm.runner, pool.lvm.vg, pool.lvm.pool, self.state_dir)
+        return ThinMetadata(pool.lvm.runner, self.host, pool.lvm.vg, pool.lvm.pool,
+                            self.state_dir)
 
     def _read(self, pool: Pool, read: Callable[[ThinMetadata], Mapping]) -> Mapping:
         """`read` inside the pool's metadata snapshot, taken and released here;

@@ -44,6 +44,7 @@ from csi_local.errors import CannotQuiesce, FreezeTimeout, LockBusy
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.kernel import Host
 from csi_local.host.locks import Locks
+from csi_local.volumes.lock_keys import freeze_key
 
 # Seconds a window may keep file systems frozen (--group-freeze-timeout):
 # lvcreate takes well under a second per snapshot on real hardware.
@@ -60,11 +61,6 @@ Target = tuple[str, tuple[int, int]]
 # unfinished group's members); None: the entry's extra fields are not this
 # caller's to finish, so the journal is kept for the one they are.
 Finisher = Callable[[Mapping[str, object]], None]
-
-
-def freeze_key(name: str) -> str:
-    """The lock key an open window of this name holds."""
-    return f"freeze:{name}"
 
 
 class FreezeWindow:

@@ -71,6 +71,7 @@ from csi_local.host.crypt import (
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount, mount_node
+from csi_local.storage.lv_devices import thin_mapped_sectors
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
 from csi_local.volumes import encryption, naming
 from csi_local.volumes import host_volume_names as hvn
@@ -294,7 +295,7 @@ class VolumeSteps:
         safer of what the plugins did (the host volume plugin formatted on its
         tag alone, the CSI node on its mark alone).
         """
-        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        mapped = thin_mapped_sectors(self.host, lv.vg, lv.name)
         if mapped == 0:
             return Freshness(fresh=True, empty=True)
         if mapped is None:
@@ -543,7 +544,7 @@ class VolumeSteps:
         if not self.is_encrypted(lv):
             return
         self.host.wait_for_device(lv.path)
-        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        mapped = thin_mapped_sectors(self.host, lv.vg, lv.name)
         if mapped == 0:
             self.crypt.format_placeholder(lv.path)
         elif mapped is None:
@@ -560,7 +561,7 @@ class VolumeSteps:
         chunks the placeholder wrote (the kernel's count, the same proof as
         freshness()'s). A volume handed out raw by a version that knows no
         encryption, and written, maps more."""
-        mapped = self.host.thin_mapped_sectors(lv.vg, lv.name)
+        mapped = thin_mapped_sectors(self.host, lv.vg, lv.name)
         chunk = self.host.optimal_io_size(lv.path) or PLACEHOLDER_BYTES
         reach = -(-PLACEHOLDER_BYTES // chunk) * chunk
         return mapped is not None and 0 < mapped * 512 <= reach

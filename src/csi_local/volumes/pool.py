@@ -31,7 +31,7 @@ from csi_local.errors import (
     VolumeGroupMissing,
 )
 from csi_local.host import stopwatch
-from csi_local.host.locks import Locks, pool_key
+from csi_local.host.locks import Locks
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lvm import (
     RECOMMENDED_METADATA_SIZE,
@@ -45,6 +45,7 @@ from csi_local.storage.lvm import (
 from csi_local.volumes import sizes
 from csi_local.volumes.device_classes import DeviceClass, DeviceClasses
 from csi_local.volumes.known_vgs import KnownVolumeGroups
+from csi_local.volumes.lock_keys import pool_key
 
 if TYPE_CHECKING:
     from csi_local.host.runner import Runner

@@ -35,10 +35,11 @@ from csi_local.errors import (
     VolumeInUse,
 )
 from csi_local.host import stopwatch
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume, VgReport
 from csi_local.volumes import creation, encryption, naming, placement, qos, sizes
 from csi_local.volumes.lifecycle import VolumeSteps
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.naming import Source, SourceKind
 from csi_local.volumes.pool import Pool, Pools
 

@@ -40,9 +40,10 @@ from enum import StrEnum
 from csi_local.errors import CgroupError, LockBusy, StorageError
 from csi_local.host.cgroups import Cgroups, Device
 from csi_local.host.kernel import Host
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, qos
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.node_records import (
     K8S_BLOCK_PUBLISH,
     K8S_PUBLISH,

@@ -34,12 +34,13 @@ from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, mapper_path
 from csi_local.host.filesystems import Filesystems, Usage
 from csi_local.host.kernel import Host
-from csi_local.host.locks import Locks, volume_key
+from csi_local.host.locks import Locks
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, naming
 from csi_local.volumes.encryption import TopDevice
 from csi_local.volumes.lifecycle import VolumeSteps
+from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.node_records import (
     AccessType,
     Publish,

@@ -1,18 +1,24 @@
 """The fake LVM: volume groups, thin pools and thin volumes, the LVM
-commands that report and change them, and device-mapper's and the thin
+commands that report and change them, what is read of them without a
+process (each VG's PV, whose bytes fakes/pv_metadata.py renders, and
+device-mapper's devices and their status, through the Host), and the thin
 tools' view of a pool (dmsetup, thin_dump, thin_delta)."""
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from csi_local.host.device_mapper import DmDevice, Target
 from csi_local.host.kernel import Host
 from csi_local.storage import vg_text
+from tests.unit.fakes import pv_metadata
 from tests.unit.fakes.common import (
     DM_MAJOR,
     GiB,
@@ -24,6 +30,9 @@ from tests.unit.fakes.common import (
     _size,
 )
 from tests.unit.fakes.devices import Content, _Dev
+
+if TYPE_CHECKING:
+    from tests.unit.fakes.crypt import FakeMapper
 
 
 @dataclass
@@ -56,11 +65,15 @@ class FakeLv:
     held: bool = False  # a pool's metadata snapshot is reserved (dmsetup status)
     held_root: int = 42  # its root block: each reserve takes another one
     uuid: str = ""  # lv_uuid, set when the LV is made
+    # A thin pool that has failed (its metadata unreadable): the kernel's
+    # status of it and of its thin volumes says "Fail", and lvs "failed".
+    failed: bool = False
 
-
-def lv_text(lv: FakeLv) -> int:
-    """What an LV's section adds to its VG's metadata text in the fake."""
-    return 400 + len(lv.name) + len(lv.origin) + sum(len(t) + 4 for t in lv.tags)
+# The minors of a thin pool's other device-mapper devices (its data and
+# metadata LVs, and the linear layer LVM stacks over a pool in use): clear of
+# the LVs' own and of dm-crypt's (fakes/crypt.py).
+_LINEAR_MINOR, _TDATA_MINOR, _TMETA_MINOR = 2000, 3000, 4000
+METADATA_BLOCK = 4096  # a thin pool's metadata block, as its status counts them
 
 
 @dataclass
@@ -74,16 +87,22 @@ class FakeVg:
     size: int
     present: bool = True
     lvs: dict[str, FakeLv] = field(default_factory=dict)
-    # Its smallest metadata area in use (pvcreate's default), and the text
-    # the VG's metadata holds besides its LVs' sections.
+    # Its metadata area (pvcreate's default size), and bytes of text the
+    # VG's metadata holds besides its own and its LVs' (LVM records the
+    # command that wrote it: a test makes the text as long as it needs).
     mda_size: int = 1020 * 1024
-    mda_base_text: int = 1500
+    mda_padding: int = 0
+    # Its PV's reads fail (an I/O error): the committed metadata cannot answer.
+    pv_unreadable: bool = False
+    # The version of its metadata on its PV (pv_metadata.commit).
+    seqno: int = 0
+    last_text: bytes = b""
+    committed: pv_metadata.Committed = field(default_factory=pv_metadata.Committed)
 
     @property
     def mda_text(self) -> int:
-        """The size of the VG's metadata text, roughly as LVM writes it: a
-        section per LV of about 400 bytes of LVM's own with its name and tags."""
-        return self.mda_base_text + sum(lv_text(lv) for lv in self.lvs.values())
+        """The size of the VG's metadata text as the fake's PV holds it."""
+        return len(pv_metadata.vg_text(self))
 
     @property
     def pools(self) -> list[FakeLv]:
@@ -107,6 +126,8 @@ class FakeLvm(Host):
     vgs: dict[str, FakeVg]
     clock: int  # lv_time of the next LV; each lvcreate advances it
     _next_data_chunk: int
+    pv_metadata: bool  # `pvs` lists the VGs' PVs, which the committed reader reads
+    thin_status_error: bool  # every thin target's status says a failed pool's "Error"
 
     if TYPE_CHECKING:  # what it uses of the other parts (fakehost.FakeHost has all)
         frozen: set[tuple[int, int]]
@@ -118,6 +139,7 @@ class FakeLvm(Host):
         def _need_device(self, path: str, rc: int, message: str) -> _Dev: ...
         def _is_open(self, dev_node: str) -> bool: ...
         def _crypt_holds(self, lv: FakeLv) -> bool: ...
+        mappers: dict[str, FakeMapper]
 
     def add_vg(self, name: str, *, pool: str | None = "pool0", pool_size: int = 10 * GiB,
                extent: int = 4 * MiB, vg_size: int | None = None,
@@ -231,15 +253,55 @@ class FakeLvm(Host):
     def set_busy(self, name: str, busy: bool = True, *, vg: str | None = None) -> None:
         self.lv(name, vg).busy = busy
 
-    def thin_mapped_sectors(self, vg: str, lv: str) -> int | None:
-        """The kernel's count for an active thin volume: its mapped chunks, or
-        one chunk for content written without a modelled write (mkfs, a setup)."""
-        found = self.vgs[vg].lvs.get(lv) if vg in self.vgs else None
-        if found is None or found.kind != "thin" or not found.active:
-            return None
-        pool = self.vgs[vg].lvs[found.pool]
-        chunks = len(found.chunks) or (1 if found.content.holds_data else 0)
-        return chunks * pool.chunk_size // 512
+    def _thin_status(self, lv: FakeLv) -> str:
+        """An active thin volume's status, "<mapped sectors> <highest mapped
+        sector>": its mapped chunks, or one chunk for content written without
+        a modelled write (mkfs, a setup); what a pool whose metadata cannot be
+        read says instead while `thin_status_error` is set."""
+        pool = self.vgs[lv.vg].lvs.get(lv.pool)
+        if pool is None or pool.failed:  # gone: a state LVM never leaves (a test's)
+            return "Fail"
+        if self.thin_status_error:
+            return "Error"
+        sectors = pool.chunk_size // 512
+        chunks = sorted(lv.chunks) or ([0] if lv.content.holds_data else [])
+        if not chunks:
+            return "0 -"
+        return f"{len(chunks) * sectors} {(chunks[-1] + 1) * sectors - 1}"
+
+    @staticmethod
+    def _pool_blocks(pool: FakeLv) -> tuple[int, int, int, int]:
+        """(metadata used, metadata total, data used, data total) blocks of a
+        thin pool: its fill, rounded up to whole blocks (a pool filled to a
+        limit reads as at it). The kernel's status says them, and `lvs`
+        derives its percentages from them."""
+        def used(percent: float, total: int) -> int:
+            return min(total, -(-round(percent * total * 100) // 10_000))
+
+        data_total = pool.size // pool.chunk_size
+        meta_total = pool.metadata_size // METADATA_BLOCK
+        return (used(pool.metadata_percent, meta_total), meta_total,
+                used(pool.data_percent, data_total), data_total)
+
+    def _pool_status(self, pool: FakeLv) -> str:
+        """A thin-pool target's status: its fill and its metadata snapshot."""
+        if pool.failed:
+            return "Fail"
+        meta_used, meta_total, data_used, data_total = self._pool_blocks(pool)
+        held = str(pool.held_root) if pool.held else "-"
+        return (f"7 {meta_used}/{meta_total} {data_used}/{data_total} {held} rw "
+                "discard_passdown queue_if_no_space - 256")
+
+    def _percent(self, lv: FakeLv, of: str) -> str:
+        """data_percent or metadata_percent as `lvs` prints it: a thin volume's
+        as set, a pool's from its status's blocks."""
+        if lv.kind != "pool":
+            return f"{lv.data_percent:.2f}" if of == "data" else ""
+        if lv.failed:
+            return ""
+        meta_used, meta_total, data_used, data_total = self._pool_blocks(lv)
+        used, total = (data_used, data_total) if of == "data" else (meta_used, meta_total)
+        return f"{100 * used / total:.2f}"
 
     @staticmethod
     def _mapper(lv: FakeLv) -> str:
@@ -258,7 +320,9 @@ class FakeLvm(Host):
         lv.created = self.clock
         self.clock += 1
         lv.vg = fvg.name
-        lv.uuid = f"fake-lv-{self.clock:06d}"
+        lv.uuid = pv_metadata.lvm_id(fvg.name, lv.name, str(self.clock))
+        if lv.kind == "pool":  # LVM gives a pool's metadata LV whole extents
+            lv.metadata_size = _round_up(lv.metadata_size, fvg.extent)
         if lv.kind == "thin" and lv.thin_id < 0:  # LVM numbers thin devices per pool
             lv.thin_id = 1 + max((x.thin_id for x in fvg.lvs.values() if x.pool == lv.pool),
                                  default=0)
@@ -282,7 +346,7 @@ class FakeLvm(Host):
         a = "a" if lv.active else "-"
         o = "o" if self._lv_open(lv) else "-"
         if lv.kind == "pool":
-            return f"twi-{a}{o}tz--"
+            return f"twi-{a}{o}tz{'F' if lv.failed else '-'}-"
         return f"Vwi-{a}{o}tz-{'k' if lv.skip else '-'}"
 
     def _row(self, lv: FakeLv, fields: Sequence[str], argv: Sequence[str]) -> dict[str, str]:
@@ -294,9 +358,10 @@ class FakeLvm(Host):
             "lv_attr": lambda: self._attr(lv), "pool_lv": lambda: lv.pool,
             "origin": lambda: lv.origin,
             "lv_path": lambda: f"/dev/{lv.vg}/{lv.name}" if thin else "",
-            "data_percent": lambda: f"{lv.data_percent:.2f}" if lv.active else "",
-            "metadata_percent": lambda: "" if thin else f"{lv.metadata_percent:.2f}",
-            "lv_time": lambda: str(lv.created), "lv_health_status": lambda: "",
+            "data_percent": lambda: self._percent(lv, "data") if lv.active else "",
+            "metadata_percent": lambda: self._percent(lv, "metadata"),
+            "lv_time": lambda: str(lv.created),
+            "lv_health_status": lambda: "failed" if lv.failed else "",
             "lv_kernel_major": lambda: str(DM_MAJOR) if lv.active else "-1",
             "lv_kernel_minor": lambda: str(lv.minor) if lv.active else "-1",
             "vg_extent_size": lambda: str(self.vgs[lv.vg].extent),
@@ -400,9 +465,67 @@ class FakeLvm(Host):
         return out
 
     def _pvs(self, argv: Sequence[str]) -> str:
-        # No PV whose metadata could be read: the committed-metadata reader
-        # finds nothing, and every read is LVM's (these fakes').
-        return json.dumps({"report": [{"pv": []}]}) + "\n"
+        # Each present VG's one PV, while `pv_metadata` says the PVs can be
+        # read; else none: the committed-metadata reader then finds nothing,
+        # and every read is LVM's (these fakes').
+        rows = [{"pv_name": pv_metadata.pv_path(fvg.name), "vg_name": fvg.name,
+                 "pv_uuid": pv_metadata.lvm_id(fvg.name, "pv")}
+                for fvg in sorted(self.vgs.values(), key=lambda v: v.name)
+                if fvg.present and self.pv_metadata]
+        return json.dumps({"report": [{"pv": rows}]}) + "\n"
+
+    # What is read without a process: the PVs' bytes and device-mapper.
+
+    def read_device(self, path: str, offset: int, length: int) -> bytes:
+        """A present VG's PV holds its metadata (pv_metadata.py); a detached
+        one, or any other device, has no bytes to read here."""
+        for fvg in self.vgs.values():
+            if path == pv_metadata.pv_path(fvg.name) and fvg.present:
+                if fvg.pv_unreadable:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+                return pv_metadata.pv_bytes(fvg, offset, length)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+    def _dm_table(self) -> dict[str, tuple[int, str, str, FakeLv | None]]:
+        """{name: (minor, target type, status, its LV)} of every device-mapper
+        device: each active LV of a present VG as LVM names and stacks it
+        (storage/lv_devices.py), and each dm-crypt device."""
+        table: dict[str, tuple[int, str, str, FakeLv | None]] = {}
+        for (vg, name), lv in self.all_lvs().items():
+            if not lv.active or not self.vgs[vg].present:
+                continue
+            base = f"{vg.replace('-', '--')}-{name.replace('-', '--')}"
+            if lv.kind == "thin":
+                table[base] = (lv.minor, "thin", self._thin_status(lv), lv)
+                continue
+            table[f"{base}_tdata"] = (_TDATA_MINOR + lv.minor, "linear", "", None)
+            table[f"{base}_tmeta"] = (_TMETA_MINOR + lv.minor, "linear", "", None)
+            if self._pool_by_dm_name(f"{base}-tpool") is lv:  # stacked under a linear layer
+                table[f"{base}-tpool"] = (lv.minor, "thin-pool", self._pool_status(lv), lv)
+                table[base] = (_LINEAR_MINOR + lv.minor, "linear", "", lv)
+            else:
+                table[base] = (lv.minor, "thin-pool", self._pool_status(lv), lv)
+        for name, mapper in self.mappers.items():
+            table[name] = (mapper.minor, "crypt", "", None)
+        return table
+
+    def dm_devices(self) -> dict[str, tuple[int, int]]:
+        return {name: (DM_MAJOR, minor) for name, (minor, _, _, _) in self._dm_table().items()}
+
+    def dm_device(self, name: str) -> DmDevice | None:
+        found = self._dm_table().get(name)
+        if found is None:
+            return None
+        minor, _, _, lv = found
+        opened = lv is not None and lv.kind == "thin" and self._lv_open(lv)
+        return DmDevice(DM_MAJOR, minor, int(opened), live=True, suspended=False)
+
+    def dm_status(self, name: str) -> list[Target] | None:
+        found = self._dm_table().get(name)
+        if found is None:
+            return None
+        _, kind, status, lv = found
+        return [Target(0, (lv.size if lv is not None else 0) // 512, kind, status)]
 
     def _vgs(self, argv: Sequence[str]) -> str:
         fields, operands, _ = self._report(argv)
@@ -482,7 +605,8 @@ class FakeLvm(Host):
         lv = FakeLv(self._new_name(fvg, opts, argv), size, "thin", tags, active, skip,
                     pool_name, origin, content=content, readahead=readahead,
                     chunks=dict(src.chunks) if origin and src is not None else {})
-        text, limit = fvg.mda_text + lv_text(lv), vg_text.max_text_size(fvg.mda_size)
+        text = len(pv_metadata.vg_text(fvg, [*fvg.lvs.values(), lv]))
+        limit = vg_text.max_text_size(fvg.mda_size)
         if text > limit:  # as lvm2's _vg_write_raw refuses it, nothing made
             raise _Fail(5, f"  VG {fvg.name} 9 metadata on /dev/fake ({text} bytes) exceeds "
                            f"maximum metadata size ({limit} bytes)\n"
@@ -610,10 +734,7 @@ class FakeLvm(Host):
         if pool is None:
             raise _Fail(1, "Device does not exist.\nCommand failed.\n")
         if argv[1] == "status":
-            sectors = pool.size // 512
-            held = str(pool.held_root) if pool.held else "-"
-            return (f"0 {sectors} thin-pool 7 113/1024 0/{pool.size // pool.chunk_size} {held} "
-                    "rw discard_passdown queue_if_no_space - 256 \n")
+            return f"0 {pool.size // 512} thin-pool {self._pool_status(pool)} \n"
         if tuple(argv[3:]) == ("0", "reserve_metadata_snap"):
             if pool.held:
                 raise _Fail(1, f"device-mapper: message ioctl on {argv[2]}  failed: Device or "

@@ -192,7 +192,7 @@ def _class_checks(system: System, opts: Options) -> tuple[list[Check], list[str]
     """The VG and pool checks of every device class, and the classes' VGs."""
     if not opts.config:
         return (vg_and_pool_checks(Lvm(system.runner, opts.volume_group, opts.thin_pool),
-                                   state_dir=system.path(opts.state_dir)),
+                                   system.host, state_dir=system.path(opts.state_dir)),
                 [opts.volume_group])
     label = f"configuration file {opts.config}"
     try:
@@ -208,7 +208,7 @@ def _class_checks(system: System, opts: Options) -> tuple[list[Check], list[str]
         lvm = Lvm(system.runner, c.volume_group, c.thin_pool)
         setting = f"thin_pool of class {c.name} in {opts.config}"
         checks += [dataclasses.replace(check, name=f"class {c.name}: {check.name}")
-                   for check in vg_and_pool_checks(lvm, setting,
+                   for check in vg_and_pool_checks(lvm, system.host, setting,
                                                    state_dir=system.path(opts.state_dir))]
     return checks, [c.volume_group for c in classes.classes]
 

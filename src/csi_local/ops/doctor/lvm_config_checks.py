@@ -234,7 +234,7 @@ def check_lvm_versions(system: System, vgs: Sequence[str]) -> Check:
     low, high = SUPPORTED_LVM2
     supported = f"{release_text(low)} to {release_text(high)}"
     problems, fixes = [], []
-    committed = CommittedMetadata(system.runner)
+    committed = CommittedMetadata(system.runner, system.host)
     for vg in dict.fromkeys(vgs):
         meta = committed.volume_group(vg)
         written = release(meta.written_by) if meta is not None else None

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from csi_local import config as config_mod
 from csi_local.errors import StorageError, VolumeGroupMissing
-from csi_local.host.device_mapper import dm_name
+from csi_local.host.kernel import Host
 from csi_local.ops.doctor.system import FAIL, OK, WARN, Check
 from csi_local.ops.status.collect import read_only_pool
 from csi_local.ops.status.render import human_size
 from csi_local.storage.committed_vg import CommittedMetadata
+from csi_local.storage.lv_devices import dm_name
 from csi_local.storage.lvm import RECOMMENDED_METADATA_SIZE, LogicalVolume, Lvm, VgReport
 from csi_local.storage.thin_mappings import Holder, ThinMetadata, holder_text
 from csi_local.volumes.pool import (
@@ -38,12 +39,12 @@ def check_volume_group(lvm: Lvm) -> Check:
     return Check(label, OK, f"size {human_size(vg.size)}, free {human_size(vg.free)}")
 
 
-def check_metadata(lvm: Lvm) -> Check:
+def check_metadata(lvm: Lvm, host: Host) -> Check:
     """Whether every copy of the VG's metadata on its PVs agrees and every PV
     is there: else the plugin takes LVM's answer for every read (slower),
     and LVM warns at each command until the VG is repaired."""
     label = f"volume group {lvm.vg} metadata"
-    problems = CommittedMetadata(lvm.runner).check(lvm.vg, ask_lvm=True)
+    problems = CommittedMetadata(lvm.runner, host).check(lvm.vg, ask_lvm=True)
     if problems:
         return Check(label, WARN, "; ".join(problems),
                      f"attach the missing PV, or run vgreduce --removemissing {lvm.vg}; "
@@ -132,12 +133,12 @@ def check_device_ids(lvm: Lvm, report: VgReport) -> Check:
     return Check(label, OK, "a new thin volume gets an ID")
 
 
-def check_metadata_snapshot(lvm: Lvm, state_dir: str) -> Check:
+def check_metadata_snapshot(lvm: Lvm, host: Host, state_dir: str) -> Check:
     """Whether the pool holds a metadata snapshot, and whose (the mark
     storage/thin_mappings.py keeps in the state directory says which one
     csi-local reserved)."""
     label = "thin pool metadata snapshot"
-    meta = ThinMetadata(lvm.runner, lvm.vg, lvm.pool, state_dir)
+    meta = ThinMetadata(lvm.runner, host, lvm.vg, lvm.pool, state_dir)
     try:
         holder = meta.holder()
     except StorageError as err:
@@ -158,17 +159,18 @@ def _pct(p: float | None) -> str:
     return "-" if p is None else f"{p:.1f}%"
 
 
-def vg_and_pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,
+def vg_and_pool_checks(lvm: Lvm, host: Host, setting: str = "--thin-pool", *,
                        state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     """One class's: its VG, then its pool, zeroing and fill."""
     vg_check = check_volume_group(lvm)
     if vg_check.status != OK:
         return [vg_check, Check(f"thin pool {lvm.vg}/{lvm.pool}", FAIL,
                                 "not checked: the volume group cannot be read", vg_check.fix)]
-    return [vg_check, check_metadata(lvm), *_pool_checks(lvm, setting, state_dir=state_dir)]
+    return [vg_check, check_metadata(lvm, host),
+            *_pool_checks(lvm, host, setting, state_dir=state_dir)]
 
 
-def _pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,
+def _pool_checks(lvm: Lvm, host: Host, setting: str = "--thin-pool", *,
                  state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     try:
         report = lvm.report()
@@ -183,5 +185,5 @@ def _pool_checks(lvm: Lvm, setting: str = "--thin-pool", *,
         checks.append(check_zeroing(lvm, pool))
         if pool.active:
             checks.append(check_fill(lvm, pool))
-            checks.append(check_metadata_snapshot(lvm, state_dir))
+            checks.append(check_metadata_snapshot(lvm, host, state_dir))
     return checks

@@ -311,7 +311,8 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                                     c.overprovision_ratio, device_class=c)
              for c in classes.classes}
     infos: dict[str, ClassInfo] = {}
-    committed = CommittedMetadata(runner)
+    host = host if host is not None else Host()
+    committed = CommittedMetadata(runner, host)
     reports: list[VgReport] = []
     contexts: dict[tuple[str, str], _PoolContext] = {}
     failure: StorageError | None = None
@@ -347,7 +348,6 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
     status = Status(default.volume_group, default.thin_pool, state_info, classes.default,
                     [infos[c.name] for c in classes.classes], classes.source or None,
                     orphan_age_seconds=orphan_age)
-    host = host if host is not None else Host()
     enforcer = QosEnforcer(cgroups if cgroups is not None else Cgroups(), host)
     for report in reports:
         for lv in report.lvs:
