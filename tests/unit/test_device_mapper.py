@@ -1,7 +1,7 @@
 """The device-mapper ioctl layer without a kernel: the request bytes, replies
 fabricated the way drivers/md/dm-ioctl.c lays them out, and the status
 grammars of the thin and thin-pool targets. (The ioctls themselves are proven
-against real LVM in tests/integration/test_dm.py.)"""
+against real LVM in tests/integration/test_device_mapper.py.)"""
 
 from __future__ import annotations
 
