@@ -65,7 +65,7 @@ def test_create_request_from_nomads_environment() -> None:
     assert req.path == f"/opt/nomad/data/host_volumes/{VOL_ID}"
     assert req.capacity_min == 100 * MIB and req.capacity_max == 200 * MIB
     assert req.parameters == dhv_request.Parameters("xfs", ("noatime", "nodev"))
-    assert req.lv_name.startswith("dhv-") and dhv_request.is_dhv_lv_name(req.lv_name)
+    assert re.fullmatch(r"dhv-[0-9a-f]{32}", req.lv_name)
 
 
 def test_delete_request_needs_no_capacity_and_ignores_parameters() -> None:
