@@ -134,10 +134,10 @@ class ChangedBlocks:
 
     def release_leftovers(self) -> None:
         """At start-up: release the metadata snapshot a reader of this plugin
-        left held when it was killed (the kernel keeps it until told; while
-        held, every metadata change is copied on write), and only that one
-        (the mark storage/thin_mappings.py keeps says which). One held by
-        another program is theirs: reported, never released. Best effort: a
+        reserved and was killed before it released (the kernel keeps it until
+        told; meanwhile every metadata change is copied on write), and only
+        that one (the mark storage/thin_mappings.py keeps says which). One
+        another program reserved is theirs: reported, never released. Best effort: a
         pool that is not active is checked at the next start."""
         for pool in self.pools:
             meta = self._reader(pool)
