@@ -229,12 +229,12 @@ class OffsetPastEnd(StorageError):
 
 class MetadataUnavailable(StorageError):
     """A thin pool's block mappings cannot be read now: the pool is not active,
-    or another program holds the pool's one metadata snapshot."""
+    or another program reserved the pool's one metadata snapshot."""
 
 
-class MetadataSnapshotHeld(MetadataUnavailable):
-    """Another program holds the pool's one metadata snapshot (not released by
-    csi-local: it is theirs); a read can be retried once they release it."""
+class MetadataSnapshotReserved(MetadataUnavailable):
+    """Another program reserved the pool's one metadata snapshot (not released
+    by csi-local: it is theirs); a read can be retried once they release it."""
 
 
 class MappingToolsMissing(StorageError):

@@ -19,7 +19,12 @@ import pytest
 import yaml
 
 from csi_local.ops import doctor
-from csi_local.ops.x509 import CertificateError, first_pem_certificate, pem_validity
+from csi_local.ops.x509 import (
+    CertificateError,
+    Validity,
+    first_pem_certificate,
+    pem_certificate,
+)
 from tests.deploy._deploy import REPO
 from tests.unit.conftest import FakeRunner
 
@@ -29,6 +34,12 @@ SM_DOCS = REPO / "docs" / "snapshot-metadata.md"
 def _sh_block(text: str, marker: str) -> str:
     (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if marker in b]
     return str(block)
+
+
+def pem_validity(text: str) -> Validity:
+    """The validity of a PEM's first certificate: the half of pem_certificate
+    these tests compare with openssl's."""
+    return pem_certificate(text)[0]
 
 
 def openssl(*argv: str, cwd: Path) -> str:

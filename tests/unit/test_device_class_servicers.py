@@ -1043,7 +1043,7 @@ def test_the_log_says_how_missing_vgs_were_judged(tmp_path: Path,
     with caplog.at_level(logging.INFO, logger="csi_local.volumes.known_vgs"):
         known.seed(["here"], ["had", "never"])
     (record,) = caplog.records
-    assert record.getMessage() == ("volume groups missing at start: had, never; held by this "
+    assert record.getMessage() == ("volume groups missing at start: had, never; known to this "
                                    "node before (" + says.format(d=directory))
     assert "per LVM" not in record.getMessage() or backups == "dir"
 

@@ -3,7 +3,7 @@ fabricated the way drivers/md/dm-ioctl.c lays them out, and the status
 grammars of the thin and thin-pool targets; and, over it through the Host,
 storage/lv_devices.py, which finds an LV's devices as LVM names and stacks
 them. (The ioctls themselves are proven against real LVM in
-tests/integration/test_dm.py.)"""
+tests/integration/test_device_mapper.py.)"""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from csi_local.dhv import request as dhv_request
 from csi_local.dhv.request import DhvError, Request
 from csi_local.errors import SizeOutOfRange
 from csi_local.host import mounts
-from csi_local.host.holders import VolumeUsers, volume_users
 from csi_local.host.runner import Result
+from csi_local.host.volume_users import VolumeUsers, volume_users
 from csi_local.storage.lvm import LogicalVolume, parse_lvs
 from csi_local.volumes import host_volume_names as dhv_tags
 from csi_local.volumes import sizes
@@ -65,7 +65,7 @@ def test_create_request_from_nomads_environment() -> None:
     assert req.path == f"/opt/nomad/data/host_volumes/{VOL_ID}"
     assert req.capacity_min == 100 * MIB and req.capacity_max == 200 * MIB
     assert req.parameters == dhv_request.Parameters("xfs", ("noatime", "nodev"))
-    assert req.lv_name.startswith("dhv-") and dhv_request.is_dhv_lv_name(req.lv_name)
+    assert re.fullmatch(r"dhv-[0-9a-f]{32}", req.lv_name)
 
 
 def test_delete_request_needs_no_capacity_and_ignores_parameters() -> None:
@@ -443,7 +443,7 @@ def test_what_holds_a_volume_is_named(fake: FakeProc) -> None:
         (fake.root / "sys" / "block" / loop / "loop" / "backing_file").write_text(backing)
 
     users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
-    assert users.holders == (
+    assert users.busy == (
         f"process 200 (sleep) holds it: working directory {vol}/sub",
         f"process 300 (python3) holds it: open file {vol}/data",
         "process 400 (app) in cgroup /nomad.slice/alloc-1.app.scope holds it: "
@@ -474,7 +474,7 @@ def test_copies_that_umount_propagation_removes_do_not_hold(fake: FakeProc) -> N
     # the same copy under a private "/" would stay behind: it holds the volume
     fake.process(503, "sh", 6, mountinfo=SLAVE_MOUNTS.replace(" shared:50 master:1", ""))
     users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
-    assert users.holders == (
+    assert users.busy == (
         f"it is mounted at {VOL_PATH} in the mount namespace of process 503 (sh)",)
 
 
@@ -487,12 +487,12 @@ def test_long_lists_are_cut(fake: FakeProc) -> None:
     for pid in range(300, 310):
         fake.process(pid, "b", 1, cwd=str(fake.vol))
     users = volume_users(*fake.numbers, [VOL_PATH], proc=fake.proc, sysfs=fake.sysfs)
-    assert users.holders[0] == (f"process 200 (a) holds it: open files {files[0]}, {files[1]}, "
+    assert users.busy[0] == (f"process 200 (a) holds it: open files {files[0]}, {files[1]}, "
                                 f"{files[2]} and 2 more")
-    assert len(users.holders) == 11
+    assert len(users.busy) == 11
     req = dhv_request.parse_request("delete", create_env(DHV_OPERATION="delete"))
     lv = parse_lvs_one()
-    message = dhv_removal.in_use_message(req, lv, users.holders)
+    message = dhv_removal.in_use_message(req, lv, users.busy)
     assert message.count("holds it:") == 8 and "; and 3 more. Stop what holds it" in message
 
 

@@ -39,8 +39,8 @@ from csi_local.dhv.request import (
     snapshot_lv_name,
 )
 from csi_local.errors import LockBusy, StorageError, VolumeGroupMissing
-from csi_local.host.holders import VolumeUsers
 from csi_local.host.locks import Locks
+from csi_local.host.volume_users import VolumeUsers
 from csi_local.volumes.host_volume_names import TAG_FS, TAG_SOURCE
 from csi_local.volumes.lock_keys import pool_key
 from tests.dhvharness import Nomad, run, run_main
@@ -124,7 +124,7 @@ def classes_file(root: Path, layout: str, text: str = CLASSES_TOML) -> Path:
 
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, *,
          pool_size: int = 4 * GiB, **config: Any) -> Node:
-    # delete looks for holders in /proc: none on a fake host
+    # delete looks for users in /proc: none on a fake host
     monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
     monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     host = FakeHost(VG, POOL, pool_size=pool_size)

@@ -36,8 +36,8 @@ from csi_local.dhv.request import (
     snapshot_lv_name,
 )
 from csi_local.errors import StorageError
-from csi_local.host.holders import VolumeUsers
 from csi_local.host.runner import Result
+from csi_local.host.volume_users import VolumeUsers
 from csi_local.storage import vg_text
 from csi_local.storage.lvm import hex_tag
 from csi_local.volumes.host_volume_names import (
@@ -90,7 +90,7 @@ class Dhv(DhvNode):
 
 def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, pool_size: int = 10 * GiB,
          ratio: float = 1.0) -> Dhv:
-    # delete looks for holders in /proc: none on a fake host
+    # delete looks for users in /proc: none on a fake host
     monkeypatch.setattr(dhv_removal, "volume_users", lambda *a, **k: VolumeUsers((), ()))
     monkeypatch.setattr(dhv_removal, "_SETTLE", ())
     config = PluginConfig(volume_group=VG, thin_pool=POOL, lock_dir=str(tmp_path / "locks"),

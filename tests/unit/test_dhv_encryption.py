@@ -14,7 +14,7 @@ from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import DhvError, lv_name_for
 from csi_local.errors import KeyMissing, KeyRefused
 from csi_local.host.crypt import HEADER_BYTES
-from csi_local.host.holders import VolumeUsers
+from csi_local.host.volume_users import VolumeUsers
 from csi_local.volumes import encryption
 from csi_local.volumes.host_volume_names import TAG_ENCRYPTED
 from tests.unit.dhvnode import DhvNode

@@ -651,7 +651,7 @@ def test_doctor_takes_the_configuration_file(monkeypatch: pytest.MonkeyPatch) ->
     ({"phase": "held", "root": 43}, WARN, "a metadata snapshot csi-local reserved is held"),
     ({"phase": "reserving", "root": None}, WARN, "csi-local may have reserved"),
 ])
-def test_a_held_metadata_snapshot_is_reported_with_its_holder(
+def test_a_reserved_metadata_snapshot_is_reported_with_whose_it_is(
         m: Machine, listening: None, mark: dict[str, object] | None, status: str,
         says: str) -> None:
     pool = m.host.lvs["pool0"]

@@ -28,7 +28,7 @@ from csi_local.csi.group_controller_servicer import GroupControllerServicer
 from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv.config import PluginConfig
 from csi_local.dhv.request import lv_name_for, snapshot_lv_name
-from csi_local.host.holders import VolumeUsers
+from csi_local.host.volume_users import VolumeUsers
 from csi_local.volumes import encryption, naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import GroupSnapshots

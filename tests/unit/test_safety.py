@@ -416,7 +416,6 @@ VALIDATORS: list[tuple[str, Callable[[str], object], str]] = [
     ("device_classes.check_class_name", check_class_name, "fast"),
     ("dhv.check_volume_id", dhv_request.check_volume_id, "vol1"),
     ("dhv.check_snapshot_name", dhv_request.check_snapshot_name, "snap1"),
-    ("dhv.is_dhv_lv_name", dhv_request.is_dhv_lv_name, "dhv-" + _HEX),
     ("config.driver_name", _config_driver, "local.csi.example.com"),
     ("state_file.mark_key", _mark_key, "aBc123-dEf456"),
     ("validation.object_id", lambda v: validation.object_id(v, "volume_id"), "csi-v-" + _HEX),

@@ -118,12 +118,12 @@ CODES: dict[type[errors.StorageError], str] = {
     errors.UnsupportedFilesystem: "INVALID_ARGUMENT",
     errors.SnapshotsNotComparable: "INVALID_ARGUMENT",
     errors.OffsetPastEnd: "OUT_OF_RANGE",
-    # Retry later: the pool comes up, the other holder releases its snapshot.
+    # Retry later: the pool comes up, the other program releases its snapshot.
     errors.MetadataUnavailable: "UNAVAILABLE",
     # Another program's metadata snapshot (never released by csi-local): the
     # spec's tables have no row for it; it passes when they are done, so a
     # retry, not a full backup (FAILED_PRECONDITION would say CBT is off).
-    errors.MetadataSnapshotHeld: "UNAVAILABLE",
+    errors.MetadataSnapshotReserved: "UNAVAILABLE",
     # GetMetadataDelta's "changed block tracking is not enabled": back up in full.
     errors.MappingToolsMissing: "FAILED_PRECONDITION",
     # CreateVolumeGroupSnapshot's "cannot snapshot multiple volumes together".

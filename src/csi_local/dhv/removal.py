@@ -1,6 +1,6 @@
 """delete of a Nomad dynamic host volume: unmount, lvremove, rmdir. Nothing
-is unmounted while something holds the volume; when lvremove fails after the
-unmount all the same (a holder no scan sees), the volume is mounted again
+is unmounted while something uses the volume; when lvremove fails after the
+unmount all the same (a user no scan sees), the volume is mounted again
 where Nomad expects it, rather than leave an empty directory there.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 from csi_local.dhv.request import DhvError, Request
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.holders import VolumeUsers, volume_users
 from csi_local.host.kernel import Host
 from csi_local.host.mounts import Mount
+from csi_local.host.volume_users import VolumeUsers, volume_users
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption
 from csi_local.volumes.pool import Pool
@@ -25,13 +25,13 @@ log = logging.getLogger("csi_local.dhv")
 
 # Per-mount flags carried over when delete mounts a volume again. Its file
 # system options (mount_options) are not part of a delete request; when a
-# holder made lvremove fail, the superblock it keeps alive still has them.
+# user made lvremove fail, the superblock it keeps alive still has them.
 _VFS_FLAGS = frozenset({"ro", "rw", "nosuid", "nodev", "noexec", "noatime", "nodiratime",
                         "relatime", "strictatime", "nosymfollow"})
-_NAMED = 8  # holders named in one error message; the rest are counted
-# Pauses before looking again when something holds a volume: udev's probes
+_NAMED = 8  # users named in one error message; the rest are counted
+# Pauses before looking again when something uses a volume: udev's probes
 # (blkid after a change event on the LV) open the device for a moment, and
-# only holders that stay count.
+# only users that stay count.
 _SETTLE = (0.2, 0.5)
 
 
@@ -72,11 +72,11 @@ class VolumeRemoval:
             pool = found[0]
             major, minor = device_numbers(self.host, lv)
             # Before any umount: unmounting a volume that something still
-            # holds cannot end in lvremove, and would leave Nomad a registered
+            # uses cannot end in lvremove, and would leave Nomad a registered
             # volume whose directory is an empty one on the root file system.
             users = self._users(major, minor, targets)
-            if users.holders:
-                raise DhvError(in_use_message(req, lv, users.holders))
+            if users.busy:
+                raise DhvError(in_use_message(req, lv, users.busy))
             unmounted: list[Mount] = []
             try:
                 for target in targets:
@@ -93,7 +93,7 @@ class VolumeRemoval:
             except Exception as err:
                 if not unmounted:
                     raise
-                # A holder no scan can see (a mount namespace without
+                # A user no scan can see (a mount namespace without
                 # processes, a kernel user): put the volume back where Nomad
                 # expects it rather than leave an empty directory there.
                 raise DhvError(self._mount_again(lv, unmounted, err, users)) from err
@@ -119,7 +119,7 @@ class VolumeRemoval:
     def _users(self, major: int, minor: int, targets: Sequence[str]) -> VolumeUsers:
         users = volume_users(major, minor, targets)
         for delay in _SETTLE:
-            if not users.holders:
+            if not users.busy:
                 break
             time.sleep(delay)
             users = volume_users(major, minor, targets)
@@ -167,9 +167,9 @@ def created_path(req: Request) -> str | None:
     return path
 
 
-def in_use_message(req: Request, lv: LogicalVolume, holders: Sequence[str]) -> str:
-    named = "; ".join(holders[:_NAMED])
-    if len(holders) > _NAMED:
-        named += f"; and {len(holders) - _NAMED} more"
+def in_use_message(req: Request, lv: LogicalVolume, busy: Sequence[str]) -> str:
+    named = "; ".join(busy[:_NAMED])
+    if len(busy) > _NAMED:
+        named += f"; and {len(busy) - _NAMED} more"
     return (f"volume {req.volume_id} (LV {lv.vg}/{lv.name}) is in use, so nothing was "
             f"unmounted or removed: {named}. Stop what holds it, then delete again")

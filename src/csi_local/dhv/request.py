@@ -31,11 +31,9 @@ OPERATIONS = ("fingerprint", "create", "delete")
 DEVICE_CLASS = "device_class"  # the parameter that names a volume's device class
 PARAMETERS = ("fs_type", "mount_options", "source_volume", "source_snapshot", "attachment_mode",
               DEVICE_CLASS, "encryption")
-ATTACHMENT_MODES = ("file-system", "block-device")
 _MAX_SOURCE = 256  # a Nomad volume name or ID, or a snapshot name
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_LV_RE = re.compile(r"dhv-[0-9a-f]{32}")
 _INT_RE = re.compile(r"[0-9]{1,20}")
 
 
@@ -124,10 +122,6 @@ def snapshot_lv_name(name: str) -> str:
     """A snapshot's LV name: a hash of its (validated) name, in its own prefix
     (never a volume's LV name, whatever the two names are)."""
     return _hashed(SNAPSHOT_LV_PREFIX, check_snapshot_name(name))
-
-
-def is_dhv_lv_name(name: str) -> bool:
-    return bool(_LV_RE.fullmatch(name))
 
 
 def _abs_dir(env: Mapping[str, str], key: str) -> str:

@@ -326,11 +326,3 @@ class StateStore:
         except FileNotFoundError:
             return
         sync_directory(self.directory)
-
-    def find_target(self, target: str) -> str | None:
-        """The volume published at `target`, if any."""
-        with self._mutex:
-            for vid, rec in self._records.items():
-                if target in rec.publishes:
-                    return vid
-        return None

@@ -151,18 +151,9 @@ class AltNames:
         return False
 
 
-def validity(der: bytes) -> Validity:
-    """notBefore and notAfter of the DER certificate `der`."""
-    return _read(der)[0]
-
-
-def alt_names(der: bytes) -> AltNames:
-    """The subject alternative names of the DER certificate `der` (none when
-    it has no such extension)."""
-    return _read(der)[1]
-
-
-def _read(der: bytes) -> tuple[Validity, AltNames]:
+def der_certificate(der: bytes) -> tuple[Validity, AltNames]:
+    """notBefore and notAfter of the DER certificate `der`, and its subject
+    alternative names (none when it has no such extension)."""
     start, stop = _expect(der, 0, len(der), _SEQUENCE, "Certificate SEQUENCE")
     if stop != len(der):
         raise CertificateError(f"{len(der) - stop} byte(s) after the certificate")
@@ -220,13 +211,7 @@ def _general_names(der: bytes, pos: int, end: int) -> AltNames:
     return AltNames(tuple(dns), tuple(ips))
 
 
-def pem_validity(text: str) -> Validity:
-    """The validity of the first certificate of the PEM `text` (a chain's
-    leaf)."""
-    return validity(first_pem_certificate(text))
-
-
 def pem_certificate(text: str) -> tuple[Validity, AltNames]:
     """The validity and subject alternative names of the first certificate of
     the PEM `text` (a chain's leaf)."""
-    return _read(first_pem_certificate(text))
+    return der_certificate(first_pem_certificate(text))

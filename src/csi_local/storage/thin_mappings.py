@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from csi_local.errors import (
     CommandError,
     MappingToolsMissing,
-    MetadataSnapshotHeld,
+    MetadataSnapshotReserved,
     MetadataUnavailable,
     StorageError,
 )
@@ -52,9 +52,10 @@ log = logging.getLogger(__name__)
 
 SECTOR = 512
 # The mark of a metadata snapshot this plugin reserves, in its state directory,
-# one per pool; its phases.
+# one per pool; its phases. The phase strings are on disk, read by other
+# versions (docs/on-disk-format.md): RESERVED is written "held", as ever.
 MARK_PREFIX = "metadata-snap."
-RESERVING, HELD, RELEASING = "reserving", "held", "releasing"
+RESERVING, RESERVED, RELEASING = "reserving", "held", "releasing"
 # thin_delta's kinds of run: "same" is shared by both devices; the others
 # differ (overwritten, only in the base: discarded, only in the target: new).
 _CHANGED = ("different", "left_only", "right_only")
@@ -113,8 +114,9 @@ class Mark:
     root: int | None
 
 
-class Holder(enum.Enum):
-    """Who holds a pool's metadata snapshot."""
+class ReservedBy(enum.Enum):
+    """Who reserved the metadata snapshot a pool holds (the kernel keeps one,
+    and does not say whose it is)."""
 
     NONE = "none"
     PLUGIN = "plugin"  # the one this plugin's mark names: left by a killed reader
@@ -122,20 +124,20 @@ class Holder(enum.Enum):
     OTHER = "other"  # no mark: another program's (thin_dump, a backup tool)
 
 
-def holder_text(holder: Holder) -> str:
+def reserved_by_text(whose: ReservedBy) -> str:
     """What a held snapshot is, said to an administrator."""
     return {
-        Holder.NONE: "no metadata snapshot is held",
-        Holder.PLUGIN: "a metadata snapshot csi-local reserved is held (left by a reader "
+        ReservedBy.NONE: "no metadata snapshot is held",
+        ReservedBy.PLUGIN: "a metadata snapshot csi-local reserved is held (left by a reader "
                        "that was killed; its next start releases it)",
-        Holder.UNSURE: "a metadata snapshot is held that csi-local may have reserved when it "
+        ReservedBy.UNSURE: "a metadata snapshot is held that csi-local may have reserved when it "
                        "was killed (its mark records a reserve or release under way), or "
                        "another program reserved since: csi-local does not release it. If no "
                        "thin_dump, thin_delta or backup tool is reading, release it with "
                        "dmsetup message <pool device> 0 release_metadata_snap",
-        Holder.OTHER: "a metadata snapshot is held by another program (thin_dump, "
+        ReservedBy.OTHER: "a metadata snapshot is held by another program (thin_dump, "
                       "thin_delta, a backup tool), which csi-local never releases",
-    }[holder]
+    }[whose]
 
 
 def _root(field: str) -> int | None:
@@ -357,9 +359,10 @@ class ThinMetadata:
                 return name, fields
         raise MetadataUnavailable(f"thin pool {self.vg}/{self.pool} is not active")
 
-    def held_root(self) -> int | None:
-        """The root block of the metadata snapshot the pool holds now; None
-        when none is held. MetadataUnavailable when the pool is not active."""
+    def reserved_root(self) -> int | None:
+        """The root block of the metadata snapshot reserved in the pool now
+        (dmsetup status's "held metadata root"); None when none is.
+        MetadataUnavailable when the pool is not active."""
         try:
             usage = pool_usage(self.host, self.vg, self.pool)
         except (StorageError, OSError):
@@ -403,20 +406,20 @@ class ThinMetadata:
         except (OSError, ValueError, KeyError, TypeError):
             return Mark(RESERVING, None)
 
-    def holder(self) -> Holder:
+    def reserved_by(self) -> ReservedBy:
         """Who holds the pool's metadata snapshot, by the mark and the kernel."""
-        root = self.held_root()
+        root = self.reserved_root()
         if root is None:
-            return Holder.NONE
+            return ReservedBy.NONE
         mark = self.mark()
         if mark is None:
-            return Holder.OTHER
-        if mark.phase == HELD:
+            return ReservedBy.OTHER
+        if mark.phase == RESERVED:
             # A held snapshot keeps its root: another root is not the one marked.
-            return Holder.PLUGIN if mark.root == root and root >= 0 else Holder.OTHER
-        return Holder.UNSURE
+            return ReservedBy.PLUGIN if mark.root == root and root >= 0 else ReservedBy.OTHER
+        return ReservedBy.UNSURE
 
-    def release_leftover(self) -> Holder:
+    def release_leftover(self) -> ReservedBy:
         """At start-up: release the metadata snapshot this plugin recorded
         taking (and did not release: it was killed), and nothing else.
 
@@ -425,18 +428,18 @@ class ThinMetadata:
         root the pool holds now is proof: a mark of a reserve or a release
         under way when the plugin died cannot tell its own snapshot from one
         another program reserved since, so that one is left, and reported.
-        Returns who held it (Holder.PLUGIN: released now); the mark goes when
+        Returns who reserved it (ReservedBy.PLUGIN: released now); the mark goes when
         nothing is held any more, when it names another root than the one
         held, or once the plugin's own is released.
         """
-        holder = self.holder()
-        if holder in (Holder.NONE, Holder.OTHER):
+        whose = self.reserved_by()
+        if whose in (ReservedBy.NONE, ReservedBy.OTHER):
             self._unmark()  # it names no snapshot held now (if there is one)
-        elif holder is Holder.PLUGIN:
+        elif whose is ReservedBy.PLUGIN:
             name, _fields = self._pool_target()
             self._message(name, "release_metadata_snap")
             self._unmark()
-        return holder
+        return whose
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -444,7 +447,7 @@ class ThinMetadata:
 
         The caller serialises (one per pool). A snapshot held by anyone else
         (an administrator's thin_dump, a backup tool) is theirs: never
-        released here, MetadataSnapshotHeld (UNAVAILABLE: retry later).
+        released here, MetadataSnapshotReserved (UNAVAILABLE: retry later).
 
         A mark in the state directory, written (fsync'd) before the reserve
         and removed after the release, records the reservation, so that a
@@ -454,7 +457,7 @@ class ThinMetadata:
         """
         name, fields = self._pool_target()
         if (root := _root(fields[6])) is not None:
-            raise self._held_elsewhere(root)
+            raise self._reserved_elsewhere(root)
         self._mark(RESERVING)
         try:
             self._message(name, "reserve_metadata_snap")
@@ -462,13 +465,13 @@ class ThinMetadata:
             if "busy" in err.stderr.lower():
                 # Reserved by another program since the status: none of ours.
                 self._unmark()
-                raise self._held_elsewhere(None) from None
+                raise self._reserved_elsewhere(None) from None
             raise  # the mark stays: the reserve may have been made (a timeout)
         root = None
         try:
-            root = self.held_root()
+            root = self.reserved_root()
             if root is not None and root >= 0:
-                self._mark(HELD, root)  # else the mark proves nothing: left as it is
+                self._mark(RESERVED, root)  # else the mark proves nothing: left as it is
             yield
         finally:
             try:
@@ -479,9 +482,9 @@ class ThinMetadata:
             self._message(name, "release_metadata_snap")
             self._unmark()
 
-    def _held_elsewhere(self, root: int | None) -> MetadataSnapshotHeld:
+    def _reserved_elsewhere(self, root: int | None) -> MetadataSnapshotReserved:
         at = f" (root block {root})" if root is not None and root >= 0 else ""
-        return MetadataSnapshotHeld(
+        return MetadataSnapshotReserved(
             f"thin pool {self.vg}/{self.pool}'s metadata snapshot is held by another "
             f"program{at}, and a pool has only one: csi-local never releases one it did "
             "not take. Retry when that program is done (dmsetup status shows the held "

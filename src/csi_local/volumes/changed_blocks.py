@@ -25,7 +25,7 @@ from csi_local.errors import (
 )
 from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
-from csi_local.storage.thin_mappings import Holder, Mapping, ThinMetadata, holder_text
+from csi_local.storage.thin_mappings import Mapping, ReservedBy, ThinMetadata, reserved_by_text
 from csi_local.volumes.lock_keys import metadata_key
 from csi_local.volumes.naming import (
     Source,
@@ -141,17 +141,17 @@ class ChangedBlocks:
 
     def release_leftovers(self) -> None:
         """At start-up: release the metadata snapshot a reader of this plugin
-        left held when it was killed (the kernel keeps it until told; while
-        held, every metadata change is copied on write), and only that one
-        (the mark storage/thin_mappings.py keeps says which). One held by
-        another program is theirs: reported, never released. Best effort: a
+        reserved and was killed before it released (the kernel keeps it until
+        told; meanwhile every metadata change is copied on write), and only
+        that one (the mark storage/thin_mappings.py keeps says which). One
+        another program reserved is theirs: reported, never released. Best effort: a
         pool that is not active is checked at the next start."""
         for pool in self.pools:
             meta = self._reader(pool)
             where = f"{pool.lvm.vg}/{pool.lvm.pool}"
             try:
                 with self.locks.hold(metadata_key(pool.lvm.vg, pool.lvm.pool), timeout=5.0):
-                    holder = meta.release_leftover()
+                    whose = meta.release_leftover()
             except (MetadataUnavailable, CommandError) as err:
                 log.debug("thin pool %s: no held metadata snapshot checked: %s", where, err)
                 continue
@@ -159,13 +159,13 @@ class ChangedBlocks:
                 log.exception("checking thin pool %s for a held metadata snapshot failed",
                               where)
                 continue
-            if holder is Holder.PLUGIN:
+            if whose is ReservedBy.PLUGIN:
                 log.warning("released the metadata snapshot of thin pool %s that this plugin "
                             "reserved (left by a reader that did not finish)", where)
-            elif holder is not Holder.NONE:
+            elif whose is not ReservedBy.NONE:
                 log.warning("thin pool %s: %s; left held. Changed-block reads of this pool "
                             "fail with UNAVAILABLE until it is released", where,
-                            holder_text(holder))
+                            reserved_by_text(whose))
 
 def _snapshot(found: dict[str, tuple[Pool, LogicalVolume]],
               snapshot_id: str) -> tuple[Pool, LogicalVolume]:

@@ -79,7 +79,7 @@ class KnownVolumeGroups:
             self._write(known)
             self._known = known
             if missing:
-                log.info("volume groups missing at start: %s; held by this node before "
+                log.info("volume groups missing at start: %s; known to this node before "
                          "(%s): %s", ", ".join(sorted(missing)), why,
                          ", ".join(sorted(had)) or "none")
 

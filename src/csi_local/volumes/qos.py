@@ -108,13 +108,6 @@ def changes_from(parameters: Mapping[str, str],
             for name, key in names.items() if name in parameters}
 
 
-def limits_from(parameters: Mapping[str, str], default: Limits = NO_LIMITS,
-                names: Mapping[str, str] = CSI_PARAMETERS) -> Limits:
-    """A new volume's limits: the class's `default`, with what the parameters
-    say over it."""
-    return default.merged(changes_from(parameters, names))
-
-
 def tags_of(limits: Limits, prefix: str = TAG_PREFIX) -> list[str]:
     """The tags recording `limits`: one per limit set."""
     return [check_tag(f"{prefix}{k}={v}") for k, v in limits.items() if v is not None]

@@ -15,7 +15,7 @@ from csi_local.ops.status.render import human_size
 from csi_local.storage.committed_vg import CommittedMetadata
 from csi_local.storage.lv_devices import dm_name
 from csi_local.storage.lvm import RECOMMENDED_METADATA_SIZE, LogicalVolume, Lvm, VgReport
-from csi_local.storage.thin_mappings import Holder, ThinMetadata, holder_text
+from csi_local.storage.thin_mappings import ReservedBy, ThinMetadata, reserved_by_text
 from csi_local.volumes.pool import (
     METADATA_AREA_WARN,
     PoolPolicy,
@@ -140,17 +140,17 @@ def check_metadata_snapshot(lvm: Lvm, host: Host, state_dir: str) -> Check:
     label = "thin pool metadata snapshot"
     meta = ThinMetadata(lvm.runner, host, lvm.vg, lvm.pool, state_dir)
     try:
-        holder = meta.holder()
+        whose = meta.reserved_by()
     except StorageError as err:
         return Check(label, WARN, f"not checked: {err.message}", "")
-    if holder is Holder.NONE:
+    if whose is ReservedBy.NONE:
         return Check(label, OK, "none held")
     release = (f"when no thin_dump, thin_delta or backup tool reads it: dmsetup message "
                f"{dm_name(lvm.vg, lvm.pool)}-tpool 0 release_metadata_snap (the pool's "
                "device without -tpool when no volume is active)")
-    fix = {Holder.PLUGIN: "restart csi-local, which releases it",
-           Holder.UNSURE: release, Holder.OTHER: release}[holder]
-    return Check(label, WARN, f"{holder_text(holder)}; while it is held, every metadata "
+    fix = {ReservedBy.PLUGIN: "restart csi-local, which releases it",
+           ReservedBy.UNSURE: release, ReservedBy.OTHER: release}[whose]
+    return Check(label, WARN, f"{reserved_by_text(whose)}; while it is held, every metadata "
                  "change is copied on write, and changed-block reads (GetMetadataAllocated, "
                  "GetMetadataDelta) fail with UNAVAILABLE", fix)
 

@@ -1,5 +1,7 @@
-"""What holds a volume's file system: processes, other mounts (in any mount
-namespace), stacked block devices and loop devices.
+"""A volume's users: what keeps its file system busy (processes, other
+mounts in any mount namespace, stacked block devices and loop devices).
+"Hold" is the locks' word (host/locks.py); the kernel's own "holders"
+directory in /sys is one of the places looked at here.
 
 The host volume plugin asks before it unmounts anything on delete: an
 unmount that cannot end in lvremove would leave Nomad a registered volume
@@ -17,12 +19,12 @@ from dataclasses import dataclass
 
 from csi_local.host import mounts
 
-_SHOWN = 3  # files or processes named per holder
+_SHOWN = 3  # files or processes named per user
 
 
 @dataclass(frozen=True)
 class VolumeUsers:
-    holders: tuple[str, ...]  # what keeps the file system busy, one description each
+    busy: tuple[str, ...]  # what keeps the file system busy, one description each
     pinned: tuple[str, ...]  # nsfs files pinning mount namespaces that no process is in
 
 
@@ -37,7 +39,7 @@ class _NsMount:
 
 def volume_users(major: int, minor: int, targets: Sequence[str], *,
                  proc: str = "/proc", sysfs: str = "/sys") -> VolumeUsers:
-    """What holds the file system on block device major:minor, apart from its
+    """What uses the file system on block device major:minor, apart from its
     mounts at `targets`, which delete is about to take down.
 
     Anything found means lvremove would fail after the umount (or the umount
@@ -51,7 +53,7 @@ def volume_users(major: int, minor: int, targets: Sequence[str], *,
     dev = os.makedev(major, minor)
     me = _readlink(f"{proc}/self")
     own_ns = _readlink(f"{proc}/self/ns/mnt") or ""
-    holders: list[str] = []
+    busy: list[str] = []
     namespaces: dict[str, list[str]] = {}
     for pid in _pids(proc):
         base = f"{proc}/{pid}"
@@ -62,7 +64,7 @@ def volume_users(major: int, minor: int, targets: Sequence[str], *,
         if pid != me:
             uses = _process_uses(base, major, minor, dev)
             if uses:
-                holders.append(f"{_describe(proc, [pid])} holds it: {', '.join(uses)}")
+                busy.append(f"{_describe(proc, [pid])} holds it: {', '.join(uses)}")
     own = _parse_ns_mounts(_read(f"{proc}/self/mountinfo") or "")
     tables = {own_ns: own}
     for ns, pids in namespaces.items():
@@ -72,12 +74,12 @@ def volume_users(major: int, minor: int, targets: Sequence[str], *,
         text = next((t for t in (_read(f"{proc}/{p}/mountinfo") for p in pids) if t), None)
         if text is not None:
             tables[ns] = _parse_ns_mounts(text)
-    holders += _mount_holders(tables, own_ns, namespaces, targets, major, minor, proc)
-    holders += _device_holders(sysfs, major, minor, dev)
+    busy += _mount_users(tables, own_ns, namespaces, targets, major, minor, proc)
+    busy += _device_users(sysfs, major, minor, dev)
     pinned = tuple(m.mount.mount_point for m in own.values()
                    if m.mount.fs_type == "nsfs" and m.mount.root.startswith("mnt:[")
                    and m.mount.root not in namespaces)
-    return VolumeUsers(tuple(holders), pinned)
+    return VolumeUsers(tuple(busy), pinned)
 
 
 def _parse_ns_mounts(text: str) -> dict[int, _NsMount]:
@@ -96,28 +98,28 @@ def _parse_ns_mounts(text: str) -> dict[int, _NsMount]:
     return table
 
 
-def _mount_holders(tables: dict[str, dict[int, _NsMount]], own_ns: str,
-                   namespaces: dict[str, list[str]], targets: Sequence[str],
-                   major: int, minor: int, proc: str) -> list[str]:
+def _mount_users(tables: dict[str, dict[int, _NsMount]], own_ns: str,
+                 namespaces: dict[str, list[str]], targets: Sequence[str],
+                 major: int, minor: int, proc: str) -> list[str]:
     own = tables[own_ns]
     wanted = {os.path.normpath(t) for t in targets}
     ours = [m for m in own.values()
             if m.mount.mount_point in wanted and mounts.mount_is_device(m.mount, major, minor)]
     ours_ids = {m.mount.mount_id for m in ours}
     receivers = _receivers(tables.values())
-    holders: list[str] = []
+    found: list[str] = []
     inside: dict[int, str] = {}
     for target in ours:
         prefix = target.mount.mount_point.rstrip("/") + "/"
         for m in own.values():
             if m.mount.mount_point.startswith(prefix):
                 inside[m.mount.mount_id] = m.mount.mount_point
-    holders += [f"{point} is mounted inside it" for point in dict.fromkeys(inside.values())]
+    found += [f"{point} is mounted inside it" for point in dict.fromkeys(inside.values())]
     for m in own.values():
         if (m.mount.mount_id not in ours_ids and m.mount.mount_id not in inside
                 and mounts.mount_is_device(m.mount, major, minor)
                 and not _is_copy(m, own, ours, own, receivers)):
-            holders.append(f"it is also mounted at {m.mount.mount_point}")
+            found.append(f"it is also mounted at {m.mount.mount_point}")
     for ns, table in tables.items():
         if ns == own_ns:
             continue
@@ -125,9 +127,9 @@ def _mount_holders(tables: dict[str, dict[int, _NsMount]], own_ns: str,
                   if mounts.mount_is_device(m.mount, major, minor)
                   and not _is_copy(m, table, ours, own, receivers)]
         if points:
-            holders.append(f"it is mounted at {', '.join(dict.fromkeys(points))} in the mount "
+            found.append(f"it is mounted at {', '.join(dict.fromkeys(points))} in the mount "
                            f"namespace of {_describe(proc, namespaces[ns])}")
-    return holders
+    return found
 
 
 def _receivers(tables: Collection[dict[int, _NsMount]]) -> dict[int, set[int]]:
@@ -218,7 +220,7 @@ def _process_uses(base: str, major: int, minor: int, dev: int) -> list[str]:
     return uses
 
 
-def _device_holders(sysfs: str, major: int, minor: int, dev: int) -> list[str]:
+def _device_users(sysfs: str, major: int, minor: int, dev: int) -> list[str]:
     try:
         stacked = sorted(os.listdir(f"{sysfs}/dev/block/{major}:{minor}/holders"))
     except OSError:
