@@ -5,17 +5,20 @@ earlier version, installed from its commit into a venv of its own
 this one.
 
 Each earlier version makes volumes in every state a node holds (created only,
-staged, staged and published with data, raw block staged and published, a
-snapshot, a volume restored from it) and is stopped as a DaemonSet's rolling
-update stops it, with a CreateVolume and a NodeStageVolume in flight: SIGTERM,
-then SIGKILL of it and every process it started when the grace runs out. This
-version then finds every volume, converges on the create and finishes the
-stage on their retries, republishes idempotently, reads the data back, stages
-and publishes a volume the earlier one only created, makes one of its own, and
-is stopped (SIGTERM) during a CreateVolume. The earlier version, started again
-(the rollback), answers for all of them, converges on the interrupted create,
-and drains the node: every volume unpublished, unstaged and deleted, nothing
-left in the VG or mounted.
+staged, staged and published with data, raw block staged and published,
+encrypted when it can, a snapshot, a volume restored from it, a clone) and is
+stopped as a DaemonSet's rolling update stops it, with a CreateVolume and a
+NodeStageVolume in flight: SIGTERM, then SIGKILL of it and every process it
+started when the grace runs out. This version then reports every volume,
+snapshot and the capacity as the earlier one did (ListVolumes, ListSnapshots,
+GetCapacity), converges on the create and finishes the stage on their
+retries, republishes idempotently, reads the data back (the restore's and the
+clone's too), grows a volume (controller and node) and snapshots it, stages
+and publishes a volume the earlier one only created, makes one of its own,
+and is stopped (SIGTERM) during a CreateVolume. The earlier version, started
+again (the rollback), answers for all of them, this version's snapshot
+included, converges on the interrupted create, and drains the node: every
+volume unpublished, unstaged and deleted, nothing left in the VG or mounted.
 
 The versions are the last release and milestones of CHANGELOG.md
 ("Pre-release milestones"), one of them from before encryption and device
@@ -45,7 +48,7 @@ import pytest
 from benchmarks.lab import SCRATCH, unmount_under
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import crypt, mounts
-from tests.integration.conftest import LoopVG, PluginProcess, block_cap, run
+from tests.integration.conftest import LoopVG, PluginProcess, block_cap, mount_cap, run
 from tests.integration.earlier import (
     EARLIER,
     ENCRYPTING,
@@ -221,6 +224,50 @@ def terminate_then_kill(p: PluginProcess, grace: float) -> bool:
     return killed
 
 
+Views = tuple[dict[str, tuple[int, bytes]], dict[str, tuple[str, int, bool]], int]
+
+
+def views(p: PluginProcess) -> Views:
+    """What a CO sees of the node: each volume's capacity and content source
+    (ListVolumes), each snapshot's source, size and readiness
+    (ListSnapshots), and GetCapacity's bytes."""
+    volumes = {e.volume.volume_id: (e.volume.capacity_bytes,
+                                    e.volume.content_source.SerializeToString(deterministic=True))
+               for e in p.controller.ListVolumes(pb.ListVolumesRequest()).entries}
+    snaps = {e.snapshot.snapshot_id: (e.snapshot.source_volume_id, e.snapshot.size_bytes,
+                                      e.snapshot.ready_to_use)
+             for e in p.controller.ListSnapshots(pb.ListSnapshotsRequest()).entries}
+    capacity = p.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
+    return volumes, snaps, capacity
+
+
+def same_reports(before: Views, after: Views, extra: int) -> None:
+    """This version reports what the earlier one did: every volume and
+    snapshot it listed, alike (a content source only where it gave one), and
+    the same capacity less `extra` bytes made since."""
+    volumes, snaps, capacity = before
+    now_volumes, now_snaps, now_capacity = after
+    for vid, (size, source) in volumes.items():
+        assert vid in now_volumes, vid
+        assert now_volumes[vid][0] == size, (vid, now_volumes[vid][0], size)
+        if source:
+            assert now_volumes[vid][1] == source, vid
+    assert {k: now_snaps.get(k) for k in snaps} == snaps
+    assert now_capacity == capacity - extra, (now_capacity, capacity, extra)
+
+
+def thin_lv_bytes(p: PluginProcess, lv: str) -> int:
+    out = run("lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size",
+              f"{p.vg.name}/{lv}").stdout
+    return int(out.strip())
+
+
+def stats_total(p: PluginProcess, vid: str, target: str) -> int:
+    reply = p.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(
+        volume_id=vid, volume_path=target))
+    return max(u.total for u in reply.usage)
+
+
 def placeholder_intact(p: PluginProcess, vid: str) -> bool:
     """Whether the volume's LV still starts with this version's placeholder
     LUKS2 header (and so holds no file system of an earlier version's)."""
@@ -264,9 +311,17 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
             access_mode=pb.VolumeCapability.AccessMode(
                 mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
         volume_content_source=source)).volume.volume_id
+    cloned = old.controller.CreateVolume(pb.CreateVolumeRequest(
+        name="up-clone", capacity_range=pb.CapacityRange(required_bytes=32 * MiB),
+        volume_capabilities=[mount_cap()],
+        volume_content_source=pb.VolumeContentSource(
+            volume=pb.VolumeContentSource.VolumeSource(volume_id=pub))),
+        timeout=600).volume.volume_id
+    mid, s_mid = create(old, "up-mid"), path("s-mid")
+    # What the earlier version reports, for this one to report alike.
+    seen_before = views(old)
     # Stopped as a rolling update stops it, a stage and a create in flight:
     # the stage's mkfs held (the shim), the create sent just before SIGTERM.
-    mid, s_mid = create(old, "up-mid"), path("s-mid")
     slow = old.workdir / "shims" / "slow"
     slow.touch()
     taker, staged_out = in_thread(stage, old, mid, s_mid)
@@ -282,7 +337,7 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     print(f"SIGTERM with a create and a stage in flight; SIGKILL after {GRACE:.0f} s: "
           f"{'sent' if killed else 'not needed'}; "
           f"the stage answered {answer(staged_out)}, the create {answer(created_out)}")
-    made = {idle, staged, pub, blk, restored, mid}
+    made = {idle, staged, pub, blk, restored, cloned, mid}
 
     # The upgrade: this version finds and finishes all of it.
     new.start()
@@ -292,6 +347,10 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     made.add(flight)
     assert made | made_encrypted <= listed(new)
     assert snap in snapshots(new)
+    # ListVolumes, ListSnapshots and GetCapacity as the earlier version had
+    # them (the converged create's LV aside, which the earlier one may not
+    # have finished before its stop).
+    same_reports(seen_before, views(new), extra=thin_lv_bytes(new, flight))
     if encrypting:
         publish(new, enc, s_enc, t_enc)  # the kubelet's repeat: idempotent
         assert Path(t_enc, "data").read_bytes() == b"encrypted by the earlier version\n"
@@ -309,6 +368,25 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     s_idle, t_idle = path("s-idle"), path("t-idle")
     stage(new, idle, s_idle)
     publish(new, idle, s_idle, t_idle)
+    # The earlier version's restore and clone hold the data its volume held.
+    copies = {restored: (path("s-restored"), path("t-restored")),
+              cloned: (path("s-clone"), path("t-clone"))}
+    for vid, (staging, target) in copies.items():
+        stage(new, vid, staging)
+        publish(new, vid, staging, target)
+        assert Path(target, "data").read_bytes() == b"written by the earlier version\n", vid
+    # Grown (controller, then node) and snapshotted by this version.
+    total = stats_total(new, pub, t_pub)
+    grown = new.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=pub, capacity_range=pb.CapacityRange(required_bytes=64 * MiB)))
+    assert grown.capacity_bytes >= 64 * MiB
+    new.node.NodeExpandVolume(pb.NodeExpandVolumeRequest(
+        volume_id=pub, volume_path=t_pub, staging_target_path=s_pub,
+        capacity_range=pb.CapacityRange(required_bytes=64 * MiB), volume_capability=mount_cap()))
+    assert stats_total(new, pub, t_pub) > total
+    assert Path(t_pub, "data").read_bytes() == b"written by the earlier version\n"
+    snap_new = new.controller.CreateSnapshot(pb.CreateSnapshotRequest(
+        name="up-snap-new", source_volume_id=pub), timeout=600).snapshot.snapshot_id
     own, s_own = create(new, "up-own"), path("s-own")
     stage(new, own, s_own)
     # Stopped (SIGTERM) while a CreateVolume runs.
@@ -324,7 +402,7 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
         assert term == created[0]
     every = made | made_encrypted | {own, term, unstaged_enc}
     assert every <= listed(old)
-    assert snap in snapshots(old)
+    assert {snap, snap_new} <= snapshots(old)
     s_new_enc = path("s-enc-new")
     if placeholders:
         # A version that writes the placeholder header formats it for real at
@@ -352,13 +430,15 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     if encrypting:
         unpublish(old, enc, t_enc)
         unstage(old, enc, s_enc)
-    for vid, staging, target in ((pub, s_pub, t_pub), (idle, s_idle, t_idle),
-                                 (blk, s_blk, t_blk)):
+    published = [(pub, s_pub, t_pub), (idle, s_idle, t_idle), (blk, s_blk, t_blk),
+                 *((vid, staging, target) for vid, (staging, target) in copies.items())]
+    for vid, staging, target in published:
         unpublish(old, vid, target)
         unstage(old, vid, staging)
     for vid, staging in ((staged, s_staged), (mid, s_mid), (own, s_own)):
         unstage(old, vid, staging)
-    old.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap))
+    for snapshot_id in (snap, snap_new):
+        old.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snapshot_id))
     for vid in sorted(every):
         old.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
     assert old.vg.lv_names() == []
