@@ -151,12 +151,12 @@ def _old_read(tool: str) -> tuple[int, int]:
 
 def _new_read(tool: str, state_dir: str) -> tuple[int, int]:
     """The plugin's path now: ThinMetadata over the real runner, BlockMap."""
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
     from csi_local.host.runner import ProcessRunner
     from csi_local.storage.thin_mappings import ThinMetadata
     from csi_local.volumes.changed_blocks import BlockMap
 
-    meta = ThinMetadata(ProcessRunner(), Host(), "vg", "pool", state_dir)
+    meta = ThinMetadata(ProcessRunner(), Kernel(), "vg", "pool", state_dir)
     mapping = meta.allocated(DEV_ID) if tool == "thin_dump" else meta.delta(DEV_ID, DEV_ID + 1)
     extents = BlockMap(CAPACITY, mapping).starting_at(0)
     count = [0]
@@ -277,7 +277,7 @@ def format_report(res: dict[str, Any]) -> str:
 
 ABOUT = ("Changed-block tracking's read of thin_dump / thin_delta XML: the whole-document "
          "parse it replaced against the streamed one, on a synthetic document served by a "
-         "fake tool. Host only: no root, no LVM. Asserts nothing.")
+         "fake tool. Kernel only: no root, no LVM. Asserts nothing.")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ import pytest
 from csi_local.errors import CommandError, SyscallError
 from csi_local.host import mounts
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import ProcessRunner
 from tests.integration.conftest import SCRATCH, run, unmount_under
 
@@ -42,7 +42,7 @@ def place() -> Iterator[Path]:
         unmount_under(root)
 
 
-def refuse_remount(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+def refuse_remount(host: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
     def remount_bind(target: str, options: object, *, readonly: bool = False) -> None:
         raise SyscallError("mount(2) MS_REMOUNT|MS_BIND", (target, "ro"), errno.EPERM,
                            os.strerror(errno.EPERM))
@@ -53,7 +53,7 @@ def refuse_remount(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("kind", ["directory", "device-node"])
 def test_a_failed_remount_unmounts_only_its_own_bind(
         place: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
-    host = Host()
+    host = Kernel()
     fs = Filesystems(ProcessRunner(timeout=60), host)
     if kind == "directory":
         source, target = place / "source", place / "target"
@@ -80,7 +80,7 @@ def test_a_failed_remount_unmounts_only_its_own_bind(
 
 def test_a_failed_remount_on_an_empty_target_leaves_nothing(
         place: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    host = Host()
+    host = Kernel()
     fs = Filesystems(ProcessRunner(timeout=60), host)
     refuse_remount(host, monkeypatch)
     with pytest.raises(CommandError):

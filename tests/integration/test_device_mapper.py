@@ -16,13 +16,13 @@ import pytest
 from csi_local.errors import DmStatusUnusable
 from csi_local.host import device_mapper as dm
 from csi_local.host.device_mapper import DmDevice, PoolUsage
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage.lv_devices import dm_name, pool_usage
 from tests.integration.conftest import SCRATCH, LoopVG, make_vg, run
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
-HOST = Host()
+HOST = Kernel()
 
 
 def thin_mapped_sectors(name: str) -> int | None:

@@ -71,7 +71,7 @@ def test_fingerprint_is_fast_and_light(dhv: Dhv) -> None:
                 if line.startswith("import time:")}
     assert "csi_local.dhv" in imported
     heavy = {m for m in imported if m.split(".")[0] in {"grpc", "google", "pyudev"}}
-    heavy |= {"csi_local.dhv.plugin", "csi_local.dhv.request", "csi_local.storage.lvm",
+    heavy |= {"csi_local.dhv.host_volumes", "csi_local.dhv.request", "csi_local.storage.lvm",
               "csi_local.errors"} & imported
     assert not heavy, heavy
 

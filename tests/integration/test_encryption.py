@@ -24,7 +24,7 @@ from benchmarks.measure import rss_bytes
 from csi_local._gen import csi_pb2 as pb
 from csi_local._gen import csi_pb2_grpc
 from csi_local.host import crypt, mounts
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage.lv_devices import thin_mapped_sectors
 from csi_local.volumes import encryption
 from tests.deploy._deploy import plugin_memory_limits
@@ -400,7 +400,7 @@ def test_fstrim_gives_an_encrypted_volume_s_freed_blocks_back_to_the_pool(
 
     def mapped() -> int:
         run("sync")
-        sectors = thin_mapped_sectors(Host(), vg.name, vid)
+        sectors = thin_mapped_sectors(Kernel(), vg.name, vid)
         assert sectors is not None
         return sectors * 512
 

@@ -13,7 +13,7 @@ from csi_local import __version__
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import mounts
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import ProcessRunner
 from csi_local.storage.lvm import Lvm
 from csi_local.volumes.sizes import round_up
@@ -27,7 +27,7 @@ def test_thin_lv_filesystem_roundtrip(vg: LoopVG, tmp_path_factory: pytest.TempP
                                       fs_type: str) -> None:
     runner = ProcessRunner(timeout=60)
     lvm = Lvm(runner, vg.name, vg.pool)
-    fs = Filesystems(runner, Host())
+    fs = Filesystems(runner, Kernel())
     extent = lvm.volume_group().extent_size
     size = round_up(320 << 20, extent)  # mkfs.xfs refuses < 300 MiB
     lv = lvm.create_thin(f"found-{fs_type}", size, ["csi-local.kind=test"])

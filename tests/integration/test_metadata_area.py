@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import ProcessRunner
 from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
@@ -94,7 +94,7 @@ def test_lvm_refuses_the_text_the_rule_refuses(small_vg: LoopVG, session_vg: Loo
     """Bare lvcreates with the plugin's tags until LVM refuses: it refuses the
     first text larger than max_text_size of the area, and not before."""
     print(f"LVM's default metadata area (vgcreate): {lvm_area(session_vg.name)}")
-    committed = CommittedMetadata(ProcessRunner(), Host())
+    committed = CommittedMetadata(ProcessRunner(), Kernel())
     first = ours(committed, small_vg.name)
     same_as_lvm(first, small_vg.name)
     # What one volume with the longest PVC names Kubernetes allows adds, and a

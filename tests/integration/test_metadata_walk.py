@@ -60,7 +60,7 @@ from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config
 from csi_local.csi.plugin import CsiPlugin
 from csi_local.csi.rpc import status_of
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import Output, ProcessRunner, Result
 from csi_local.ops import status as status_mod
 from csi_local.storage.lvm import _REPORT, LV_FIELDS, LogicalVolume, VgReport, parse_lvs
@@ -385,7 +385,7 @@ class Walk:
         # as the plugin's reader has them. Hidden LVs (a pool's _tmeta,
         # _tdata) may be asked for too: the partial parse must take them.
         with self.clock.timed("check vg_metadata(only=...)"):
-            text = read_committed(Host(), self.disks["a"].loop).text
+            text = read_committed(Kernel(), self.disks["a"].loop).text
             whole = vg_metadata(text, self.parsed)
             every = sorted(whole.lvs)
             only = [*self.picks.sample(every, self.picks.randint(1, min(5, len(every)))), absent]

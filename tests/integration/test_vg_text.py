@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from csi_local._gen import csi_pb2 as pb
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import ProcessRunner
 from csi_local.storage import vg_text
 from csi_local.storage.committed_vg import CommittedMetadata
@@ -43,7 +43,7 @@ def test_reader_agrees_with_lvs(vg: LoopVG) -> None:
     run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "md-off", "--activate", "n",
         f"{vg.name}/{vg.pool}")
     with open(f"/dev/{vg.name}/md-a", "rb"):  # held open: lvs says "o", so must the reader
-        reader = CommittedMetadata(ProcessRunner(), Host())
+        reader = CommittedMetadata(ProcessRunner(), Kernel())
         for name in ("md-a", "md-snap", "md-off"):
             got = reader.thin_volume(vg.name, name)
             assert got is not None, name
@@ -60,7 +60,7 @@ def test_reader_agrees_with_lvs(vg: LoopVG) -> None:
 def test_changes_behind_its_back_are_seen_at_once(vg: LoopVG) -> None:
     """Another process (an admin, csi-local-dhv) changes the VG: the next read
     shows it. Nothing is cached but the parse of an unchanged text."""
-    reader = CommittedMetadata(ProcessRunner(), Host())
+    reader = CommittedMetadata(ProcessRunner(), Kernel())
     run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "md-b", f"{vg.name}/{vg.pool}")
     before = reader.volume_group(vg.name)
     assert before is not None and "md-b" in before.lvs
@@ -88,7 +88,7 @@ def test_a_ring_that_wraps_many_times_reads_right() -> None:
         run("lvcreate", "--yes", "--thin", "-V", "16M", "-n", "ring", f"{small.name}/pool")
         for i in range(30):
             run("lvchange", "--addtag", f"tag-{i:02d}-" + "x" * 200, f"{small.name}/ring")
-            text = vg_text.read_committed(Host(), small.loop).text
+            text = vg_text.read_committed(Kernel(), small.loop).text
             tags = vg_text.vg_metadata(text).lvs["ring"].tags
             assert len(tags) == i + 1 and any(t.startswith(f"tag-{i:02d}-") for t in tags)
     finally:
@@ -104,7 +104,7 @@ def test_report_agrees_with_lvs(vg: LoopVG) -> None:
     run("dd", "if=/dev/urandom", f"of=/dev/{vg.name}/rp-a", "bs=1M", "count=5",
         "oflag=direct", "status=none")
     run("lvcreate", "--yes", "-s", "-n", "rp-snap", f"{vg.name}/rp-a")
-    got = CommittedMetadata(ProcessRunner(), Host()).report(vg.name, vg.pool)
+    got = CommittedMetadata(ProcessRunner(), Kernel()).report(vg.name, vg.pool)
     want = lvm.report()
     assert got is not None and got.extent_size == want.extent_size
     fields = ("name", "size", "tags", "pool", "origin", "created", "thin_id", "uuid")
@@ -132,7 +132,7 @@ def test_listing_agrees_with_lvs(vg: LoopVG) -> None:
     run("lvcreate", "--yes", "-s", "-n", "ls-snap", f"{vg.name}/ls-a")  # inactive
     run("lvcreate", "--yes", "--thin", "-V", "32M", "-n", "ls-off", "--activate", "n",
         f"{vg.name}/{vg.pool}")
-    got = CommittedMetadata(ProcessRunner(), Host()).listing([vg.name])
+    got = CommittedMetadata(ProcessRunner(), Kernel()).listing([vg.name])
     want = lvm.list()
     assert got is not None
     fields = ("name", "size", "tags", "pool", "origin", "created", "thin_id", "uuid",
@@ -254,7 +254,7 @@ def test_the_vgs_size_and_free_space_agree_with_vgs() -> None:
                 f.truncate(128 * MiB)
             extra.append((run("losetup", "--find", "--show", image).stdout.strip(), image))
         lvm = Lvm(ProcessRunner(), vg.name, vg.pool)
-        reader = CommittedMetadata(ProcessRunner(), Host())
+        reader = CommittedMetadata(ProcessRunner(), Kernel())
         reader.REFRESH = 0.0  # a PV added or taken away: `pvs` again at once
         name = vg.name
         steps: list[tuple[str, ...]] = [

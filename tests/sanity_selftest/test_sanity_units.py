@@ -1,4 +1,4 @@
-"""Host-side unit tests of the sanity suite's helpers and command line (no plugin needed)."""
+"""Kernel-side unit tests of the sanity suite's helpers and command line (no plugin needed)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from csi_local.dhv.config import PluginConfig
-from csi_local.dhv.plugin import HostVolumePlugin
+from csi_local.dhv.host_volumes import HostVolumes
 from csi_local.dhv.request import Request, lv_name_for
 from tests.dhvharness import Nomad
 from tests.unit.fakehost import FakeHost
@@ -36,8 +36,8 @@ class DhvNode:
     def path(self, vid: str) -> str:
         return self.nomad.path(vid)
 
-    def plugin(self) -> HostVolumePlugin:
-        return HostVolumePlugin(self.config, runner=self.host, host=self.host)
+    def plugin(self) -> HostVolumes:
+        return HostVolumes(self.config, runner=self.host, host=self.host)
 
     def request(self, vid: str, *, name: str | None = None,
                 params: dict[str, str] | None = None, cap_min: int | None = None,

@@ -1,6 +1,6 @@
 """An in-memory host for unit tests: LVM, block devices, file systems, loop
 devices and the mount table, behind both seams the plugin has (the Runner that
-runs commands and the Host that reads the kernel's view).
+runs commands and the Kernel that reads the kernel's view).
 
 Why a simulation and not canned replies: the servicers run many commands per
 RPC and then read back what those commands did (`lvs` after `lvcreate`, the

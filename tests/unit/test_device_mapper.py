@@ -1,6 +1,6 @@
 """The device-mapper ioctl layer without a kernel: the request bytes, replies
 fabricated the way drivers/md/dm-ioctl.c lays them out, and the status
-grammars of the thin and thin-pool targets; and, over it through the Host,
+grammars of the thin and thin-pool targets; and, over it through the Kernel,
 storage/lv_devices.py, which finds an LV's devices as LVM names and stacks
 them. (The ioctls themselves are proven against real LVM in
 tests/integration/test_device_mapper.py.)"""
@@ -32,7 +32,7 @@ from csi_local.host.device_mapper import (
     PoolUsage,
     Target,
 )
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage import lv_devices
 
 HEADER = struct.Struct("=3I I I I i I I I Q 128s 129s 7s")
@@ -361,10 +361,10 @@ def test_single_target_refuses_anything_but_one_of_the_type(targets: list[Target
 
 # The calls, with the kernel replaced by a fake behind _ioctl.
 
-Kernel = Callable[[int, str, str, bytearray], bool]
+Ioctl = Callable[[int, str, str, bytearray], bool]
 
 
-def fake_kernel(devices: dict[str, list[bytearray | None]]) -> tuple[Kernel, list[int]]:
+def fake_kernel(devices: dict[str, list[bytearray | None]]) -> tuple[Ioctl, list[int]]:
     """An _ioctl that answers each call for a name with the next of its
     replies (the last one repeats; None: no such device, ENXIO), copied into
     the caller's buffer as far as it fits, and records the buffer sizes it
@@ -406,7 +406,7 @@ def test_the_calls_on_a_fake_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
         "vg-failed": [reply(targets=[(0, 8, "thin", "Fail")])],
     })
     monkeypatch.setattr(dm, "_ioctl", ioctl)
-    host = Host()
+    host = Kernel()
     assert host.dm_device("vg-thin") == DmDevice(254, 4, 1, live=True, suspended=False)
     assert host.dm_device("vg-none") is None
     assert host.dm_status("vg-none") is None
@@ -434,7 +434,7 @@ def test_pool_usage_finds_the_thin_pool_target(monkeypatch: pytest.MonkeyPatch,
                                                devices: dict[str, list[bytearray | None]],
                                                expected: PoolUsage | None) -> None:
     monkeypatch.setattr(dm, "_ioctl", fake_kernel(devices)[0])
-    assert lv_devices.pool_usage(Host(), "vg", "pool") == expected
+    assert lv_devices.pool_usage(Kernel(), "vg", "pool") == expected
 
 
 @pytest.mark.parametrize(("devices", "why"), [
@@ -450,7 +450,7 @@ def test_pool_usage_that_cannot_be_trusted(monkeypatch: pytest.MonkeyPatch,
                                            why: str) -> None:
     monkeypatch.setattr(dm, "_ioctl", fake_kernel(devices)[0])
     with pytest.raises(DmStatusUnusable, match=why):
-        lv_devices.pool_usage(Host(), "vg", "pool")
+        lv_devices.pool_usage(Kernel(), "vg", "pool")
 
 
 # The control device and the ioctl's errors, with os.open and fcntl.ioctl faked.

@@ -18,8 +18,8 @@ import pytest
 import csi_local
 from csi_local import dhv
 from csi_local.dhv import config as dhv_config
+from csi_local.dhv import host_volumes
 from csi_local.dhv import install as dhv_install
-from csi_local.dhv import plugin as dhv_plugin
 from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import request as dhv_request
 from csi_local.dhv.request import DhvError, Request
@@ -528,7 +528,7 @@ class MountingRunner(FakeRunner):
 
 def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                   users: Callable[..., VolumeUsers],
-                  ) -> tuple[dhv_plugin.HostVolumePlugin, Request, MountingRunner]:
+                  ) -> tuple[host_volumes.HostVolumes, Request, MountingRunner]:
     """A plugin whose commands and mount table are fakes: the volume is mounted
     at its path; umount, mount and lvremove succeed unless a test says otherwise."""
     config = dhv_config.PluginConfig(volume_group="vg0", thin_pool="pool",
@@ -547,7 +547,7 @@ def delete_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     # raising=False: the same test shows what the code without the check does
     monkeypatch.setattr(dhv_removal, "volume_users", users, raising=False)
     monkeypatch.setattr(dhv_removal, "_SETTLE", (0.0,), raising=False)
-    plugin = dhv_plugin.HostVolumePlugin(config, runner)
+    plugin = host_volumes.HostVolumes(config, runner)
     # The real host unmounts by a system call; here the fake runner's table is the kernel.
     monkeypatch.setattr(plugin.host, "unmount", lambda target: runner.run(["umount", target]))
 

@@ -31,7 +31,7 @@ from csi_local.dhv import config as dhv_config
 from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig, parse_config
-from csi_local.dhv.plugin import HostVolumePlugin
+from csi_local.dhv.host_volumes import HostVolumes
 from csi_local.dhv.request import (
     DhvError,
     lv_name_for,
@@ -712,8 +712,8 @@ def test_install_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: 
 def test_snapshot_command_names_the_class(n: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     plugins = n.root / "plugins"
     write(plugins / "csi-local-dhv.json", json.dumps(n.config.to_json()))
-    monkeypatch.setattr(dhv_snapshot, "HostVolumePlugin",
-                        lambda config: HostVolumePlugin(config, runner=n.host, host=n.host))
+    monkeypatch.setattr(dhv_snapshot, "HostVolumes",
+                        lambda config: HostVolumes(config, runner=n.host, host=n.host))
     real = dhv_snapshot.main
     monkeypatch.setattr(dhv_snapshot, "main",
                         lambda argv, argv0: real(argv, argv0, out=sys.stdout))

@@ -27,7 +27,7 @@ import pytest
 from csi_local.dhv import removal as dhv_removal
 from csi_local.dhv import snapshot as dhv_snapshot
 from csi_local.dhv.config import PluginConfig
-from csi_local.dhv.plugin import HostVolumePlugin
+from csi_local.dhv.host_volumes import HostVolumes
 from csi_local.dhv.request import (
     DhvError,
     Parameters,
@@ -649,7 +649,7 @@ class FailAfterSnapshot(WholeOutputStreams):
 def test_clone_whose_next_command_fails_is_rolled_back(d: Dhv, via: str) -> None:
     chain(source(), snapshot())(d)
     before = state(d)
-    plugin = HostVolumePlugin(d.config, runner=FailAfterSnapshot(d.host), host=d.host)
+    plugin = HostVolumes(d.config, runner=FailAfterSnapshot(d.host), host=d.host)
     says = refused(lambda: plugin.create(d.request(NEW, params=VIA[via][0])))
     assert "Reading VG" in says, says
     assert state(d) == before
@@ -848,11 +848,11 @@ def cli(d: Dhv, monkeypatch: pytest.MonkeyPatch) -> Cli:
     c = Cli(d, monkeypatch, [])
     write_config(c.plugin_dir / "csi-local-dhv.json", d)
 
-    def plugin(config: PluginConfig) -> HostVolumePlugin:
+    def plugin(config: PluginConfig) -> HostVolumes:
         c.configs.append(config)
-        return HostVolumePlugin(config, runner=d.host, host=d.host)
+        return HostVolumes(config, runner=d.host, host=d.host)
 
-    monkeypatch.setattr(dhv_snapshot, "HostVolumePlugin", plugin)
+    monkeypatch.setattr(dhv_snapshot, "HostVolumes", plugin)
     # main's `out` defaults to the sys.stdout of its import: write to this test's
     real = dhv_snapshot.main
     monkeypatch.setattr(dhv_snapshot, "main",

@@ -503,14 +503,14 @@ def test_dhv_and_a_newer_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 def test_dhv_tells_nomad_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nomad's delete gets the refusal as its error, exit status 1, the LV kept."""
-    from csi_local.dhv import plugin as dhv_plugin
+    from csi_local.dhv import host_volumes
 
     d = make(tmp_path, monkeypatch)
     source()(d)
     hv_newer(_volume_lv(d))(d)
     write_config(Path(d.nomad.plugin_dir) / "csi-local-dhv.json", d)
-    real = dhv_plugin.HostVolumePlugin
-    monkeypatch.setattr(dhv_plugin, "HostVolumePlugin",
+    real = host_volumes.HostVolumes
+    monkeypatch.setattr(host_volumes, "HostVolumes",
                         lambda config: real(config, runner=d.host, host=d.host))
     res = run(d.nomad, "delete", SRC, monkeypatch)
     failed(res, HV_REFUSED, "upgrade csi-local")

@@ -250,7 +250,7 @@ def csi_start(n: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new CSI plugin process built by plugin.py on this node (its host the
     fake, no LVM reads of the state's rebuild)."""
     n.backend.state.close()
-    monkeypatch.setattr(plugin_mod, "Host", lambda: n.host)
+    monkeypatch.setattr(plugin_mod, "Kernel", lambda: n.host)
     monkeypatch.setattr(plugin_mod, "ProcessRunner", lambda **kw: n.host)
     monkeypatch.setattr(plugin_mod, "rebuild_state", lambda pools, host: {})
     monkeypatch.setattr(plugin_mod, "reconcile_state", lambda pools, host, records: records)
@@ -382,7 +382,7 @@ def test_the_host_volume_plugins_freeze_past_the_limit_fails_and_says_retry(
     before = set(d.host.lvs)
     seen: list[set[tuple[int, int]]] = []
     slow_lvcreate(d.host, monkeypatch, seen)
-    monkeypatch.setattr("csi_local.dhv.plugin.DEFAULT_FREEZE_LIMIT", 0.3)
+    monkeypatch.setattr("csi_local.dhv.host_volumes.DEFAULT_FREEZE_LIMIT", 0.3)
     with pytest.raises(errors.FreezeTimeout, match=r"freeze limit.*retry"):
         dhv_take(d, path)
     assert seen == [set()]

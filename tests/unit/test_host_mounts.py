@@ -31,7 +31,7 @@ from csi_local.host.kernel import (
     MS_SILENT,
     MS_STRICTATIME,
     MS_SYNCHRONOUS,
-    Host,
+    Kernel,
     mount_call,
     remount_flags,
 )
@@ -88,7 +88,7 @@ def test_a_failed_call_is_a_command_error_naming_the_call_and_errno(tmp_path: Pa
     # Not a mount point: EINVAL as root, EPERM for anyone else; either way the
     # kernel refuses, and nothing is unmounted.
     with pytest.raises(SyscallError) as info:
-        Host().unmount(str(tmp_path))
+        Kernel().unmount(str(tmp_path))
     err = info.value
     assert isinstance(err, CommandError)  # callers handle a failed mount one way
     assert err.errno in (errno.EINVAL, errno.EPERM)
@@ -101,9 +101,9 @@ def test_a_bind_of_a_missing_source_fails_before_anything_is_mounted(tmp_path: P
     target = tmp_path / "t"
     target.mkdir()
     with pytest.raises(SyscallError) as info:
-        Host().bind_mount(str(tmp_path / "missing"), str(target))
+        Kernel().bind_mount(str(tmp_path / "missing"), str(target))
     assert info.value.errno in (errno.ENOENT, errno.EPERM)
-    assert not Host().is_mount_point(str(target))
+    assert not Kernel().is_mount_point(str(target))
 
 
 
@@ -139,23 +139,23 @@ def test_a_new_mount_is_one_call_for_the_options_it_knows(
 
 def test_a_failed_filesystem_mount_names_the_call_and_errno(tmp_path: Path) -> None:
     with pytest.raises(SyscallError) as info:
-        Host().mount_filesystem(str(tmp_path / "no-device"), str(tmp_path), "ext4", ["ro"])
+        Kernel().mount_filesystem(str(tmp_path / "no-device"), str(tmp_path), "ext4", ["ro"])
     assert info.value.errno in (errno.ENOENT, errno.EPERM)
     assert info.value.message.startswith("mount(2) ")
 
 
 def test_options_it_does_not_know_are_left_to_mount8(tmp_path: Path) -> None:
-    assert Host().mount_filesystem(str(tmp_path / "dev"), str(tmp_path), "ext4",
+    assert Kernel().mount_filesystem(str(tmp_path / "dev"), str(tmp_path), "ext4",
                                    ["discard"]) is False
 
 
 def test_a_file_systems_own_size_from_its_superblock(tmp_path: Path) -> None:
-    """Host.filesystem_size reads ext4's and btrfs's superblocks (statvfs
+    """Kernel.filesystem_size reads ext4's and btrfs's superblocks (statvfs
     leaves out their metadata, or divides by btrfs's copies): the size the
     offline growth at stage compares with the device's."""
     import struct
 
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
 
     ext4 = bytearray(4096)
     struct.pack_into("<I", ext4, 1024 + 0x04, 0x1234)  # s_blocks_count_lo
@@ -169,7 +169,7 @@ def test_a_file_systems_own_size_from_its_superblock(tmp_path: Path) -> None:
     (tmp_path / "ext4").write_bytes(ext4)
     (tmp_path / "btrfs").write_bytes(btrfs)
     (tmp_path / "blank").write_bytes(bytes(128 << 10))
-    host = Host()
+    host = Kernel()
     assert host.filesystem_size(str(tmp_path / "ext4"), "/", "ext4") == \
         ((1 << 32) + 0x1234) * 4096
     assert host.filesystem_size(str(tmp_path / "btrfs"), "/", "btrfs") == 3 << 30

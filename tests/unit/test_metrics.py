@@ -808,11 +808,11 @@ def _reachable(start: str) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("start", ["csi_local.dhv", "csi_local.dhv.plugin",
+@pytest.mark.parametrize("start", ["csi_local.dhv", "csi_local.dhv.host_volumes",
                                    "csi_local.host.runner", "csi_local.config"])
 def test_the_host_volume_plugin_never_loads_metrics(start: str) -> None:
     reached = _reachable(start)
-    assert "csi_local.host.runner" in _reachable("csi_local.dhv.plugin")
+    assert "csi_local.host.runner" in _reachable("csi_local.dhv.host_volumes")
     bad = {m for m in reached if m.startswith("prometheus_client") or m == "csi_local.ops.metrics"}
     assert not bad, f"{start} reaches {sorted(bad)}"
 

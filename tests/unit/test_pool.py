@@ -14,7 +14,7 @@ import pytest
 from csi_local._gen import csi_pb2 as pb
 from csi_local.config import Config, ConfigError
 from csi_local.dhv.config import PluginConfig
-from csi_local.dhv.plugin import HostVolumePlugin
+from csi_local.dhv.host_volumes import HostVolumes
 from csi_local.dhv.request import parse_request
 from csi_local.errors import NoRoom
 from csi_local.host.locks import Locks
@@ -113,7 +113,7 @@ def test_host_volume_plugin_honours_the_guard(tmp_path: Path) -> None:
     env = {"DHV_OPERATION": "create", "DHV_VOLUME_ID": "vol-1", "DHV_VOLUMES_DIR":
            str(tmp_path / "volumes"), "DHV_PLUGIN_DIR": str(tmp_path), "DHV_PARAMETERS": "{}",
            "DHV_CAPACITY_MIN_BYTES": str(64 * MiB)}
-    plugin = HostVolumePlugin(config, host, host)
+    plugin = HostVolumes(config, host, host)
     with pytest.raises(NoRoom, match=r"data 91\.0% full"):
         plugin.create(parse_request("create", env))
     assert not host.commands("lvcreate")

@@ -1,7 +1,7 @@
 import tempfile
 
 from csi_local.host import mounts
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import rebuild_state
 from csi_local.storage.lvm import Lvm
@@ -34,7 +34,7 @@ TABLE = f"""\
 """
 
 
-class TableHost(Host):
+class TableHost(Kernel):
     """The mount table above; /dev/dm-5 is the block volume's node."""
 
     def mounts(self) -> list[mounts.Mount]:

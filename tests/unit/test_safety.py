@@ -38,7 +38,7 @@ from csi_local.host import filesystem_rules as fsrules
 from csi_local.host import mounts
 from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.nodestate.recovery import FOREIGN, PUBLISH, STAGING, UNKNOWN, classify, rebuild_state
 from csi_local.nodestate.state_file import StateStore
@@ -59,7 +59,7 @@ VG_MISSING = '  Volume group "vg0" not found\n  Cannot process volume group vg0\
 def test_blkid_nothing_found_on_used_volume_never_formats(runner: FakeRunner) -> None:
     runner.on(["blkid"], rc=2)
     with pytest.raises(FormatRefused, match="used before"):
-        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
+        Filesystems(runner, Kernel()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
     assert not [c for c in runner.calls if c[0].startswith(("mkfs", "wipefs"))]
 
 
@@ -68,14 +68,14 @@ def test_blkid_exit_2_on_unreadable_fresh_device_never_formats(
     # blkid exits 2 for "cannot open/read" as for "nothing found".
     runner.on(["blkid"], rc=2)
     with pytest.raises(FormatRefused, match="cannot read"):
-        Filesystems(runner, Host()).ensure_filesystem(str(tmp_path / "gone"), "ext4", fresh=True)
+        Filesystems(runner, Kernel()).ensure_filesystem(str(tmp_path / "gone"), "ext4", fresh=True)
     assert not [c for c in runner.calls if c[0].startswith("mkfs")]
 
 
 def test_blkid_timeout_never_formats(runner: FakeRunner) -> None:
     runner.replies[("blkid",)] = [CommandError(("blkid",), -9, "", "timed out", timed_out=True)]
     with pytest.raises(CommandError):
-        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=True)
+        Filesystems(runner, Kernel()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=True)
     assert not [c for c in runner.calls if c[0].startswith("mkfs")]
 
 
@@ -84,14 +84,14 @@ def test_fresh_readable_blank_device_is_formatted(runner: FakeRunner, tmp_path: 
     dev.write_bytes(b"\0" * 4096)
     runner.on(["blkid"], rc=2)
     runner.on(["mkfs.ext4"])
-    assert Filesystems(runner, Host()).ensure_filesystem(str(dev), "ext4", fresh=True) == "ext4"
+    assert Filesystems(runner, Kernel()).ensure_filesystem(str(dev), "ext4", fresh=True) == "ext4"
     assert runner.calls[-1][0] == "mkfs.ext4"
 
 
 def test_conflicting_signatures_on_used_volume_refused(runner: FakeRunner) -> None:
     runner.on(["blkid"], rc=8)
     with pytest.raises(FormatRefused, match="conflicting"):
-        Filesystems(runner, Host()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
+        Filesystems(runner, Kernel()).ensure_filesystem("/dev/vg0/x", "ext4", fresh=False)
     assert len(runner.calls) == 1
 
 
@@ -172,7 +172,7 @@ KUBELET_TABLE = f"""\
 def test_rebuild_ignores_kubelets_own_device_bind(runner: FakeRunner,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     runner.on(["lvs"], stdout=LVS)
-    class TableHost(Host):
+    class TableHost(Kernel):
         def mounts(self) -> list[mounts.Mount]:
             return mounts.parse_mountinfo(KUBELET_TABLE)
 
@@ -199,7 +199,7 @@ def _servicers(tmp_path: Path, runner: FakeRunner) -> tuple[ControllerServicer, 
     lvm = Lvm(runner, "vg0", "pool")
     locks = Locks(config.lock_dir)
     backend = Backend(config=config, pools=Pools.of(Pool(lvm, locks, 1.0)),
-                      fs=Filesystems(runner, Host()), host=Host(),
+                      fs=Filesystems(runner, Kernel()), host=Kernel(),
                       state=StateStore(config.state_dir), locks=locks,
                       paginator=Paginator(b"k" * 32),
                       cgroups=Cgroups(str(tmp_path / "cgroup")))  # never the host's

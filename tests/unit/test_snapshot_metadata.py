@@ -174,7 +174,7 @@ def test_thin_delta_and_thin_dump_read_the_metadata_snapshot(
     lab.n.host.calls.clear()
     lab.delta(s1, s2)
     tools = [c[:3] for c in lab.n.host.calls if c[0] in ("dmsetup", "thin_delta")]
-    # The held root for the mark is read by ioctl (the Host's dm_status), not
+    # The held root for the mark is read by ioctl (the Kernel's dm_status), not
     # by a second dmsetup status.
     assert tools == [("dmsetup", "status", "vg0-pool0-tpool"),
                      ("dmsetup", "message", "vg0-pool0-tpool"),

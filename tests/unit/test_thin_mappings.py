@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks.cbt_parse import old_parse
 from csi_local.errors import StorageError
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import Output, Result
 from csi_local.storage import thin_mappings
 from csi_local.storage.thin_mappings import (
@@ -211,7 +211,7 @@ def test_memory_is_the_merged_runs_not_the_document(tmp_path: Any) -> None:
     """20,000 mappings, 1.4 MB of XML: the whole-document parse held the text
     and a tree of it (13 MB); the stream holds 16 bytes a merged run."""
     n = 20_000
-    meta = ThinMetadata(LazyTool(n), Host(), "vg", "pool", str(tmp_path))
+    meta = ThinMetadata(LazyTool(n), Kernel(), "vg", "pool", str(tmp_path))
     tracemalloc.start()
     try:
         mapping = meta.allocated(7)

@@ -19,7 +19,7 @@ import pytest
 
 from csi_local.errors import DeviceMapperMissing, DmReplyMalformed
 from csi_local.host.device_mapper import DmDevice, PoolUsage, Target
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.storage import committed_vg
 from csi_local.storage import vg_text as lm
@@ -34,7 +34,7 @@ CAPTURE = json.loads((DATA / "lvm-metadata.json").read_text())
 HEAD = base64.b64decode(CAPTURE["head_b64"])  # sectors 0-8: the label, then the mda header
 TEXT = CAPTURE["text"].encode()
 MDA = 4096  # where this PV's metadata area starts (its label says so)
-HOST = Host()  # the PV images are files, read as the plugin reads a PV
+HOST = Kernel()  # the PV images are files, read as the plugin reads a PV
 
 
 def area() -> tuple[int, int, int, int, int]:
@@ -58,7 +58,7 @@ def image(tmp_path: Path, head: bytes = HEAD, text: bytes = TEXT,
 
 
 def test_the_host_reads_exactly_the_bytes_asked_for(tmp_path: Path) -> None:
-    """Host.read_device, as the reader asks it: any offset and length (the
+    """Kernel.read_device, as the reader asks it: any offset and length (the
     direct read is aligned inside it), fewer bytes at the end, OSError for
     what is not there."""
     data = bytes(range(256)) * 64  # 16 KiB
@@ -292,8 +292,8 @@ def pool_status(usage: PoolUsage) -> str:
             f"queue_if_no_space {'needs_check' if usage.needs_check else '-'} 768")
 
 
-class Kernel(Host):
-    """The real Host's reads of the PV images (files), and a device-mapper of
+class KernelStub(Kernel):
+    """The real Kernel's reads of the PV images (files), and a device-mapper of
     the test's making: its devices, and the status of its thin pools (by
     their device's name), which the plugin's own parser reads."""
 
@@ -328,12 +328,12 @@ POOL_USAGE = PoolUsage(transaction_id=3, metadata_used=10, metadata_total=1024,
 
 
 @pytest.fixture
-def kernel() -> Kernel:
-    return Kernel()
+def kernel() -> KernelStub:
+    return KernelStub()
 
 
 @pytest.fixture
-def pv(tmp_path: Path, kernel: Kernel) -> str:
+def pv(tmp_path: Path, kernel: KernelStub) -> str:
     kernel.info["vg--cap-csi--v--abc"] = DmDevice(253, 7, 1, True, False)
     return image(tmp_path)
 
@@ -342,7 +342,8 @@ def _uuid(path: str) -> str:
     return lm.read_committed(HOST, path).pv_uuid
 
 
-def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, kernel: Kernel, pv: str) -> None:
+def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, kernel: KernelStub,
+                                              pv: str) -> None:
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
     reader = CommittedMetadata(runner, kernel)
     lv = reader.thin_volume("vg-cap", "csi-v-abc")
@@ -367,7 +368,7 @@ def test_thin_volume_from_metadata_and_kernel(runner: FakeRunner, kernel: Kernel
     pytest.param([("@pv", "vg-x", "@uuid")], "vg-x", id="metadata-of-another-vg"),
     pytest.param([("/nonexistent/pv", "vg-cap", "@uuid")], "vg-cap", id="pv-gone"),
 ])
-def test_no_certain_answer_is_none(runner: FakeRunner, kernel: Kernel, pv: str,
+def test_no_certain_answer_is_none(runner: FakeRunner, kernel: KernelStub, pv: str,
                                    rows: list[tuple[str, str, str]], vg: str) -> None:
     fill = {"@pv": pv, "@uuid": _uuid(pv)}
     runner.on(["pvs"], _pvs([tuple(fill.get(x, x) for x in row)  # type: ignore[misc]
@@ -377,7 +378,7 @@ def test_no_certain_answer_is_none(runner: FakeRunner, kernel: Kernel, pv: str,
     assert reader.thin_volume(vg, "csi-v-abc") is None
 
 
-def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, kernel: Kernel,
+def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, kernel: KernelStub,
                                                 pv: str) -> None:
     runner.on(["pvs"], _pvs([(pv + ".old", "vg-cap", _uuid(pv))]))
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))  # the PV's node changed
@@ -393,7 +394,7 @@ def test_pvs_read_again_only_when_no_pv_answers(runner: FakeRunner, kernel: Kern
 
 
 
-def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, kernel: Kernel,
+def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, kernel: KernelStub,
                                                    pv: str) -> None:
     """What CreateVolume and GetCapacity need, as `lvs` would say it: every LV's
     size and pool, the pool's size, usage and metadata size."""
@@ -414,7 +415,7 @@ def test_report_from_metadata_and_the_pools_status(runner: FakeRunner, kernel: K
 
 
 
-def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, kernel: Kernel,
+def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, kernel: KernelStub,
                                                           pv: str) -> None:
     """What `vgs` says of the VG: its PVs' extents, less those its LVs map on
     them. Thin volumes and the thin pool map other LVs; the pool's hidden
@@ -433,7 +434,7 @@ def test_the_vgs_size_and_free_space_from_its_pvs_and_lvs(runner: FakeRunner, ke
     (True, False, "twi-a-tzD-", "out_of_data"),
     (False, True, "twi-a-tzM-", "metadata_read_only"),
 ])
-def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, kernel: Kernel, pv: str,
+def test_the_pools_health_as_lvs_says_it(runner: FakeRunner, kernel: KernelStub, pv: str,
                                          out_of_data: bool, read_only: bool, attr: str,
                                          health: str) -> None:
     kernel.pools[POOL_DEVICE] = PoolUsage(
@@ -457,7 +458,7 @@ def test_out_of_data_space_is_named_before_read_only() -> None:
 
 
 def test_listing_from_metadata_the_device_list_and_the_pools_status(
-        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
+        runner: FakeRunner, kernel: KernelStub, pv: str) -> None:
     """What ListVolumes and the state's recovery read: every visible LV, each
     active one (a device-mapper device) with its numbers, the pool with its
     usage; from one `pvs` in the reader's life and no other process."""
@@ -483,7 +484,7 @@ def test_listing_from_metadata_the_device_list_and_the_pools_status(
 
 
 def test_a_listing_builds_again_only_the_lvs_that_changed(
-        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
+        runner: FakeRunner, kernel: KernelStub, pv: str) -> None:
     """A listing takes again the LV objects the last one built from the same
     metadata, device and usage (ListVolumes then reuses their entries); an LV
     whose device or pool usage changed is built anew, as a fresh reader
@@ -515,7 +516,7 @@ def test_a_listing_builds_again_only_the_lvs_that_changed(
 
 @pytest.mark.parametrize("broken", ["devices", "pool_usage", "metadata"])
 def test_listing_is_none_when_anything_does_not_answer(
-        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch,
+        runner: FakeRunner, kernel: KernelStub, pv: str, monkeypatch: pytest.MonkeyPatch,
         broken: str) -> None:
     def no_device_mapper() -> dict[str, tuple[int, int]]:
         raise DeviceMapperMissing(2, "No such file or directory")
@@ -529,7 +530,7 @@ def test_listing_is_none_when_anything_does_not_answer(
     assert reader.thin_pools([("vg-cap", "po-ol")]) is None or broken == "devices"
 
 
-def test_thin_pools_as_probe_asks(runner: FakeRunner, kernel: Kernel, pv: str,
+def test_thin_pools_as_probe_asks(runner: FakeRunner, kernel: KernelStub, pv: str,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel, "dm_devices", lambda: pytest.fail("Probe needs no device list"))
     kernel.pools[POOL_DEVICE] = POOL_USAGE
@@ -545,7 +546,7 @@ def test_thin_pools_as_probe_asks(runner: FakeRunner, kernel: Kernel, pv: str,
 
 
 def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
-        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: KernelStub, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Probe's and the start's read of the pools parses their sections alone, and
     answers as a reader that parsed the whole text; the whole parse is left to
     the first listing, which sees every LV."""
@@ -567,7 +568,7 @@ def test_thin_pools_parse_only_the_pools_and_keep_no_partial_view(
 
 
 def test_the_warm_up_and_a_listing_beside_it_parse_the_text_once(
-        runner: FakeRunner, kernel: Kernel, pv: str, tmp_path: Path,
+        runner: FakeRunner, kernel: KernelStub, pv: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin warms the listing's read after its start (Pools.warm): a
     ListVolumes that comes while that parse runs waits for it and takes it,
@@ -612,7 +613,7 @@ def test_the_warm_up_and_a_listing_beside_it_parse_the_text_once(
 
 
 def test_the_warm_up_without_a_reader_or_an_answer_does_nothing(
-        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: KernelStub, tmp_path: Path) -> None:
     """No reader: nothing read. A VG that does not answer: the listing finds
     out (and asks lvs) when it comes; the warm-up raises nothing."""
     classes = DeviceClasses((DeviceClass("default", "vg-cap", "po-ol"),), "default")
@@ -625,14 +626,14 @@ def test_the_warm_up_without_a_reader_or_an_answer_does_nothing(
 
 
 def test_report_is_none_when_the_pools_status_cannot_be_trusted(
-        runner: FakeRunner, kernel: Kernel, pv: str) -> None:
+        runner: FakeRunner, kernel: KernelStub, pv: str) -> None:
     kernel.pools[POOL_DEVICE] = "Fail"  # a failed pool's status
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
     assert CommittedMetadata(runner, kernel).report("vg-cap", "po-ol") is None
 
 
 def test_a_kernel_reply_that_does_not_hold_together_is_no_answer(
-        runner: FakeRunner, kernel: Kernel, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        runner: FakeRunner, kernel: KernelStub, pv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any storage error from device-mapper sends the caller to `lvs`, as the
     pool status does in report(), instead of failing the RPC."""
     def malformed(name: str) -> DmDevice:
@@ -643,7 +644,7 @@ def test_a_kernel_reply_that_does_not_hold_together_is_no_answer(
     assert CommittedMetadata(runner, kernel).thin_volume("vg-cap", "csi-v-abc") is None
 
 
-def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, kernel: Kernel,
+def test_thin_volume_uses_the_metadata_it_is_given(runner: FakeRunner, kernel: KernelStub,
                                                    pv: str) -> None:
     """find_committed reads each VG once; the LV it found is not read again."""
     runner.on(["pvs"], _pvs([(pv, "vg-cap", _uuid(pv))]))
@@ -686,7 +687,7 @@ def _seqno(text: bytes, n: int) -> bytes:
 
 
 def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
-        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: KernelStub, tmp_path: Path) -> None:
     """PV A was away while the VG was reduced to PV B and changed: A still
     holds the old copy, which lists A. The plugin saw both PVs before."""
     newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
@@ -706,7 +707,7 @@ def test_an_outdated_copy_on_a_pv_no_longer_listed_is_never_believed(
 
 
 def test_the_highest_seqno_wins_and_an_outdated_listed_pv_is_a_problem(
-        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: KernelStub, tmp_path: Path) -> None:
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
     b = _pv(tmp_path, "b.img", UUID_B, _seqno(TEXT, 12))  # lists A only: B is none of it
     runner.on(["pvs"], _pvs([(b, "vg-cap", UUID_B), (a, "vg-cap", UUID_A)]))
@@ -716,7 +717,7 @@ def test_the_highest_seqno_wins_and_an_outdated_listed_pv_is_a_problem(
     assert problem.startswith(f"PV {a} has outdated metadata") and "newest 12" in problem
 
 
-def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner, kernel: Kernel,
+def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner, kernel: KernelStub,
                                                        tmp_path: Path) -> None:
     other = TEXT.replace(b"csi-v-abc", b"csi-v-xyz")
     a = _pv(tmp_path, "a.img", UUID_A, TEXT)
@@ -727,7 +728,7 @@ def test_copies_of_one_seqno_that_differ_are_no_answer(runner: FakeRunner, kerne
     assert reader.problems("vg-cap") == ("VG vg-cap: copies of metadata seqno 10 differ",)
 
 
-def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, kernel: Kernel,
+def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, kernel: KernelStub,
                                           tmp_path: Path) -> None:
     a = str(tmp_path / "a.img")
     runner.on(["pvs"], _pvs([(a, "vg-cap", UUID_A), ("[unknown]", "vg-cap", UUID_B)]))
@@ -742,7 +743,7 @@ def test_a_listed_pv_missing_is_no_answer(runner: FakeRunner, kernel: Kernel,
 
 
 def test_a_pv_with_every_area_ignored_holds_no_copy_and_is_no_problem(
-        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: KernelStub, tmp_path: Path) -> None:
     listing_b = TEXT.replace(b"physical_volumes {\n",
                              b'physical_volumes {\n\npv9 {\nid = "%s"\n}\n' % UUID_B.encode())
     a = _pv(tmp_path, "a.img", UUID_A, listing_b)
@@ -757,7 +758,8 @@ def test_a_pv_with_every_area_ignored_holds_no_copy_and_is_no_problem(
     assert reader.problems("vg-cap") == ()
 
 
-def test_check_adds_lvms_own_warnings(runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+def test_check_adds_lvms_own_warnings(runner: FakeRunner, kernel: KernelStub,
+                                      tmp_path: Path) -> None:
     """`pvs` does not list a PV whose outdated copy LVM ignores: a reader that
     never saw it cannot tell, and the reports ask LVM (its words, lvm2 2.03)."""
     b = _pv(tmp_path, "b.img", UUID_A, TEXT)
@@ -778,7 +780,7 @@ def test_check_adds_lvms_own_warnings(runner: FakeRunner, kernel: Kernel, tmp_pa
 
 
 def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
-        runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+        runner: FakeRunner, kernel: KernelStub, tmp_path: Path) -> None:
     """`pvs` does not list a PV whose outdated copy LVM ignores: one the
     reader saw in the VG before is still read, and its old copy reported."""
     newest = _seqno(TEXT, 11).replace(UUID_A.encode(), UUID_B.encode())
@@ -797,7 +799,8 @@ def test_a_pv_once_seen_is_still_read_when_pvs_leaves_it_out(
     assert a in problem and "outdated" in problem
 
 
-def test_the_metadata_area_from_the_pvs(runner: FakeRunner, kernel: Kernel, tmp_path: Path) -> None:
+def test_the_metadata_area_from_the_pvs(runner: FakeRunner, kernel: KernelStub,
+                                        tmp_path: Path) -> None:
     """The size of each area that holds a copy, from its header; the VG's
     tightest area with the committed text's size (what LVM counts against
     max_text_size); an ignored area counts for nothing."""

@@ -16,7 +16,7 @@ from csi_local.config import Config
 from csi_local.csi.pagination import Paginator
 from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.nodestate.state_file import StateStore
 from csi_local.volumes.freezes import Freezes
@@ -29,7 +29,7 @@ class Backend:
     config: Config
     pools: Pools  # one per device class
     fs: Filesystems
-    host: Host
+    host: Kernel
     state: StateStore
     locks: Locks
     paginator: Paginator

@@ -21,7 +21,7 @@ from csi_local.errors import StorageError
 from csi_local.host.atomic_files import write_atomic
 from csi_local.host.cgroups import Cgroups
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.host.runner import ProcessRunner
 from csi_local.nodestate.recovery import rebuild_state, reconcile_state
@@ -78,7 +78,7 @@ class CsiPlugin:
         if config.lvm_shell:
             use_lvm_shell(runner, lambda: profile_dir(runner))
         self.runner = runner
-        host = Host()
+        host = Kernel()
         locks = Locks(config.lock_dir)
         pools = Pools(config.classes, runner, locks, config.pool_policy,
                       committed=CommittedMetadata(runner, host),

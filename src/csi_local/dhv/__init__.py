@@ -87,9 +87,9 @@ def _operate(op: str, argv0: str) -> int:
 
         req = parse_request(op, os.environ, argv0)
         config = load_config(req.plugin_dir, argv0)
-        from csi_local.dhv.plugin import HostVolumePlugin
+        from csi_local.dhv.host_volumes import HostVolumes
 
-        plugin = HostVolumePlugin(config)
+        plugin = HostVolumes(config)
         if op == "create":
             path, size = plugin.create(req)
             out = ok_json(path, size)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from csi_local.dhv.request import DhvError, Request
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.mounts import Mount
 from csi_local.host.volume_users import VolumeUsers, volume_users
 from csi_local.storage.lvm import LogicalVolume
@@ -35,7 +35,7 @@ _NAMED = 8  # users named in one error message; the rest are counted
 _SETTLE = (0.2, 0.5)
 
 
-def device_numbers(host: Host, lv: LogicalVolume) -> tuple[int, int]:
+def device_numbers(host: Kernel, lv: LogicalVolume) -> tuple[int, int]:
     """The major:minor of the device the volume's file system is on: an
     encrypted volume's open dm-crypt device, else the LV's, from the report or
     else from its device node."""
@@ -54,7 +54,7 @@ def device_numbers(host: Host, lv: LogicalVolume) -> tuple[int, int]:
 class VolumeRemoval:
     """Takes a host volume down: its mounts, its LV, its directories."""
 
-    def __init__(self, fs: Filesystems, host: Host,
+    def __init__(self, fs: Filesystems, host: Kernel,
                  close: Callable[[str], bool] | None = None) -> None:
         self.fs = fs
         self.host = host

@@ -18,7 +18,7 @@ import time
 from typing import NoReturn, TextIO
 
 from csi_local.dhv.config import PLUGIN_ID, load_config
-from csi_local.dhv.plugin import HostVolumePlugin
+from csi_local.dhv.host_volumes import HostVolumes
 from csi_local.dhv.request import DhvError, check_snapshot_name, check_volume_id
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes.device_classes import check_class_name
@@ -116,7 +116,7 @@ def main(argv: list[str], argv0: str, out: TextIO | None = None) -> int:
         if args.command == "create" and args.device_class is not None:
             _device_class(args.device_class)
         plugin_dir, plugin_path = _plugin_path(args, argv0)
-        plugin = HostVolumePlugin(load_config(plugin_dir, plugin_path))
+        plugin = HostVolumes(load_config(plugin_dir, plugin_path))
         if args.command == "create":
             snap = plugin.snapshot_create(args.volume_id, args.name, args.device_class)
             text = json.dumps({k: v for k, v in entry(snap, plugin.class_of(snap)).items()

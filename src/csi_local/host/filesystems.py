@@ -2,8 +2,8 @@
 
 The rules (which file systems, their minimum sizes, which mount options)
 live in fsrules; this module runs the commands that apply them, through the
-Runner, and asks the Host what is mounted. Bind mounts, their remounts and
-unmounts are system calls the Host makes (no process); a file system's mount
+Runner, and asks the Kernel what is mounted. Bind mounts, their remounts and
+unmounts are system calls the Kernel makes (no process); a file system's mount
 stays with mount(8), which owns the translation of its options.
 """
 
@@ -21,7 +21,7 @@ from csi_local.errors import (
     UnsupportedFilesystem,
 )
 from csi_local.host import filesystem_rules as fsrules
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.mounts import Mount
 from csi_local.host.runner import Runner
 
@@ -45,7 +45,7 @@ class Usage:
 
 
 class Filesystems:
-    def __init__(self, runner: Runner, host: Host) -> None:
+    def __init__(self, runner: Runner, host: Kernel) -> None:
         self.runner = runner
         self.host = host
 

@@ -4,12 +4,12 @@ device) and the mount calls they make, behind one object.
 
 The node service, the file-system layer, state recovery, the host volume
 plugin and the committed-metadata reader ask these questions through a
-`Host`, never through /proc, /dev or an ioctl directly, so a unit test can
+`Kernel`, never through /proc, /dev or an ioctl directly, so a unit test can
 hand them a fake host (a mount table and devices, their bytes included, in
 memory) and run every branch of NodeStageVolume in milliseconds. The real
 proof stays the integration suite in the VM.
 
-The Host knows nothing of LVM: it reads N bytes of a device, or the status
+The Kernel knows nothing of LVM: it reads N bytes of a device, or the status
 of a device-mapper device by its name; what LVM's names, layouts and
 stacked devices mean is storage/'s (storage/vg_text.py, storage/lv_devices.py).
 """
@@ -202,7 +202,7 @@ def _syscall(call: str, args: Sequence[str], fn: str, *params: object) -> None:
         raise SyscallError(call, args, err, os.strerror(err))
 
 
-class Host:
+class Kernel:
     """The real kernel, read through /proc/self/mountinfo, /dev and /sys."""
 
     # The primitives: a fake host overrides these and nothing else.

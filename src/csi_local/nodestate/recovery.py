@@ -19,7 +19,7 @@ import re
 from dataclasses import replace
 
 from csi_local.errors import StorageError
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, naming
@@ -146,7 +146,7 @@ def _record_lvs(pools: Pools, names: list[str]
     return {name: lv for name, (_, lv) in found.items() if naming.is_csi_volume(lv)}, missing
 
 
-def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
+def rebuild_state(pools: Pools, host: Kernel) -> dict[str, VolumeRecord]:
     """Staging and publish records recovered from the kernel's mount table."""
     table = host.mounts()
     listed = _csi_lvs(pools)
@@ -163,7 +163,7 @@ def rebuild_state(pools: Pools, host: Host) -> dict[str, VolumeRecord]:
     return records
 
 
-def reconcile_state(pools: Pools, host: Host,
+def reconcile_state(pools: Pools, host: Kernel,
                     records: dict[str, VolumeRecord]) -> dict[str, VolumeRecord]:
     """The records of a surviving state file, less what is no longer mounted.
 

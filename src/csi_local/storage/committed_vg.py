@@ -1,6 +1,6 @@
 """The VGs as committed on their PVs: what `lvs` would answer, read off the
 disks (csi_local.storage.vg_text parses the text) and asked of
-device-mapper (csi_local.storage.lv_devices), both through the Host, with
+device-mapper (csi_local.storage.lv_devices), both through the Kernel, with
 no LVM process per read (one `pvs`, run through storage.lvm, says where
 the PVs are). The hot paths (a lookup, a capacity
 check, a listing) use it, and fall back to storage.lvm's commands whenever
@@ -29,7 +29,7 @@ from csi_local.storage.lvm import (
 
 if TYPE_CHECKING:
     from csi_local.host.device_mapper import PoolUsage
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
     from csi_local.host.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class CommittedMetadata:
 
     REFRESH = 30.0
 
-    def __init__(self, runner: Runner, host: Host) -> None:
+    def __init__(self, runner: Runner, host: Kernel) -> None:
         self.runner = runner
         self.host = host  # the PVs' bytes and device-mapper's devices
         self._lock = threading.Lock()
@@ -362,7 +362,7 @@ class CommittedMetadata:
             thin_id=found.device_id, uuid=found.uuid)
 
 
-def _pool_usages(host: Host, vg: str, pools: Sequence[str]
+def _pool_usages(host: Kernel, vg: str, pools: Sequence[str]
                  ) -> dict[str, PoolUsage | None] | None:
     """{pool: its usage, None when it is not active} from each thin pool's
     status; None when one cannot be read or trusted (a failed pool: `lvs`
@@ -395,7 +395,7 @@ def _listed_lvs(vg: str, meta: vg_text.VgMetadata, usages: dict[str, PoolUsage |
                 built: _BuiltLvs | None = None) -> list[LogicalVolume]:
     """The visible LVs of `meta` as `lvs` lists them. Thin pools in `usages`
     carry their usage and health (others are shown inactive); with `devices`
-    (Host.dm_devices()), an LV with a device-mapper device is active, with its
+    (Kernel.dm_devices()), an LV with a device-mapper device is active, with its
     numbers; without, no LV but a pool is shown active.
 
     `built`: what the last call for this VG built, replaced by what this one

@@ -1,6 +1,6 @@
 """An LV's device-mapper devices as LVM names and stacks them, and what their
 status says: whether a thin volume maps any block, how full a thin pool is.
-Asked of the kernel through the Host (one ioctl each, no process); the Host
+Asked of the kernel through the Kernel (one ioctl each, no process); the Kernel
 knows device-mapper, this module knows which of its devices is which LV.
 
 Which device to ask (LVM 2.03, verified on Debian 12's 6.1 kernel):
@@ -28,7 +28,7 @@ from csi_local.host import device_mapper as dm
 from csi_local.host.device_mapper import PoolUsage
 
 if TYPE_CHECKING:
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def dm_name(vg: str, lv: str) -> str:
     return f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
 
 
-def thin_mapped_sectors(host: Host, vg: str, lv: str) -> int | None:
+def thin_mapped_sectors(host: Kernel, vg: str, lv: str) -> int | None:
     """Sectors (512 bytes) the active thin volume `vg`/`lv` maps in its pool,
     from the kernel's status of its device; 0: it holds no data at all. None
     when that cannot be known (not active, not a thin device, a failed pool):
@@ -55,7 +55,7 @@ def thin_mapped_sectors(host: Host, vg: str, lv: str) -> int | None:
         return None
 
 
-def pool_usage(host: Host, vg: str, pool: str) -> PoolUsage | None:
+def pool_usage(host: Kernel, vg: str, pool: str) -> PoolUsage | None:
     """The usage of LVM thin pool vg/pool, from whichever device carries its
     thin-pool target; None when neither exists (the pool is not active).
     Reading it makes the pool commit its metadata first, as `dmsetup status`

@@ -45,7 +45,7 @@ from csi_local.host.atomic_files import sync_directory, write_atomic
 from csi_local.storage.lv_devices import dm_name, pool_usage
 
 if TYPE_CHECKING:
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
     from csi_local.host.runner import Output, Runner
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ def _tools_needed(argv: list[str]) -> Iterator[None]:
 class ThinMetadata:
     """Reads the mappings of one thin pool's devices (`vg`/`pool`)."""
 
-    def __init__(self, runner: Runner, host: Host, vg: str, pool: str, mark_dir: str) -> None:
+    def __init__(self, runner: Runner, host: Kernel, vg: str, pool: str, mark_dir: str) -> None:
         self.runner = runner
         self.host = host  # the pool's status, by ioctl
         self.vg = vg

@@ -18,7 +18,7 @@ them, by their seqno, as LVM decides it (read_copies, text_head).
 Only reading is done here, and any doubt gives None (the caller asks `lvs`):
 a device that is not the PV expected, a checksum that does not match,
 metadata of another VG, text that does not parse. The bytes come through
-the Host (`read_device`: O_DIRECT, past the page cache, as LVM writes
+the Kernel (`read_device`: O_DIRECT, past the page cache, as LVM writes
 them), so a unit test's fake host serves its own LVM state in this format
 and this very parser reads it.
 """
@@ -54,7 +54,7 @@ def lvm_crc(data: bytes, crc: int = INITIAL_CRC) -> int:
 
 class DeviceReads(Protocol):
     """What this module needs of the host: bytes of a block device
-    (host.kernel.Host.read_device)."""
+    (host.kernel.Kernel.read_device)."""
 
     def read_device(self, path: str, offset: int, length: int) -> bytes: ...
 

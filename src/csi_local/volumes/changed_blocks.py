@@ -37,7 +37,7 @@ from csi_local.volumes.naming import (
 from csi_local.volumes.pool import Pool, Pools
 
 if TYPE_CHECKING:
-    from csi_local.host.kernel import Host
+    from csi_local.host.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def to_extents(mapping: Mapping, capacity: int) -> Iterator[Extent]:
 
 
 class ChangedBlocks:
-    def __init__(self, pools: Pools, locks: Locks, state_dir: str, host: Host) -> None:
+    def __init__(self, pools: Pools, locks: Locks, state_dir: str, host: Kernel) -> None:
         self.pools = pools
         self.locks = locks
         self.host = host  # the pools' status, by ioctl

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from csi_local.errors import SourceMismatch
 from csi_local.host.crypt import Key, data_offset_for, mapper_path
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import host_volume_names as hvn
 from csi_local.volumes import naming
@@ -108,7 +108,7 @@ def is_encrypted(lv: LogicalVolume) -> bool:
     return naming.TAG_ENCRYPTED in lv.tags or hvn.TAG_ENCRYPTED in lv.tags
 
 
-def top_device(host: Host, lv: LogicalVolume) -> TopDevice:
+def top_device(host: Kernel, lv: LogicalVolume) -> TopDevice:
     """An encrypted volume's open dm-crypt device when there is one (one stat
     of its node: the name says whose it is), else the LV."""
     if not is_encrypted(lv):

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from csi_local.errors import CannotQuiesce, FreezeTimeout, LockBusy
 from csi_local.host.atomic_files import write_atomic
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.volumes.lock_keys import freeze_key
 
@@ -69,7 +69,7 @@ class FreezeWindow:
     then; check() says whether it did. Thread-safe between the caller and the
     timer: each frozen path is thawed exactly once."""
 
-    def __init__(self, host: Host, limit: float, what: str, targets: Sequence[Target] = (),
+    def __init__(self, host: Kernel, limit: float, what: str, targets: Sequence[Target] = (),
                  limit_name: str = LIMIT_FLAG) -> None:
         self.host = host
         self.limit = limit
@@ -151,7 +151,7 @@ class FreezeWindow:
         return self.stuck
 
 
-def thaw(host: Host, paths: Sequence[str], what: str) -> list[str]:
+def thaw(host: Kernel, paths: Sequence[str], what: str) -> list[str]:
     """Thaw each path, the last frozen first; the ones that could not be thawed."""
     stuck = []
     for path in reversed(paths):
@@ -166,7 +166,7 @@ def thaw(host: Host, paths: Sequence[str], what: str) -> list[str]:
 class Freezes:
     """Freeze windows and their journals, in `locks`' directory."""
 
-    def __init__(self, host: Host, locks: Locks, limit: float = DEFAULT_FREEZE_LIMIT,
+    def __init__(self, host: Kernel, locks: Locks, limit: float = DEFAULT_FREEZE_LIMIT,
                  limit_name: str = LIMIT_FLAG) -> None:
         self.host = host
         self.locks = locks

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from csi_local.errors import CannotQuiesce, FormatTooNew, OriginFrozen, StorageError
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage.lvm import LogicalVolume, VgReport
 from csi_local.volumes import encryption, naming
 from csi_local.volumes.freezes import Freezes
@@ -104,7 +104,7 @@ def _size_of(lv: LogicalVolume) -> int:
 class GroupSnapshots:
     """Find, take and delete group snapshots over every class's pool."""
 
-    def __init__(self, pools: Pools, fs: Filesystems, host: Host, freezes: Freezes,
+    def __init__(self, pools: Pools, fs: Filesystems, host: Kernel, freezes: Freezes,
                  legacy_journal_dir: str | None = None) -> None:
         self.pools = pools
         self.fs = fs

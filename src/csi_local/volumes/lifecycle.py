@@ -69,7 +69,7 @@ from csi_local.host.crypt import (
     mapper_path,
 )
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lv_devices import thin_mapped_sectors
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport
@@ -138,7 +138,7 @@ class VolumeSteps:
     """The volume steps of one plugin: its file systems, its host, its tags
     and (the CSI node) its record of unfinished mkfs runs."""
 
-    def __init__(self, fs: Filesystems, host: Host, tags: StepTags,
+    def __init__(self, fs: Filesystems, host: Kernel, tags: StepTags,
                  marks: FormatMarks | None = None, crypt: Crypt | None = None, *,
                  on_open_failure: Callable[[str], None] | None = None,
                  freezes: Freezes | None = None) -> None:
@@ -375,7 +375,7 @@ class VolumeSteps:
         before this stage (a device opened now spans the LV already).
 
         Measured, never assumed: the device's size against the file system's
-        own count (Host.filesystem_size), and a tool runs only when the device
+        own count (Kernel.filesystem_size), and a tool runs only when the device
         is at least GROW_SLACK larger; only a device that is what is mounted
         there, read-write, is grown, and only ever grown. The grow-fs tag (a
         clone larger than its source) goes once its volume has grown. True

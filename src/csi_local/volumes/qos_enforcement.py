@@ -39,7 +39,7 @@ from enum import StrEnum
 
 from csi_local.errors import CgroupError, LockBusy, StorageError
 from csi_local.host.cgroups import Cgroups, Device
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.storage.lvm import LogicalVolume
 from csi_local.volumes import encryption, qos
@@ -144,7 +144,7 @@ class Enforcement:
 class QosEnforcer:
     """Writes published volumes' limits into their workloads' io.max."""
 
-    def __init__(self, cgroups: Cgroups, host: Host,
+    def __init__(self, cgroups: Cgroups, host: Kernel,
                  on_unenforced: Callable[[str], None] | None = None) -> None:
         self.cgroups = cgroups
         self.host = host

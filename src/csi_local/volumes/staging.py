@@ -33,7 +33,7 @@ from csi_local.errors import (
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, mapper_path
 from csi_local.host.filesystems import Filesystems, Usage
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.host.mounts import Mount, mount_node
 from csi_local.storage.lvm import LogicalVolume
@@ -118,7 +118,7 @@ def check_restage(staging: Staging, req: StageRequest) -> None:
 class Stager:
     """The Node service's stage, publish, stats and expansion on this node."""
 
-    def __init__(self, pools: Pools, locks: Locks, fs: Filesystems, host: Host,
+    def __init__(self, pools: Pools, locks: Locks, fs: Filesystems, host: Kernel,
                  steps: VolumeSteps, records: StageRecords,
                  qos: QosEnforcer | None = None) -> None:
         self.pools = pools

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from csi_local.errors import DeviceMissing
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from tests.unit.fakes.common import (
     _MIN_FS,
     DM_MAJOR,
@@ -62,7 +62,7 @@ class _Dev:
     readonly: bool
 
 
-class FakeDevices(Host):
+class FakeDevices(Kernel):
     """Block devices, their content and loop devices (a FakeHost part)."""
 
     loops: dict[int, FakeLoop]  # attached loop devices, by number

@@ -1,7 +1,7 @@
 """The fake LVM: volume groups, thin pools and thin volumes, the LVM
 commands that report and change them, what is read of them without a
 process (each VG's PV, whose bytes fakes/pv_metadata.py renders, and
-device-mapper's devices and their status, through the Host), and the thin
+device-mapper's devices and their status, through the Kernel), and the thin
 tools' view of a pool (dmsetup, thin_dump, thin_delta)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from csi_local.host.device_mapper import DmDevice, Target
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.storage import vg_text
 from tests.unit.fakes import pv_metadata
 from tests.unit.fakes.common import (
@@ -118,7 +118,7 @@ def _vg_not_found(vg: str) -> str:
     return f'  Volume group "{vg}" not found\n  Cannot process volume group {vg}\n'
 
 
-class FakeLvm(Host):
+class FakeLvm(Kernel):
     """Volume groups and their LVs (a FakeHost part)."""
 
     vg: str  # the first VG: the default of every helper taking a `vg`

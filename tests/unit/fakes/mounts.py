@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host import kernel as host_mod
 from csi_local.host import mounts
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.mounts import Mount
 from csi_local.host.runner import Result
 from tests.unit.fakes.common import (
@@ -39,7 +39,7 @@ class _Rec:
     dev_node: str | None  # the device whose file system this mount shows (None: a node bind)
 
 
-class FakeMounts(Host):
+class FakeMounts(Kernel):
     """The mount table (a FakeHost part)."""
 
     _table: list[_Rec]  # the mount table, in mount order

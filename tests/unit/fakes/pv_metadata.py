@@ -2,7 +2,7 @@
 header and one metadata area whose header points at the VG's metadata text,
 rendered from the fake's own state in the layout lvm2 2.03 writes
 (lib/format_text/layout.h, export.c). The plugin's committed-metadata
-reader (storage/vg_text.py) reads these bytes through the fake Host as it
+reader (storage/vg_text.py) reads these bytes through the fake Kernel as it
 reads a real PV, so the unit tables run its path too.
 
 The format is written out here on its own, not taken from the reader: the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from csi_local import config as config_mod
 from csi_local.errors import StorageError, VolumeGroupMissing
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.ops.doctor.system import FAIL, OK, WARN, Check
 from csi_local.ops.status.collect import read_only_pool
 from csi_local.ops.status.render import human_size
@@ -39,7 +39,7 @@ def check_volume_group(lvm: Lvm) -> Check:
     return Check(label, OK, f"size {human_size(vg.size)}, free {human_size(vg.free)}")
 
 
-def check_metadata(lvm: Lvm, host: Host) -> Check:
+def check_metadata(lvm: Lvm, host: Kernel) -> Check:
     """Whether every copy of the VG's metadata on its PVs agrees and every PV
     is there: else the plugin takes LVM's answer for every read (slower),
     and LVM warns at each command until the VG is repaired."""
@@ -133,7 +133,7 @@ def check_device_ids(lvm: Lvm, report: VgReport) -> Check:
     return Check(label, OK, "a new thin volume gets an ID")
 
 
-def check_metadata_snapshot(lvm: Lvm, host: Host, state_dir: str) -> Check:
+def check_metadata_snapshot(lvm: Lvm, host: Kernel, state_dir: str) -> Check:
     """Whether the pool holds a metadata snapshot, and whose (the mark
     storage/thin_mappings.py keeps in the state directory says which one
     csi-local reserved)."""
@@ -159,7 +159,7 @@ def _pct(p: float | None) -> str:
     return "-" if p is None else f"{p:.1f}%"
 
 
-def vg_and_pool_checks(lvm: Lvm, host: Host, setting: str = "--thin-pool", *,
+def vg_and_pool_checks(lvm: Lvm, host: Kernel, setting: str = "--thin-pool", *,
                        state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     """One class's: its VG, then its pool, zeroing and fill."""
     vg_check = check_volume_group(lvm)
@@ -170,7 +170,7 @@ def vg_and_pool_checks(lvm: Lvm, host: Host, setting: str = "--thin-pool", *,
             *_pool_checks(lvm, host, setting, state_dir=state_dir)]
 
 
-def _pool_checks(lvm: Lvm, host: Host, setting: str = "--thin-pool", *,
+def _pool_checks(lvm: Lvm, host: Kernel, setting: str = "--thin-pool", *,
                  state_dir: str = config_mod.DEFAULT_STATE_DIR) -> list[Check]:
     try:
         report = lvm.report()

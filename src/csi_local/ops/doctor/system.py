@@ -3,7 +3,7 @@
 A Check is "ok", "warn" (printed, the exit code stays 0) or "FAIL" (exit
 code 1), a message, and for every miss how to fix it. The System is the
 machine: a root directory for /proc, /sys, /dev and the configured paths, a
-runner for LVM, a Host for what is read of the kernel and the PVs without a
+runner for LVM, a Kernel for what is read of the kernel and the PVs without a
 process, a tool lookup and the environment, so that unit tests drive every
 check with a directory tree, a fake host and canned replies, without
 processes.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from csi_local.errors import CommandError
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.runner import ProcessRunner, Runner, resolve
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -57,9 +57,9 @@ class System:
                  env: Mapping[str, str] | None = None,
                  lvm_runner: Callable[[str], Runner] | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 host: Host | None = None) -> None:
+                 host: Kernel | None = None) -> None:
         self.runner = runner
-        self.host = host if host is not None else Host()
+        self.host = host if host is not None else Kernel()
         self.now = clock or (lambda: datetime.now(UTC))
         self.root = root
         self.root_uid = root_uid

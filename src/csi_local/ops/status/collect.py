@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from csi_local.errors import FormatTooNew, LockDirError, StorageError
 from csi_local.host.cgroups import Cgroups
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.host.runner import Runner
 from csi_local.nodestate.state_file import STATE_FILE, parse
@@ -301,7 +301,7 @@ class _PoolContext:
 
 def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                     orphan_age: float = DEFAULT_ORPHAN_AGE,
-                    now: float | None = None, host: Host | None = None,
+                    now: float | None = None, host: Kernel | None = None,
                     cgroups: Cgroups | None = None) -> Status:
     """The node's status over every device class: one `vgs` and one `lvs` per
     VG. A VG that cannot be read is shown as its classes' error; when none
@@ -311,7 +311,7 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
                                     c.overprovision_ratio, device_class=c)
              for c in classes.classes}
     infos: dict[str, ClassInfo] = {}
-    host = host if host is not None else Host()
+    host = host if host is not None else Kernel()
     committed = CommittedMetadata(runner, host)
     reports: list[VgReport] = []
     contexts: dict[tuple[str, str], _PoolContext] = {}
@@ -356,7 +356,7 @@ def collect_classes(runner: Runner, classes: DeviceClasses, state_dir: str, *,
     return status
 
 
-def _crypt_device(host: Host, lv: LogicalVolume) -> str | None:
+def _crypt_device(host: Kernel, lv: LogicalVolume) -> str | None:
     """The LV's open dm-crypt device (found by its name: one stat), if any."""
     top = encryption.top_device(host, lv)
     return top.path if top.encrypted else None
@@ -365,7 +365,7 @@ def _crypt_device(host: Host, lv: LogicalVolume) -> str | None:
 def _add_lv(status: Status, classes: DeviceClasses,
             contexts: dict[tuple[str, str], _PoolContext], report: VgReport,
             lv: LogicalVolume, records: dict[str, VolumeRecord] | None, orphan_age: float,
-            now: float, host: Host, enforcer: QosEnforcer) -> None:
+            now: float, host: Kernel, enforcer: QosEnforcer) -> None:
     age = max(0, int(now) - lv.created) if lv.created else 0
     owner = classes.of_pool(lv.vg, lv.pool) if lv.pool else None
     # A thin LV of a pool that is no class's (a class taken out of the file)

@@ -54,7 +54,7 @@ from csi_local.errors import (
 from csi_local.host import filesystem_rules as fsrules
 from csi_local.host.crypt import Key, read_key_file
 from csi_local.host.filesystems import Filesystems
-from csi_local.host.kernel import Host
+from csi_local.host.kernel import Kernel
 from csi_local.host.locks import Locks
 from csi_local.host.runner import ProcessRunner, Runner
 from csi_local.storage.lvm import LogicalVolume, Lvm, VgReport, hex_tag
@@ -86,16 +86,16 @@ from csi_local.volumes.pool import Pool, Pools
 log = logging.getLogger("csi_local.dhv")
 
 
-class HostVolumePlugin:
+class HostVolumes:
     """create and delete, on the pools (device classes) the configuration names."""
 
     def __init__(self, config: PluginConfig, runner: Runner | None = None,
-                 host: Host | None = None) -> None:
+                 host: Kernel | None = None) -> None:
         self.config = config
         self.deadline = Deadline(config.timeout_seconds)
         inner = runner if runner is not None else ProcessRunner(timeout=config.timeout_seconds)
         self.runner = DeadlineRunner(inner, self.deadline)
-        self.host = host if host is not None else Host()
+        self.host = host if host is not None else Kernel()
         self.fs = Filesystems(self.runner, self.host)
         self.locks = Locks(config.lock_dir)
         self.pools = Pools(config.classes, self.runner, self.locks, config.pool_policy)
