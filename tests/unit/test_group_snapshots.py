@@ -30,6 +30,7 @@ from csi_local.storage import vg_text
 from csi_local.volumes import naming
 from csi_local.volumes.freezes import Freezes
 from csi_local.volumes.group_snapshots import JOURNAL_PREFIX, GroupSnapshots
+from csi_local.volumes.known_vgs import KnownVolumeGroups
 from csi_local.volumes.lock_keys import volume_key
 from csi_local.volumes.pool import COMMAND_TEXT_MAX, LV_TEXT_MAX
 from tests.unit import table
@@ -840,6 +841,185 @@ def test_group_device_class_other_than_a_sources(classes: Lab) -> None:
     assert code == "INVALID_ARGUMENT", msg
     assert "device class 'big'" in msg
     assert classes.lv_state() == before and classes.journals() == []
+
+
+# a member's volume group missing -----------------------------------------------------------
+#
+# A group's members are found by their tags, so a member in a VG that is
+# missing (a PV unplugged, a VG not yet activated) is simply not seen: the
+# group looks unfinished, or absent. While a VG the node has had is missing,
+# neither may be concluded: nothing is deleted, retaken or called gone, and
+# the call is UNAVAILABLE, as every other lookup answers a missing VG.
+
+
+@pytest.fixture
+def split(classes: Lab) -> tuple[Lab, str, str]:
+    """Group G of a fast volume (VG vg-nvme) and a big one (VG vg-hdd)."""
+    fast = classes.volume("f", params={"deviceClass": "fast"})
+    big = classes.volume("b", params={"deviceClass": "big"})
+    classes.made("g", fast, big)
+    classes.host.calls.clear()
+    return classes, fast, big
+
+
+def known_vgs(lab: Lab, backups: Path, *, had: tuple[str, ...] = ()) -> None:
+    """The record of the VGs the node has had, made at a start (as CsiPlugin
+    wires it), LVM's metadata backups naming `had` among the missing ones."""
+    backups.mkdir(exist_ok=True)
+    for vg in had:
+        (backups / vg).write_text("# lvm metadata backup\n", encoding="utf-8")
+    pools = lab.n.backend.pools
+    pools.known_vgs = KnownVolumeGroups(lab.state_dir, lambda: str(backups))
+    for pool in pools:
+        pool.known_vgs = pools.known_vgs
+    pools.note_volume_groups()
+    lab.host.calls.clear()
+
+
+def lose_member_in(lab: Lab, vid: str, vg: str) -> None:
+    """A take that did not finish: `vid`'s member, in VG `vg`, never made."""
+    lab.host.run(["lvremove", "--yes", f"{vg}/{member(vid)}"])
+    lab.host.calls.clear()
+
+
+def test_retry_while_a_members_vg_is_missing_deletes_nothing(
+        split: tuple[Lab, str, str]) -> None:
+    """The CO's retry of a group that was taken whole, while one member's VG is
+    missing: the other members are not debris of an unfinished take."""
+    lab, fast, big = split
+    before = lab.lv_state()
+    lab.host.set_vg_present("vg-hdd", False)
+    # The same sources, and others (a group of the one member seen would be a
+    # second group of this ID once the VG is back).
+    for sources in ((fast, big), (big, fast), (fast,)):
+        code, msg = lab.create("g", *sources)
+        assert (code, lab.lv_state()) == ("UNAVAILABLE", before), msg
+        assert "volume group vg-hdd not found" in msg, msg
+    assert not {"lvremove", "lvcreate"} & set(lab.kinds())
+    assert lab.journals() == []
+    # Back: the retry answers the group that was taken, at its instant.
+    lab.host.set_vg_present("vg-hdd", True)
+    gs = lab.made("g", fast, big)
+    assert [s.snapshot_id for s in gs.snapshots] == [member(fast), member(big)]
+    assert lab.lv_state() == before
+    assert not {"lvremove", "lvcreate"} & set(lab.kinds())
+
+
+def test_get_and_delete_while_a_members_vg_is_missing(split: tuple[Lab, str, str]) -> None:
+    """Neither "not found" nor a delete of the members that are seen: the CO
+    would forget the one in the missing VG."""
+    lab, fast, big = split
+    before = lab.lv_state()
+    lab.host.set_vg_present("vg-hdd", False)
+    for rpc, request_ in ((lab.gc.GetVolumeGroupSnapshot, gg()),
+                          (lab.gc.DeleteVolumeGroupSnapshot, dg()),
+                          (lab.gc.DeleteVolumeGroupSnapshot, dg(G, member(fast), member(big)))):
+        code, msg = call(rpc, request_)
+        assert code == "UNAVAILABLE", msg
+        assert "volume group vg-hdd not found" in msg, msg
+    assert lab.lv_state() == before and "lvremove" not in lab.kinds()
+    lab.host.set_vg_present("vg-hdd", True)
+    assert call(lab.gc.GetVolumeGroupSnapshot, gg())[0] == "OK"
+    assert call(lab.gc.DeleteVolumeGroupSnapshot, dg())[0] == "OK"
+    assert lab.members() == {}
+
+
+@pytest.mark.parametrize("rpc", ["create", "get", "delete"])
+def test_a_group_not_seen_while_a_vg_is_missing(classes: Lab, rpc: str) -> None:
+    """No member seen at all: the group may be wholly in the missing VG, so it
+    is neither taken anew (two groups of one ID) nor called gone."""
+    fast = classes.volume("f", params={"deviceClass": "fast"})
+    big = classes.volume("b", params={"deviceClass": "big"})
+    classes.made("g", big)
+    classes.host.set_vg_present("vg-hdd", False)
+    classes.host.calls.clear()
+    before = classes.lv_state()
+    code, msg = {"create": lambda: classes.create("g", fast),
+                 "get": lambda: call(classes.gc.GetVolumeGroupSnapshot, gg()),
+                 "delete": lambda: call(classes.gc.DeleteVolumeGroupSnapshot, dg())}[rpc]()
+    assert code == "UNAVAILABLE", msg
+    assert "volume group vg-hdd not found" in msg, msg
+    assert classes.lv_state() == before
+    assert not {"lvremove", "lvcreate"} & set(classes.kinds())
+
+
+def test_a_whole_group_is_served_while_another_vg_is_missing(classes: Lab) -> None:
+    """Every member seen: nothing of it can be in the missing VG."""
+    fast = classes.volume("f", params={"deviceClass": "fast"})
+    fast2 = classes.volume("f2", params={"deviceClass": "fast"})
+    classes.made("g", fast, fast2)
+    classes.host.set_vg_present("vg-hdd", False)
+    classes.host.calls.clear()
+    before = classes.lv_state()
+    gs = classes.made("g", fast, fast2)
+    assert sorted(s.snapshot_id for s in gs.snapshots) == sorted([member(fast), member(fast2)])
+    assert call(classes.gc.GetVolumeGroupSnapshot, gg())[0] == "OK"
+    assert classes.lv_state() == before
+    assert call(classes.gc.DeleteVolumeGroupSnapshot, dg())[0] == "OK"
+    assert classes.members() == {}
+
+
+def test_a_vg_the_node_never_had_holds_no_member(classes: Lab, tmp_path: Path) -> None:
+    """A missing VG this node never had (classes are per cluster, pools per
+    node) holds nothing: groups are taken, found and deleted as without it."""
+    classes.host.set_vg_present("vg-hdd", False)
+    known_vgs(classes, tmp_path / "lvm-backup")
+    fast = classes.volume("f", params={"deviceClass": "fast"})
+    fast2 = classes.volume("f2", params={"deviceClass": "fast"})
+    assert call(classes.gc.GetVolumeGroupSnapshot, gg())[0] == "NOT_FOUND"
+    classes.made("g", fast, fast2)
+    lose_member_in(classes, fast2, "vg-nvme")
+    classes.host.calls.clear()
+    gs = classes.made("g", fast, fast2)  # the unfinished one is retaken
+    assert len(gs.snapshots) == 2
+    assert classes.events()[0] == ("lvremove", member(fast))
+    assert call(classes.gc.DeleteVolumeGroupSnapshot, dg())[0] == "OK"
+    assert call(classes.gc.DeleteVolumeGroupSnapshot, dg())[0] == "OK"
+    assert classes.members() == {}
+
+
+def test_a_vg_the_node_had_keeps_its_members(split: tuple[Lab, str, str],
+                                             tmp_path: Path) -> None:
+    """The same VG on the record (the node had it): refused, whatever restarts."""
+    lab, fast, big = split
+    known_vgs(lab, tmp_path / "lvm-backup")
+    lab.host.set_vg_present("vg-hdd", False)
+    known_vgs(lab, tmp_path / "lvm-backup")  # a start while it is missing
+    before = lab.lv_state()
+    assert lab.create("g", fast, big)[0] == "UNAVAILABLE"
+    assert lab.lv_state() == before
+
+
+@pytest.mark.parametrize("rpc", ["create", "get", "delete"])
+def test_the_only_vg_missing(group: Lab, rpc: str) -> None:
+    """One VG, missing: no member is seen, and the group is not called gone."""
+    before = group.lv_state()
+    group.host.set_vg_present("vg0", False)
+    code, msg = {"create": lambda: group.create("g", A, B),
+                 "get": lambda: call(group.gc.GetVolumeGroupSnapshot, gg()),
+                 "delete": lambda: call(group.gc.DeleteVolumeGroupSnapshot, dg())}[rpc]()
+    assert code == "UNAVAILABLE", msg
+    assert "volume group vg0 not found" in msg, msg
+    assert group.lv_state() == before
+    assert not {"lvremove", "lvcreate"} & set(group.kinds())
+
+
+def test_recover_leaves_a_group_whose_vg_is_missing(split: tuple[Lab, str, str]) -> None:
+    """A start with a take's journal left and a member's VG missing: the group
+    may be whole, so it is left to the CO's retry once the VG is back; the
+    plugin still starts."""
+    lab, fast, big = split
+    journal(lab, G)
+    lab.host.set_vg_present("vg-hdd", False)
+    before = lab.lv_state()
+    restart(lab)
+    assert lab.lv_state() == before and "lvremove" not in lab.kinds()
+    assert lab.journals() == []
+    lab.host.set_vg_present("vg-hdd", True)
+    assert call(lab.gc.GetVolumeGroupSnapshot, gg())[0] == "OK"
+    gs = lab.made("g", fast, big)  # the CO's retry: the group as it was taken
+    assert [s.snapshot_id for s in gs.snapshots] == [member(fast), member(big)]
+    assert lab.lv_state() == before and "lvcreate" not in lab.kinds()
 
 
 # the freeze window's own limit ------------------------------------------------------------

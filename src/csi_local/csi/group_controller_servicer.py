@@ -89,6 +89,8 @@ class GroupControllerServicer(csi_pb2_grpc.GroupControllerServicer):
             stack.enter_context(self.locks.hold(volume_key(group_id)))
             for vid in sorted(sources):
                 stack.enter_context(self.locks.hold(volume_key(vid)))
+            # UNAVAILABLE, before anything is deleted or made, while a VG that
+            # may hold members the lookup does not see is missing.
             existing = self.groups.find(group_id)
             if existing is not None and existing.complete:
                 for member in existing.members:  # a retry's answer reads their tags

@@ -4,7 +4,8 @@ A group is no LV of its own. Each member is an ordinary CSI snapshot (it
 restores with CreateVolume like any other) tagged with the group's ID and the
 number of members the group was made with, so LVM alone says what a group
 is, and a group with fewer members than its size is a take that did not
-finish.
+finish; unless a VG that may hold the others is missing, when neither that
+nor a group's absence can be told (GroupSnapshots.find).
 
 How the instant is made (the spec's write-order consistency):
 
@@ -54,7 +55,13 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from csi_local.errors import CannotQuiesce, FormatTooNew, OriginFrozen, StorageError
+from csi_local.errors import (
+    CannotQuiesce,
+    FormatTooNew,
+    OriginFrozen,
+    StorageError,
+    VolumeGroupMissing,
+)
 from csi_local.host.filesystems import Filesystems
 from csi_local.host.kernel import Kernel
 from csi_local.storage.lvm import LogicalVolume, VgReport
@@ -120,14 +127,29 @@ class GroupSnapshots:
 
     def find(self, group_id: str) -> Group | None:
         """The group with this ID, from one `lvs` over the classes' VGs; None
-        when no member exists."""
-        lvs, _ = self.pools.scan()
+        when no member exists.
+
+        VolumeGroupMissing when a VG that may hold volumes (one this node has
+        had, Pools' known VGs) is missing and the members seen are not all of
+        the group: the others may be in it. An unfinished group's members are
+        deleted and a group not found is taken anew or called gone, so either
+        conclusion drawn from a partial view would delete whole groups' members
+        or make a second group of this ID. A group with every member seen is
+        answered: none of it can be in the missing VG."""
+        lvs, missing = self.pools.scan()
         members = sorted((lv for pool, lv in lvs if pool is not None
                           and naming.is_csi_snapshot(lv) and naming.group_of(lv) == group_id),
                          key=lambda lv: lv.name)
-        if not members:
-            return None
-        return Group(group_id, tuple(members), max(_size_of(m) for m in members))
+        group = (Group(group_id, tuple(members), max(_size_of(m) for m in members))
+                 if members else None)
+        if missing and (group is None or not group.complete):
+            seen = (f"{len(group.members)} of its {group.size} members are seen"
+                    if group is not None else "none of its members is seen")
+            raise VolumeGroupMissing(
+                f"volume group {', '.join(missing)} not found: group snapshot {group_id} "
+                f"may have members there ({seen}), so it is neither called unfinished nor "
+                "gone until the volume group is back")
+        return group
 
     # taking ----------------------------------------------------------------
 
@@ -265,7 +287,14 @@ class GroupSnapshots:
         group_id = entry.get("group_id")
         if not isinstance(group_id, str):
             return
-        group = self.find(group_id) if naming.is_group_id(group_id) else None
+        try:
+            group = self.find(group_id) if naming.is_group_id(group_id) else None
+        except VolumeGroupMissing as err:
+            # The take may have finished with a member in the missing VG. Left
+            # for the CO's retry, which deletes and retakes an unfinished group
+            # once the VG is back; the plugin still starts.
+            log.warning("group snapshot %s is left as it is: %s", group_id, err.message)
+            return
         if group is not None and not group.complete:
             log.warning("deleting %d member(s) of group snapshot %s, whose take did "
                         "not finish", len(group.members), group_id)
