@@ -6,7 +6,8 @@ this one.
 
 Each earlier version makes volumes in every state a node holds (created only,
 staged, staged and published with data, raw block staged and published,
-encrypted when it can, a snapshot, a volume restored from it, a clone) and is
+encrypted when it can, one in a second device class on a VG of its own when
+it knows classes, a snapshot, a volume restored from it, a clone) and is
 stopped as a DaemonSet's rolling update stops it, with a CreateVolume and a
 NodeStageVolume in flight: SIGTERM, then SIGKILL of it and every process it
 started when the grace runs out. This version then reports every volume,
@@ -48,12 +49,21 @@ import pytest
 from benchmarks.lab import SCRATCH, unmount_under
 from csi_local._gen import csi_pb2 as pb
 from csi_local.host import crypt, mounts
-from tests.integration.conftest import LoopVG, PluginProcess, block_cap, mount_cap, run
+from csi_local.volumes import naming
+from tests.integration.conftest import (
+    LoopVG,
+    PluginProcess,
+    block_cap,
+    make_vg,
+    mount_cap,
+    run,
+)
 from tests.integration.earlier import (
     EARLIER,
     ENCRYPTING,
     PLACEHOLDERS,
     VENVS,
+    WITH_CLASSES,
     installed,
     python_of,
     venv_of,
@@ -65,6 +75,7 @@ from tests.integration.test_freezes import child_running, wait_for
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
 
 MiB = 1 << 20
+DEFAULT_CLASS, SECOND_CLASS = "first", "second"
 # What a DaemonSet's rolling update gives the old pod between SIGTERM and
 # SIGKILL is its terminationGracePeriodSeconds (60 s as shipped). Here it is
 # shorter than the work in flight, so that the SIGKILL lands mid-work: the
@@ -138,13 +149,40 @@ def test_upgrade_then_rollback_keeps_every_volume(vg: LoopVG, pythons: dict[str,
     assert runs_from(python).startswith(str(venv_of(earlier))), \
         "the earlier version's code is not what runs"
     workdir = SCRATCH / f"up-{uuid.uuid4().hex[:8]}"
+    # A version that knows device classes serves two, the second on a VG of
+    # its own: both versions read the same classes file.
+    second = make_vg(512 * MiB) if earlier in WITH_CLASSES else None
+    config = None if second is None else classes_file(workdir, vg, second)
     # -I: the venv's package only, whatever PYTHONPATH or the working directory hold.
     old = PluginProcess(vg=vg, workdir=workdir, python=python, python_args=["-I"],
-                        env=slow_mkfs_path(workdir))
-    new = PluginProcess(vg=vg, workdir=workdir)
-    with both_versions(old, new, workdir):
-        upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING,
-                              placeholders=earlier in PLACEHOLDERS)
+                        env=slow_mkfs_path(workdir), config_file=config)
+    new = PluginProcess(vg=vg, workdir=workdir, config_file=config)
+    try:
+        with both_versions(old, new, workdir):
+            upgrade_and_roll_back(old, new, encrypting=earlier in ENCRYPTING,
+                                  placeholders=earlier in PLACEHOLDERS, second=second)
+    finally:
+        if second is not None:
+            second.destroy()
+
+
+def classes_file(workdir: Path, first: LoopVG, second: LoopVG) -> Path:
+    """Two device classes: the default on the test's VG, `second` on a VG
+    of its own, over-provisioned 2x (so the classes' capacities differ)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "classes.toml"
+    path.write_text(f'''default = "{DEFAULT_CLASS}"
+
+[classes.{DEFAULT_CLASS}]
+volume_group = "{first.name}"
+thin_pool = "{first.pool}"
+
+[classes.{SECOND_CLASS}]
+volume_group = "{second.name}"
+thin_pool = "{second.pool}"
+overprovision_ratio = 2.0
+''')
+    return path
 
 
 @contextlib.contextmanager
@@ -224,27 +262,31 @@ def terminate_then_kill(p: PluginProcess, grace: float) -> bool:
     return killed
 
 
-Views = tuple[dict[str, tuple[int, bytes]], dict[str, tuple[str, int, bool]], int]
+Views = tuple[dict[str, tuple[int, bytes]], dict[str, tuple[str, int, bool]], list[int]]
 
 
-def views(p: PluginProcess) -> Views:
+def views(p: PluginProcess, classes: list[str]) -> Views:
     """What a CO sees of the node: each volume's capacity and content source
     (ListVolumes), each snapshot's source, size and readiness
-    (ListSnapshots), and GetCapacity's bytes."""
+    (ListSnapshots), and GetCapacity's bytes (the default class's, and
+    each of `classes`')."""
     volumes = {e.volume.volume_id: (e.volume.capacity_bytes,
                                     e.volume.content_source.SerializeToString(deterministic=True))
                for e in p.controller.ListVolumes(pb.ListVolumesRequest()).entries}
     snaps = {e.snapshot.snapshot_id: (e.snapshot.source_volume_id, e.snapshot.size_bytes,
                                       e.snapshot.ready_to_use)
              for e in p.controller.ListSnapshots(pb.ListSnapshotsRequest()).entries}
-    capacity = p.controller.GetCapacity(pb.GetCapacityRequest()).available_capacity
+    capacity = [p.controller.GetCapacity(pb.GetCapacityRequest(
+        parameters={naming.DEVICE_CLASS_PARAMETER: c} if c else {})).available_capacity
+        for c in ["", *classes]]
     return volumes, snaps, capacity
 
 
 def same_reports(before: Views, after: Views, extra: int) -> None:
     """This version reports what the earlier one did: every volume and
     snapshot it listed, alike (a content source only where it gave one), and
-    the same capacity less `extra` bytes made since."""
+    the same capacities, the default class's less `extra` bytes made in it
+    since."""
     volumes, snaps, capacity = before
     now_volumes, now_snaps, now_capacity = after
     for vid, (size, source) in volumes.items():
@@ -253,7 +295,9 @@ def same_reports(before: Views, after: Views, extra: int) -> None:
         if source:
             assert now_volumes[vid][1] == source, vid
     assert {k: now_snaps.get(k) for k in snaps} == snaps
-    assert now_capacity == capacity - extra, (now_capacity, capacity, extra)
+    assert now_capacity[0] == capacity[0] - extra, (now_capacity, capacity, extra)
+    if len(capacity) > 1:  # with classes: the first is the default's again
+        assert now_capacity[1:] == [capacity[1] - extra, *capacity[2:]], (now_capacity, capacity)
 
 
 def thin_lv_bytes(p: PluginProcess, lv: str) -> int:
@@ -276,10 +320,24 @@ def placeholder_intact(p: PluginProcess, vid: str) -> bool:
 
 
 def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
-                          encrypting: bool, placeholders: bool) -> None:
+                          encrypting: bool, placeholders: bool,
+                          second: LoopVG | None) -> None:
     path = old.path
+    classes = [] if second is None else [DEFAULT_CLASS, SECOND_CLASS]
     # The earlier version makes a volume in every state.
     old.start()
+    if second is not None:
+        # One in the second class, published with data.
+        other = old.controller.CreateVolume(pb.CreateVolumeRequest(
+            name="up-second", capacity_range=pb.CapacityRange(required_bytes=32 * MiB),
+            volume_capabilities=[mount_cap()],
+            parameters={naming.DEVICE_CLASS_PARAMETER: SECOND_CLASS})).volume.volume_id
+        assert other in second.lv_names()
+        s_other, t_other = path("s-second"), path("t-second")
+        stage(old, other, s_other)
+        publish(old, other, s_other, t_other)
+        Path(t_other, "data").write_bytes(b"in the second class\n")
+        os.sync()
     made_encrypted: set[str] = set()
     if encrypting:
         # Encrypted, staged and published with data (kept through both moves).
@@ -319,7 +377,7 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
         timeout=600).volume.volume_id
     mid, s_mid = create(old, "up-mid"), path("s-mid")
     # What the earlier version reports, for this one to report alike.
-    seen_before = views(old)
+    seen_before = views(old, classes)
     # Stopped as a rolling update stops it, a stage and a create in flight:
     # the stage's mkfs held (the shim), the create sent just before SIGTERM.
     slow = old.workdir / "shims" / "slow"
@@ -338,6 +396,8 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
           f"{'sent' if killed else 'not needed'}; "
           f"the stage answered {answer(staged_out)}, the create {answer(created_out)}")
     made = {idle, staged, pub, blk, restored, cloned, mid}
+    if second is not None:
+        made.add(other)
 
     # The upgrade: this version finds and finishes all of it.
     new.start()
@@ -350,7 +410,11 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     # ListVolumes, ListSnapshots and GetCapacity as the earlier version had
     # them (the converged create's LV aside, which the earlier one may not
     # have finished before its stop).
-    same_reports(seen_before, views(new), extra=thin_lv_bytes(new, flight))
+    same_reports(seen_before, views(new, classes), extra=thin_lv_bytes(new, flight))
+    if second is not None:
+        assert other in listed(new)
+        publish(new, other, s_other, t_other)  # the kubelet's repeat: idempotent
+        assert Path(t_other, "data").read_bytes() == b"in the second class\n"
     if encrypting:
         publish(new, enc, s_enc, t_enc)  # the kubelet's repeat: idempotent
         assert Path(t_enc, "data").read_bytes() == b"encrypted by the earlier version\n"
@@ -432,6 +496,8 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
         unstage(old, enc, s_enc)
     published = [(pub, s_pub, t_pub), (idle, s_idle, t_idle), (blk, s_blk, t_blk),
                  *((vid, staging, target) for vid, (staging, target) in copies.items())]
+    if second is not None:
+        published.append((other, s_other, t_other))
     for vid, staging, target in published:
         unpublish(old, vid, target)
         unstage(old, vid, staging)
@@ -442,5 +508,6 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     for vid in sorted(every):
         old.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vid))
     assert old.vg.lv_names() == []
+    assert second is None or second.lv_names() == []
     prefix = str(old.workdir) + "/"
     assert [m.mount_point for m in mounts.read_mounts() if m.mount_point.startswith(prefix)] == []
