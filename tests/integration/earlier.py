@@ -18,6 +18,7 @@ from pathlib import Path
 # and main before device classes, group snapshots, the lvm shell and the
 # committed-metadata reads (every lvcreate a process of its own).
 EARLIER = ["3cce9e1", "271635e", "87e5bdb", "667ac4e"]
+LAST_RELEASE = "3cce9e1"  # v0.2.0
 # Those that encrypt volumes (LUKS2); those of them that write and know the
 # placeholder header (0.2.0 on); those that know device classes (`--config`).
 ENCRYPTING = {"3cce9e1", "271635e"}

@@ -54,7 +54,7 @@ from csi_local.host import mounts
 from tests.dhvharness import reply
 from tests.integration.conftest import LoopVG, PluginProcess, make_vg, mount_cap, run
 from tests.integration.dhvkit import Dhv, Result, failed, mounted_device, new_id, ok
-from tests.integration.earlier import WITH_CLASSES, venv_of
+from tests.integration.earlier import EARLIER, LAST_RELEASE, WITH_CLASSES, installed, venv_of
 from tests.integration.test_encryption import kill_tree
 from tests.integration.test_node import publish, stage, unpublish, unstage
 from tests.integration.test_upgrades import (  # noqa: F401 - `pythons` is a fixture
@@ -65,9 +65,16 @@ from tests.integration.test_upgrades import (  # noqa: F401 - `pythons` is a fix
     snapshots,
 )
 
-# `deep`: some 100 to 1,500 s each (CONTRIBUTING, "Deep runs"); the earlier
-# versions come from the repository's history, as test_upgrades.py's do.
-pytestmark = [pytest.mark.integration, pytest.mark.deep]
+# The device-class tests are `deep` (some 500 to 1,500 s each; CONTRIBUTING,
+# "Deep runs"); the test command's upgrade test (test_upgrades.py) serves two
+# classes itself. The host volume's from the last release is in the test
+# command (`core`) when the earlier versions' venvs are built, as
+# test_upgrades.py's are.
+pytestmark = [pytest.mark.integration]
+HOST_VOLUME_VERSIONS = [
+    pytest.param(c, marks=pytest.mark.core if c == LAST_RELEASE and all(map(installed, EARLIER))
+                 else pytest.mark.deep)
+    for c in WITH_CLASSES]
 MiB = 1 << 20
 
 CLASSES = """\
@@ -164,6 +171,7 @@ def mounted_under(workdir: Path) -> list[str]:
     return [m.mount_point for m in mounts.read_mounts() if m.mount_point.startswith(prefix)]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("earlier", WITH_CLASSES)
 def test_device_classes_survive_upgrade_and_rollback(
         pools: Pools, pythons: dict[str, str],  # noqa: F811 - the fixture imported above
@@ -346,7 +354,7 @@ def old_install(src: Earlier, dhv: Dhv, classes_file: Path) -> None:
     assert json.loads(proc.stdout)["plugin"] == dhv.exe
 
 
-@pytest.mark.parametrize("earlier", WITH_CLASSES)
+@pytest.mark.parametrize("earlier", HOST_VOLUME_VERSIONS)
 def test_host_volume_survives_upgrade_and_rollback(
         pools: Pools, pythons: dict[str, str],  # noqa: F811 - the fixture imported above
         earlier: str) -> None:
