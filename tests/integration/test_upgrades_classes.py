@@ -344,12 +344,17 @@ def old_call(src: Earlier, dhv: Dhv, op: str, vid: str, **kw: Any) -> Result:
 
 
 def old_install(src: Earlier, dhv: Dhv, classes_file: Path) -> None:
-    """The earlier version's `csi-local-dhv install`: its own configuration
-    (it knows no caller_deadline_seconds; its timeout_seconds goes up to an
-    hour, as the emulated VM needs)."""
+    """The earlier version's `csi-local-dhv install`: its own configuration,
+    with the time the emulated VM needs. One that knows Nomad's deadline
+    (0.2.0 on: timeout_seconds below caller_deadline_seconds, 60 by default)
+    is given a longer deadline, as this version is (Dhv.install); an older one
+    knows none, and its timeout_seconds goes up to an hour."""
+    usage = old_dhv(src, dhv, "install", "--help", env={}).stdout
+    deadline = (["--caller-deadline-seconds", "3600"]
+                if "--caller-deadline-seconds" in usage else [])
     proc = old_dhv(src, dhv, "install", "--plugin-dir", str(dhv.plugin_dir),
                    "--config", str(classes_file), "--lock-dir", str(dhv.lock_dir),
-                   "--timeout-seconds", "600", env={})
+                   "--timeout-seconds", "600", *deadline, env={})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plugin"] == dhv.exe
 
