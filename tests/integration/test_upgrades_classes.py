@@ -387,14 +387,17 @@ def host_volume_upgrade_and_roll_back(pools: Pools, src: Earlier, dhv: Dhv,
     assert mounted_device(path) is not None
     sums = {vid: write_data(path)}
     config = json.loads((dhv.plugin_dir / "csi-local-dhv.json").read_text())
-    assert "caller_deadline_seconds" not in config  # the earlier version's file
 
     # The package upgraded, install not run again: the executable the earlier
     # install wrote imports whatever csi_local its interpreter has, this
-    # version, which refuses the earlier file's timeout_seconds of 600
-    # (CHANGELOG: 60 or more is refused without caller_deadline_seconds) and
-    # touches nothing.
-    failed(dhv.call("create", vid, cap_min=64 * MiB, params=big), "timeout_seconds")
+    # version. A file from before 0.2.0 (no caller_deadline_seconds) has a
+    # timeout_seconds of 600, which this version refuses (CHANGELOG: 60 or
+    # more is refused without caller_deadline_seconds) touching nothing; a
+    # file of 0.2.0 on is served as it is.
+    if "caller_deadline_seconds" not in config:
+        failed(dhv.call("create", vid, cap_min=64 * MiB, params=big), "timeout_seconds")
+    else:
+        assert ok(dhv.call("create", vid, cap_min=64 * MiB, params=big)) == made
     assert pools.size(lv_name_for(vid)) == 64 * MiB and checksum(path) == sums[vid]
 
     # The upgrade: this version installed, and Nomad's repeated create.
