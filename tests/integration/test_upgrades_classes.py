@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -359,6 +360,14 @@ def old_install(src: Earlier, dhv: Dhv, classes_file: Path) -> None:
     assert json.loads(proc.stdout)["plugin"] == dhv.exe
 
 
+def upgraded_call(dhv: Dhv, op: str, vid: str, **kw: Any) -> Result:
+    """Nomad's call of the executable the earlier install wrote, after the
+    package was upgraded in place: its script, run by this version's python."""
+    proc = subprocess.run([sys.executable, "-I", dhv.exe, op], env=dhv.env(op, vid, **kw),
+                          capture_output=True, text=True, check=False, timeout=900)
+    return reply(proc.returncode, proc.stdout, proc.stderr)
+
+
 @pytest.mark.parametrize("earlier", HOST_VOLUME_VERSIONS)
 def test_host_volume_survives_upgrade_and_rollback(
         pools: Pools, pythons: dict[str, str],  # noqa: F811 - the fixture imported above
@@ -390,14 +399,16 @@ def host_volume_upgrade_and_roll_back(pools: Pools, src: Earlier, dhv: Dhv,
 
     # The package upgraded, install not run again: the executable the earlier
     # install wrote imports whatever csi_local its interpreter has, this
-    # version. A file from before 0.2.0 (no caller_deadline_seconds) has a
-    # timeout_seconds of 600, which this version refuses (CHANGELOG: 60 or
+    # version (the script run by this version's python, as a package upgraded
+    # in place is). A file from before 0.2.0 (no caller_deadline_seconds) has
+    # a timeout_seconds of 600, which this version refuses (CHANGELOG: 60 or
     # more is refused without caller_deadline_seconds) touching nothing; a
     # file of 0.2.0 on is served as it is.
     if "caller_deadline_seconds" not in config:
-        failed(dhv.call("create", vid, cap_min=64 * MiB, params=big), "timeout_seconds")
+        failed(upgraded_call(dhv, "create", vid, cap_min=64 * MiB, params=big),
+               "timeout_seconds")
     else:
-        assert ok(dhv.call("create", vid, cap_min=64 * MiB, params=big)) == made
+        assert ok(upgraded_call(dhv, "create", vid, cap_min=64 * MiB, params=big)) == made
     assert pools.size(lv_name_for(vid)) == 64 * MiB and checksum(path) == sums[vid]
 
     # The upgrade: this version installed, and Nomad's repeated create.
