@@ -285,9 +285,9 @@ def kill_tree(plugin: PluginProcess) -> None:
     plugin.kill()
 
 
-def kill_commands(parent: int) -> None:
-    """SIGKILL every process `parent` started, each in its process group."""
-    children = []
+def children(parent: int) -> set[int]:
+    """The processes `parent` started (each in a process group of its own)."""
+    found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -295,8 +295,13 @@ def kill_commands(parent: int) -> None:
             except OSError:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                children.append(int(entry))
-    for pid in children:
+                found.add(int(entry))
+    return found
+
+
+def kill_commands(parent: int) -> None:
+    """SIGKILL every process `parent` started, each in its process group."""
+    for pid in children(parent):
         try:
             os.killpg(pid, signal.SIGKILL)  # each command runs in a group of its own
         except ProcessLookupError:

@@ -69,8 +69,8 @@ from tests.integration.earlier import (
     python_of,
     venv_of,
 )
+from tests.integration.test_encryption import children, kill_commands
 from tests.integration.test_encryption import create as create_encrypted
-from tests.integration.test_encryption import kill_commands
 from tests.integration.test_encryption import stage as stage_encrypted
 from tests.integration.test_freezes import child_running, wait_for
 from tests.integration.test_node import create, publish, stage, unpublish, unstage
@@ -223,20 +223,6 @@ def slow_mkfs_path(workdir: Path) -> dict[str, str]:
         f"exec {shlex.quote(real)} \"$@\"\n")
     script.chmod(0o755)
     return {"PATH": f"{shims}:{os.environ.get('PATH', '')}"}
-
-
-def children(pid: int) -> set[int]:
-    """The processes `pid` started (each in a process group of its own)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
 
 
 def terminate_then_kill(p: PluginProcess, grace: float) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -132,22 +132,13 @@ class Provisioner:
             if placement.needs_read(self.pools, source is not None):
                 seen = placement.read(
                     self.pools, [volume_id] if source is None else [volume_id, source.id])
-                try:
+                with ambiguous(f"volume {req.name!r}", "which is the volume is unknown, so "
+                               "none is used"):
                     found = placement.existing(seen, volume_id)
-                except AmbiguousName as err:
-                    raise AmbiguousName(
-                        f"volume {req.name!r} has LVs in several volume groups ("
-                        f"{', '.join(err.lvs)}): which is the volume is unknown, so none is "
-                        "used; remove or rename the others", err.lvs) from None
                 if source is not None:
-                    try:
+                    with ambiguous(f"{source.kind} {source.id}", "which is the source is "
+                                   "unknown, so nothing is made from it"):
                         found_source = placement.only(seen, source.id)
-                    except AmbiguousName as err:
-                        raise AmbiguousName(
-                            f"{source.kind} {source.id} has LVs in several volume groups ("
-                            f"{', '.join(err.lvs)}): which is the source is unknown, so "
-                            "nothing is made from it; remove or rename the others",
-                            err.lvs) from None
                 if asked is None and found_source is not None and found_source[0] is not None:
                     # A restore or clone stays in its source's class.
                     pool = found_source[0]
@@ -328,20 +319,12 @@ class Provisioner:
             found_source: tuple[Pool | None, LogicalVolume] | None = None
             if placement.needs_read(self.pools, True):
                 seen = placement.read(self.pools, [snapshot_id, source_id])
-                try:
+                with ambiguous(f"snapshot {name!r}", "which is the snapshot is unknown, so "
+                               "none is used"):
                     found = placement.existing(seen, snapshot_id)
-                except AmbiguousName as err:
-                    raise AmbiguousName(
-                        f"snapshot {name!r} has LVs in several volume groups ("
-                        f"{', '.join(err.lvs)}): which is the snapshot is unknown, so none "
-                        "is used; remove or rename the others", err.lvs) from None
-                try:
+                with ambiguous(f"volume {source_id}", "which is the volume is unknown, so "
+                               "nothing is made from it"):
                     found_source = placement.only(seen, source_id)
-                except AmbiguousName as err:
-                    raise AmbiguousName(
-                        f"volume {source_id} has LVs in several volume groups ("
-                        f"{', '.join(err.lvs)}): which is the volume is unknown, so nothing "
-                        "is made from it; remove or rename the others", err.lvs) from None
                 pool = next((p for p in (found and found[0], found_source and found_source[0])
                              if p is not None), pool)
             report = stack.enter_context(pool.reserved())
@@ -370,3 +353,16 @@ class Provisioner:
             tags = [*naming.new_lv_tags(naming.KIND_SNAPSHOT),
                     Source(SourceKind.VOLUME, source_id).tag()]
             return self.steps.snapshot(pool, report, source_lv, snapshot_id, tags)
+
+
+@contextlib.contextmanager
+def ambiguous(what: str, consequence: str) -> Iterator[None]:
+    """The CSI plugin's words for a name placement found in several VGs
+    (volumes/placement.py): `what` has LVs in several volume groups (the
+    LVs), `consequence`; remove or rename the others."""
+    try:
+        yield
+    except AmbiguousName as err:
+        raise AmbiguousName(
+            f"{what} has LVs in several volume groups ({', '.join(err.lvs)}): {consequence}; "
+            "remove or rename the others", err.lvs) from None
