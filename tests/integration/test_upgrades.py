@@ -14,7 +14,9 @@ started when the grace runs out. This version then reports every volume,
 snapshot and the capacity as the earlier one did (ListVolumes, ListSnapshots,
 GetCapacity), converges on the create and finishes the stage on their
 retries, republishes idempotently, reads the data back (the restore's and the
-clone's too), grows a volume (controller and node) and snapshots it, stages
+clone's too), grows a volume (controller and node) and snapshots it,
+unpublishes, unstages, stages and publishes again a mount and a raw block
+volume, unstages and deletes one, stages
 and publishes a volume the earlier one only created, makes one of its own,
 and is stopped (SIGTERM) during a CreateVolume. The earlier version, started
 again (the rollback), answers for all of them, this version's snapshot
@@ -438,6 +440,21 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     assert Path(t_pub, "data").read_bytes() == b"written by the earlier version\n"
     snap_new = new.controller.CreateSnapshot(pb.CreateSnapshotRequest(
         name="up-snap-new", source_volume_id=pub), timeout=600).snapshot.snapshot_id
+    # Unpublished, unstaged, staged and published again by this version, in
+    # mount and block mode; the data still there.
+    for vid, staging, target, cap in ((pub, s_pub, t_pub, mount_cap()),
+                                      (blk, s_blk, t_blk, block_cap())):
+        unpublish(new, vid, target)
+        unstage(new, vid, staging)
+        assert len(mounts.mounts_at(staging)) == 0
+        stage(new, vid, staging, cap)
+        publish(new, vid, staging, target, cap)
+    assert Path(t_pub, "data").read_bytes() == b"written by the earlier version\n"
+    # A volume the earlier version staged: unstaged and deleted by this one.
+    unstage(new, staged, s_staged)
+    new.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=staged))
+    assert staged not in listed(new) and staged not in new.vg.lv_names()
+    made.discard(staged)
     own, s_own = create(new, "up-own"), path("s-own")
     stage(new, own, s_own)
     # Stopped (SIGTERM) while a CreateVolume runs.
@@ -488,7 +505,7 @@ def upgrade_and_roll_back(old: PluginProcess, new: PluginProcess, *,
     for vid, staging, target in published:
         unpublish(old, vid, target)
         unstage(old, vid, staging)
-    for vid, staging in ((staged, s_staged), (mid, s_mid), (own, s_own)):
+    for vid, staging in ((mid, s_mid), (own, s_own)):
         unstage(old, vid, staging)
     for snapshot_id in (snap, snap_new):
         old.controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snapshot_id))
