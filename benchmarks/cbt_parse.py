@@ -277,7 +277,7 @@ def format_report(res: dict[str, Any]) -> str:
 
 ABOUT = ("Changed-block tracking's read of thin_dump / thin_delta XML: the whole-document "
          "parse it replaced against the streamed one, on a synthetic document served by a "
-         "fake tool. Kernel only: no root, no LVM. Asserts nothing.")
+         "fake tool. On the host only: no root, no LVM. Asserts nothing.")
 
 
 def build_parser() -> argparse.ArgumentParser:

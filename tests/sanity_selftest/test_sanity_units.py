@@ -1,4 +1,4 @@
-"""Kernel-side unit tests of the sanity suite's helpers and command line (no plugin needed)."""
+"""Host-side unit tests of the sanity suite's helpers and command line (no plugin needed)."""
 
 from __future__ import annotations
 
