@@ -107,7 +107,9 @@ def test_status_and_doctor_on_a_real_node(plugin_factory: Any, vg: LoopVG) -> No
     assert v["data_percent"] == pytest.approx(float(real[data]["data_percent"]))
     assert v["co_names"] == {"pvc_name": "data", "pvc_namespace": "shop"}
     assert v["staged"] == {"path": staging, "access_type": "mount", "fs_type": "ext4"}
-    assert v["published"] == [{"target": target, "readonly": False}]
+    # A volume of no QoS class: no limits, so none to enforce (docs/qos.md).
+    assert v["published"] == [{"target": target, "readonly": False, "io_limits": ""}]
+    assert v["io_limits"] == {}
     assert v["condition"]["abnormal"] is False and not v["possible_orphan"]
     assert volumes[idle]["possible_orphan"] and volumes[idle]["staged"] is None
     (s,) = got["snapshots"]

@@ -93,6 +93,9 @@ BUDGET_COSTS = {"t/a.py::cheap": 10.0, "t/a.py::mid": 40.0, "t/a.py::dear": 500.
     (2000.0, set(), set(BUDGET_COSTS), set()),
     # Cost times rank: a.py's second test counts 80, b.py's second 140.
     (120.0, set(), {"t/a.py::cheap", "t/a.py::mid", "t/b.py::one"}, set()),
+    # One check of each file before a second of any: c.py's only test (300) before
+    # a.py's second and b.py's second (which the weights alone put first).
+    (400.0, set(), {"t/a.py::cheap", "t/b.py::one", "t/c.py::only"}, set()),
     # A test too dear for what is left leaves room for cheaper ones after it.
     # (sanity, 900 at its turn, does not fit; a.py's dear, 500 and later, does).
     (1000.0, set(), set(BUDGET_COSTS) - {"t/d.py::sanity"}, set()),
